@@ -1,0 +1,3 @@
+from aggdec.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""The `aggdec` command line: export a checkpoint, generate with a bundle.
+
+Heavy subcommands import lazily: `generate` needs only the runtime (numpy, onnxruntime,
+tokenizers); `export` needs the [export] extra and says so if it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from aggdec.runtime.errors import AggdecError, InputError
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="aggdec", description="Lossless aggressive decoding for seq2seq models.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    export = commands.add_parser("export", help="export a Hugging Face checkpoint to an aggdec bundle")
+    export.add_argument("src", metavar="SRC_DIR", help="a local save_pretrained directory (model + tokenizer)")
+    export.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
+    export.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    export.add_argument("--top-k", type=int, default=8, help="candidates the verifier returns per position (8)")
+    export.add_argument("--opset", type=int, default=17, help="ONNX opset (17)")
+    export.add_argument("--max-source-len", type=int, help="longest source in tokens (default: the model's)")
+    export.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")
+
+    gen = commands.add_parser("generate", help="decode one input per line with a bundle")
+    gen.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
+    gen.add_argument("--mode", choices=("greedy", "iad"), default="greedy", help="decoding mode (greedy)")
+    gen.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
+    gen.add_argument("--max-new-tokens", type=int, help="tokens to generate at most (default: the bundle's limit)")
+    gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
+    gen.add_argument("--threads", type=int, help="intra-op threads (default: onnxruntime's choice)")
+    gen.add_argument("--batch-size", type=int, default=16, help="texts per greedy batch (16)")
+    gen.add_argument("--no-io-binding", action="store_true", help="run graphs through numpy (for debugging)")
+    gen.add_argument("--stats", action="store_true", help="print a summary of iterations and time to stderr")
+    return parser.parse_args(argv)
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        from aggdec.export import export_bundle
+    except ImportError as exc:
+        raise AggdecError(
+            f"`aggdec export` needs the export extra ({exc.name} is not installed): pip install 'aggdec[export]'"
+        ) from None
+    export_bundle(args.src, args.out, force=args.force, top_k=args.top_k, opset=args.opset,
+                  max_source_len=args.max_source_len, max_target_len=args.max_target_len,
+                  progress=lambda message: print(message, file=sys.stderr, flush=True))
+    return 0
+
+
+def _read_lines(path: str | None) -> list[str]:
+    if path is None:
+        return sys.stdin.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    except FileNotFoundError:
+        raise InputError(f"input file {path!r} does not exist.") from None
+
+
+def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO) -> None:
+    tokens = sum(len(r.ids) for r in results)
+    iterations = sum(r.stats.iterations for r in results)
+    outside = max(wall - graphs, 0.0)
+    print(
+        f"aggdec: {mode}: {len(results)} inputs, {tokens} tokens in {iterations} iterations "
+        f"({tokens / max(iterations, 1):.2f} tokens/iteration); {wall:.3f}s total, {graphs:.3f}s in graphs, "
+        f"{outside:.3f}s outside ({100 * outside / max(wall, 1e-9):.1f}%); {tokens / max(wall, 1e-9):.1f} tokens/s",
+        file=out,
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from aggdec.runtime.generator import Generator
+
+    generator = Generator(args.bundle, device=args.device, threads=args.threads,
+                          io_binding=not args.no_io_binding)
+    lines = _read_lines(args.input)
+    refused = {}
+    for number, line in enumerate(lines, start=1):
+        reason = generator.check(line)
+        if reason is not None:
+            refused[number] = reason
+            print(f"aggdec: line {number}: {reason}", file=sys.stderr)
+    valid = [line for number, line in enumerate(lines, start=1) if number not in refused]
+    started, graphs_before = time.perf_counter(), generator.graph_seconds
+    results = generator.generate(valid, mode=args.mode, max_new_tokens=args.max_new_tokens,
+                                 batch_size=args.batch_size) if valid else []
+    wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
+    outputs = iter(results)
+    for number in range(1, len(lines) + 1):
+        # one output line per input line, in order; a refused input gets an empty line
+        text = "" if number in refused else next(outputs).text
+        sys.stdout.write(text.replace("\n", " ") + "\n")
+    sys.stdout.flush()
+    if args.stats:
+        _print_stats(results, args.mode, wall, graphs, sys.stderr)
+    return 1 if refused else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "export":
+        return _export(args)
+    return _generate(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except AggdecError as exc:
+        print(f"aggdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

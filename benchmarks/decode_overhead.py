@@ -1,0 +1,129 @@
+"""Decode-loop overhead: how much of greedy/IAD time is spent outside onnxruntime calls.
+
+Builds a Transformer-base-sized random Marian (d_model 512, 6+6 layers, 8 heads, FFN 2048,
+vocabulary 32k), exports it with aggdec, and decodes exactly 64 tokens per sentence (EOS is
+suppressed so every run has the same length) at batch 1 on the CPU. Reports medians over
+repeats of: wall time, time inside ONNX Runtime calls, time outside them (the Python decode
+loop, tokenization, IO binding), and the verifier's cost for a block of T tokens relative to
+one token, the curve that IAD's block-size rule (`BlockOptions.cost_ratio`) is tuned on.
+
+    python benchmarks/decode_overhead.py [--threads 2] [--repeats 5] [--out results.json]
+
+Needs the [export] extra (torch, transformers) to build the model; decoding is torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # for tests.support (the tokenizer builder the tests use)
+
+NEW_TOKENS = 64
+
+
+def build_checkpoint(out: Path, vocab_size: int, seed: int) -> None:
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
+    from tests.support.tiny import build_tokenizer
+
+    words = [f"w{i}" for i in range(vocab_size - 3)]
+    tokenizer = build_tokenizer("marian", words)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = MarianConfig(
+        vocab_size=len(tokenizer), d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
+        pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad, forced_eos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(config).eval()
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=pad, eos_token_id=eos, pad_token_id=pad,
+        bad_words_ids=[[eos], [pad]],  # no EOS: every sentence decodes exactly NEW_TOKENS tokens
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def block_cost_curve(generator, source_ids: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
+    """Median verifier time for a block of T tokens after a 16-token cache, relative to T = 1."""
+    state = generator.verifier.start(*generator._batch_arrays([source_ids]))
+    prefix = np.full((1, 16), 5, dtype=np.int64)
+    state.verify(prefix)
+    state.keep(16)
+    medians = {}
+    for size in sizes:
+        block = np.full((1, size), 7, dtype=np.int64)
+        times = []
+        for _ in range(repeats * 3):
+            started = time.perf_counter()
+            state.verify(block)  # lengths are not advanced: every call sees the same 16-token cache
+            times.append(time.perf_counter() - started)
+        medians[size] = statistics.median(times)
+    return {size: medians[size] / medians[1] for size in sizes}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sentences", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    from aggdec.export import export_bundle
+    from aggdec.runtime.generator import Generator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint, bundle = Path(tmp) / "ckpt", Path(tmp) / "bundle"
+        print("building and exporting a Transformer-base-sized Marian ...", file=sys.stderr)
+        build_checkpoint(checkpoint, args.vocab, seed=0)
+        export_bundle(checkpoint, bundle, progress=lambda m: print("  " + m, file=sys.stderr))
+        generator = Generator(bundle, threads=args.threads)
+        rng = np.random.default_rng(0)
+        texts = [" ".join(f"w{i}" for i in rng.integers(0, args.vocab - 3, size=20)) for _ in range(args.sentences)]
+        generator.generate(texts[:2], mode="greedy", max_new_tokens=8)  # warm-up
+
+        report: dict = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
+                        "threads": args.threads, "new_tokens": NEW_TOKENS, "modes": {}}
+        for mode in ("greedy", "iad"):
+            walls, outsides = [], []
+            for _ in range(args.repeats):
+                for text in texts:
+                    graphs_before, started = generator.graph_seconds, time.perf_counter()
+                    result = generator.generate([text], mode=mode, max_new_tokens=NEW_TOKENS)[0]
+                    wall = time.perf_counter() - started
+                    assert len(result.ids) == NEW_TOKENS
+                    walls.append(wall)
+                    outsides.append(wall - (generator.graph_seconds - graphs_before))
+            wall, outside = statistics.median(walls), statistics.median(outsides)
+            report["modes"][mode] = {"median_seconds": wall, "median_outside_seconds": outside,
+                                     "outside_share": outside / wall, "ms_per_token": 1000 * wall / NEW_TOKENS}
+        source_ids = generator.encode(texts[:1])[0]
+        report["block_cost_relative_to_one_token"] = block_cost_curve(
+            generator, source_ids, [1, 2, 4, 8, 16, 32, 64], args.repeats)
+
+    print(json.dumps(report, indent=2))
+    print("\n| mode | median s / sentence (64 tokens) | ms / token | outside ORT | share outside |", file=sys.stderr)
+    print("|---|---|---|---|---|", file=sys.stderr)
+    for mode, row in report["modes"].items():
+        print(f"| {mode} | {row['median_seconds']:.3f} | {row['ms_per_token']:.2f} | "
+              f"{row['median_outside_seconds'] * 1000:.1f} ms | {100 * row['outside_share']:.1f}% |", file=sys.stderr)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

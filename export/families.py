@@ -1,0 +1,231 @@
+"""Model families aggdec can export, as small adapters keyed by the Hugging Face config class.
+
+An adapter reads a loaded ``*ForConditionalGeneration`` model and hands the shared graph code
+(``graphs.py``) the family's pieces: embeddings, norms, attention projections, position bias
+and output head. The modules are the model's own (no weight copies), so what is traced is
+exactly the checkpoint's arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..runtime.errors import UnsupportedModelError
+from .graphs import AttentionParts, DecoderLayerParts, DecoderParts
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    # the checkpoint's default limits when the user gives none
+    default_max_source_len: Callable[[object], int]
+    default_max_target_len: Callable[[object], int]
+    decoder_parts: Callable[[nn.Module], DecoderParts]
+    encoder: Callable[[nn.Module], nn.Module]
+    # validation tolerance against torch: atol + rtol * (a position's log-prob spread)
+    atol: float = 1e-4
+    rtol: float = 1e-3
+
+
+# ---------------------------------------------------------------- Marian, BART, mBART
+
+
+def _bart_like_attention(module: nn.Module) -> AttentionParts:
+    return AttentionParts(module.q_proj, module.k_proj, module.v_proj, module.out_proj, module.scaling)
+
+
+def _bart_like_ffn(layer: nn.Module) -> Callable[[Tensor], Tensor]:
+    def ffn(x: Tensor) -> Tensor:
+        return layer.fc2(layer.activation_fn(layer.fc1(x)))
+
+    return ffn
+
+
+def _bart_like_parts(model: nn.Module, *, position_offset: int, scale_tokens: bool, pre_norm: bool) -> DecoderParts:
+    decoder = model.model.decoder
+    config = model.config
+    layers = [
+        DecoderLayerParts(
+            self_attn=_bart_like_attention(layer.self_attn),
+            cross_attn=_bart_like_attention(layer.encoder_attn),
+            self_norm=layer.self_attn_layer_norm,
+            cross_norm=layer.encoder_attn_layer_norm,
+            ffn_norm=layer.final_layer_norm,
+            ffn=_bart_like_ffn(layer),
+        )
+        for layer in decoder.layers
+    ]
+    position_table = decoder.embed_positions.weight
+    embed_norm = getattr(decoder, "layernorm_embedding", None)
+    # Marian multiplies plain embeddings by embed_scale in the decoder; BART's embedding class
+    # applies its scale itself.
+    token_scale = decoder.embed_scale if scale_tokens else 1.0
+
+    def embed(ids: Tensor, positions: Tensor) -> Tensor:
+        hidden = decoder.embed_tokens(ids) * token_scale + position_table[positions + position_offset]
+        return embed_norm(hidden) if embed_norm is not None else hidden
+
+    def logits(hidden: Tensor) -> Tensor:
+        return model.lm_head(hidden) + model.final_logits_bias
+
+    def cross_kv(index: int, encoder_hidden: Tensor) -> tuple[Tensor, Tensor]:
+        attn = decoder.layers[index].encoder_attn
+        return attn.k_proj(encoder_hidden), attn.v_proj(encoder_hidden)
+
+    heads = config.decoder_attention_heads
+    return DecoderParts(
+        layers=layers,
+        num_heads=heads,
+        head_dim=config.d_model // heads,
+        pre_norm=pre_norm,
+        embed=embed,
+        position_bias=None,
+        final_norm=getattr(decoder, "layer_norm", None),
+        logits=logits,
+        cross_kv=cross_kv,
+    )
+
+
+def _max_positions(config: object) -> int:
+    return int(config.max_position_embeddings)
+
+
+MARIAN = Family(
+    name="marian",
+    default_max_source_len=_max_positions,
+    default_max_target_len=_max_positions,
+    decoder_parts=lambda m: _bart_like_parts(m, position_offset=0, scale_tokens=True, pre_norm=False),
+    encoder=lambda m: m.model.encoder,
+)
+BART = Family(
+    name="bart",
+    default_max_source_len=_max_positions,
+    default_max_target_len=_max_positions,
+    decoder_parts=lambda m: _bart_like_parts(m, position_offset=2, scale_tokens=False, pre_norm=False),
+    encoder=lambda m: m.model.encoder,
+)
+MBART = Family(
+    name="mbart",
+    default_max_source_len=_max_positions,
+    default_max_target_len=_max_positions,
+    decoder_parts=lambda m: _bart_like_parts(m, position_offset=2, scale_tokens=False, pre_norm=True),
+    encoder=lambda m: m.model.encoder,
+)
+
+# ---------------------------------------------------------------- T5, mT5
+
+
+def _t5_attention(module: nn.Module) -> AttentionParts:
+    return AttentionParts(module.q, module.k, module.v, module.o, 1.0)  # T5 folds the scale into init
+
+
+def _t5_position_bias(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
+    """Decoder relative position bias via a bucket table computed by transformers itself.
+
+    The bucket of a distance involves a float log; computing it at export time with the
+    checkpoint's own function and storing the table makes the graph agree with transformers
+    at every absolute position, on every runtime. Distances at or beyond ``max_distance``
+    share the last bucket, so the table needs ``max_distance + 1`` entries.
+    """
+    attention = model.decoder.block[0].layer[0].SelfAttention
+    max_distance = int(attention.relative_attention_max_distance)
+    distances = torch.arange(max_distance + 1, dtype=torch.long)
+    buckets = attention._relative_position_bucket(
+        -distances,  # key before query: relative position memory - context is negative
+        bidirectional=False,
+        num_buckets=attention.relative_attention_num_buckets,
+        max_distance=max_distance,
+    )
+    table = attention.relative_attention_bias.weight  # [buckets, H]
+
+    def position_bias(query_positions: Tensor, key_positions: Tensor) -> Tensor:
+        distance = query_positions.unsqueeze(2) - key_positions.view(1, 1, -1)  # [B,T,K]
+        distance = torch.clamp(distance, min=0, max=max_distance)  # keys after the query are masked anyway
+        values = table[buckets[distance]]  # [B,T,K,H]
+        return values.permute(0, 3, 1, 2)
+
+    return position_bias
+
+
+def _t5_parts(model: nn.Module) -> DecoderParts:
+    config = model.config
+    layers = []
+    for block in model.decoder.block:
+        self_layer, cross_layer, ff_layer = block.layer
+        layers.append(
+            DecoderLayerParts(
+                self_attn=_t5_attention(self_layer.SelfAttention),
+                cross_attn=_t5_attention(cross_layer.EncDecAttention),
+                self_norm=self_layer.layer_norm,
+                cross_norm=cross_layer.layer_norm,
+                ffn_norm=ff_layer.layer_norm,
+                ffn=ff_layer.DenseReluDense,
+            )
+        )
+    # transformers' T5 scales decoder outputs before a tied head (config.scale_decoder_outputs);
+    # its MT5 class never does and its config has no such field.
+    scale = config.d_model**-0.5 if getattr(config, "scale_decoder_outputs", False) else 1.0
+
+    def embed(ids: Tensor, positions: Tensor) -> Tensor:
+        return model.decoder.embed_tokens(ids)
+
+    def logits(hidden: Tensor) -> Tensor:
+        return model.lm_head(hidden * scale) if scale != 1.0 else model.lm_head(hidden)
+
+    def cross_kv(index: int, encoder_hidden: Tensor) -> tuple[Tensor, Tensor]:
+        attn = model.decoder.block[index].layer[1].EncDecAttention
+        return attn.k(encoder_hidden), attn.v(encoder_hidden)
+
+    return DecoderParts(
+        layers=layers,
+        num_heads=config.num_heads,
+        head_dim=config.d_kv,
+        pre_norm=True,
+        embed=embed,
+        position_bias=_t5_position_bias(model),
+        final_norm=model.decoder.final_layer_norm,
+        logits=logits,
+        cross_kv=cross_kv,
+    )
+
+
+T5 = Family(
+    name="t5",
+    # relative positions put no hard limit on length; these are sane serving defaults
+    default_max_source_len=lambda config: 512,
+    default_max_target_len=lambda config: 512,
+    decoder_parts=_t5_parts,
+    encoder=lambda m: m.encoder,
+)
+
+# keyed by the Hugging Face config class name
+REGISTRY: dict[str, Family] = {
+    "MarianConfig": MARIAN,
+    "BartConfig": BART,
+    "MBartConfig": MBART,
+    "T5Config": T5,
+    "MT5Config": T5,
+}
+ARCHITECTURES = {
+    "MarianConfig": "MarianMTModel",
+    "BartConfig": "BartForConditionalGeneration",
+    "MBartConfig": "MBartForConditionalGeneration",
+    "T5Config": "T5ForConditionalGeneration",
+    "MT5Config": "MT5ForConditionalGeneration",
+}
+
+
+def family_for(config: object) -> Family:
+    name = type(config).__name__
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        supported = ", ".join(sorted(ARCHITECTURES.values()))
+        raise UnsupportedModelError(
+            f"aggdec cannot export a checkpoint with {name} (model_type {getattr(config, 'model_type', '?')!r}); "
+            f"supported architectures: {supported}."
+        ) from None

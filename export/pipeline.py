@@ -1,0 +1,249 @@
+"""`aggdec export`: a Hugging Face seq2seq checkpoint -> a validated aggdec bundle.
+
+A fixed pipeline: check the destination, read the config and pick the family adapter
+(before loading any weights), load, compute torch references, trace each graph into a
+temporary directory next to the destination, validate the graphs with onnxruntime against
+the references, write tokenizer.json and the manifest, then rename into place. Nothing is
+left half-written: a failure removes the temporary directory and leaves any old bundle alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from ..runtime.errors import ExportError
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, sha256_of
+from .families import ARCHITECTURES, family_for
+from .graphs import EncoderGraph, VerifierGraph
+from .specs import dynamic_axes, encoder_spec, verifier_spec
+from .validate import reference_cases, validate
+
+DEFAULT_TOP_K = 8
+DEFAULT_OPSET = 17
+# generation-config settings that change greedy decoding and that aggdec does not apply
+_IGNORED_GENERATION_SETTINGS = {
+    "no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "encoder_no_repeat_ngram_size": 0,
+}
+
+
+def _say(progress: Callable[[str], None] | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def _suppressed_ids(generation_config: object) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for words in getattr(generation_config, "bad_words_ids", None) or []:
+        if len(words) == 1:
+            ids.add(int(words[0]))
+    for token in getattr(generation_config, "suppress_tokens", None) or []:
+        ids.add(int(token))
+    return tuple(sorted(ids))
+
+
+def _ignored_settings(generation_config: object) -> list[str]:
+    notes = []
+    for name, neutral in _IGNORED_GENERATION_SETTINGS.items():
+        value = getattr(generation_config, name, neutral)
+        if value not in (neutral, None) and not (neutral is None and value == 0):
+            notes.append(f"{name}={value}")
+    for words in getattr(generation_config, "bad_words_ids", None) or []:
+        if len(words) > 1:
+            notes.append(f"bad_words_ids entry {words}")
+    return notes
+
+
+def _read_config(src: Path):
+    """The checkpoint's config and family adapter: refuses a bad source before any heavy work."""
+    from transformers import AutoConfig
+
+    if not src.is_dir():
+        raise ExportError(f"checkpoint directory {str(src)!r} does not exist; give a local save_pretrained directory.")
+    if not (src / "config.json").is_file():
+        raise ExportError(f"{str(src)!r} has no config.json; give a directory written by save_pretrained().")
+    try:
+        config = AutoConfig.from_pretrained(src)
+    except (ValueError, OSError) as exc:
+        raise ExportError(f"could not read {str(src / 'config.json')!r}: {exc}") from exc
+    return config, family_for(config)
+
+
+def _load(src: Path, config):
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    model.requires_grad_(False)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same advice
+        raise ExportError(f"could not load the tokenizer from {str(src)!r} ({exc}).") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError(
+            f"the tokenizer in {str(src)!r} is a slow ({type(tokenizer).__name__}) tokenizer; aggdec's runtime needs "
+            "tokenizer.json. Convert it with transformers (AutoTokenizer.from_pretrained(..., use_fast=True)."
+            "save_pretrained) first."
+        )
+    try:
+        generation_config = GenerationConfig.from_pretrained(src)
+    except OSError:
+        generation_config = GenerationConfig.from_model_config(config)
+    return model, tokenizer, generation_config
+
+
+def export_bundle(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    top_k: int = DEFAULT_TOP_K,
+    opset: int = DEFAULT_OPSET,
+    max_source_len: int | None = None,
+    max_target_len: int | None = None,
+    progress: Callable[[str], None] | None = print,
+) -> Manifest:
+    """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``."""
+    import onnxruntime as ort
+    import torch
+    import transformers
+
+    src, out = Path(src_dir), Path(out_dir)
+    if out.exists() and not force:
+        raise ExportError(f"{str(out)!r} already exists; pass --force to replace it.")
+    if top_k < 1:
+        raise ExportError(f"--top-k must be at least 1, got {top_k}.")
+    started = time.perf_counter()
+    config, family = _read_config(src)
+    _say(progress, f"[1/5] loading {src} ({family.name})")
+    model, tokenizer, generation_config = _load(src, config)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    if top_k > vocab:
+        raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
+    parts = family.decoder_parts(model)
+    layers, heads, head_dim = len(parts.layers), parts.num_heads, parts.head_dim
+    suppressed = _suppressed_ids(generation_config)
+    for note in _ignored_settings(generation_config):
+        _say(progress, f"      note: generation config sets {note}; aggdec decodes plain greedy and ignores it")
+    forced_bos = getattr(generation_config, "forced_bos_token_id", None)
+    forced_eos = getattr(generation_config, "forced_eos_token_id", None)
+    if isinstance(forced_eos, list):
+        forced_eos = forced_eos[0] if forced_eos else None
+    max_source = max_source_len or family.default_max_source_len(config)
+    max_target = max_target_len or family.default_max_target_len(config)
+    if family.name != "t5":
+        limit = family.default_max_source_len(config)
+        if max_source > limit or max_target > limit:
+            raise ExportError(f"max lengths cannot exceed the checkpoint's {limit} position embeddings.")
+
+    _say(progress, "[2/5] computing torch references")
+    pad_id = int(config.pad_token_id)
+    encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model))
+        ver_spec = verifier_spec(layers, heads, head_dim, top_k)
+        _say(progress, "[3/5] tracing encoder and verifier to ONNX")
+        encoder_graph = EncoderGraph(model, family.encoder(model), parts).eval()
+        verifier_graph = VerifierGraph(model, parts, top_k, suppressed, vocab).eval()
+        _trace(encoder_graph, _encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+        _trace(verifier_graph, _verifier_dummy(layers, heads, head_dim), tmp / ver_spec.file, ver_spec, opset)
+
+        _say(progress, "[4/5] validating the graphs against torch with onnxruntime")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        cpu = ["CPUExecutionProvider"]
+        checked = validate(
+            ort.InferenceSession(str(tmp / enc_spec.file), options, providers=cpu),
+            ort.InferenceSession(str(tmp / ver_spec.file), options, providers=cpu),
+            encoder_cases, verifier_cases, layers, heads, head_dim, family.atol, family.rtol,
+        )
+        _say(progress, f"      {checked} shape cases agree with torch")
+
+        _say(progress, "[5/5] writing tokenizer and manifest")
+        tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
+        files = {name: sha256_of(tmp / name) for name in (enc_spec.file, ver_spec.file, TOKENIZER_FILE)}
+        manifest = Manifest(
+            family=family.name,
+            architecture=ARCHITECTURES[type(config).__name__],
+            vocab_size=vocab,
+            d_model=int(config.d_model),
+            encoder_layers=int(getattr(config, "encoder_layers", getattr(config, "num_layers", 0))),
+            decoder_layers=layers,
+            num_heads=heads,
+            head_dim=head_dim,
+            decoder_start_token_id=int(config.decoder_start_token_id),
+            eos_token_id=int(generation_config.eos_token_id if isinstance(generation_config.eos_token_id, int)
+                             else config.eos_token_id),
+            pad_token_id=pad_id,
+            forced_bos_token_id=int(forced_bos) if forced_bos is not None else None,
+            forced_eos_token_id=int(forced_eos) if forced_eos is not None else None,
+            suppressed_token_ids=suppressed,
+            max_source_len=int(max_source),
+            max_target_len=int(max_target),
+            top_k=top_k,
+            dtype="float32",
+            opset=opset,
+            graphs={"encoder": enc_spec, "verifier": ver_spec},
+            files=files,
+            exporter={"torch": torch.__version__, "transformers": transformers.__version__,
+                      "onnxruntime": ort.__version__},
+        )
+        (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+        tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out}")
+    return manifest
+
+
+def _encoder_dummy():
+    import torch
+
+    # distinct sizes so the tracer cannot confuse one dim with another
+    return (torch.randint(3, 10, (2, 5)), torch.ones(2, 5, dtype=torch.int64))
+
+
+def _verifier_dummy(layers: int, heads: int, head_dim: int):
+    import torch
+
+    batch, new, past, source = 2, 3, 4, 5
+    return (
+        torch.randint(3, 10, (batch, new)),
+        torch.tensor([past, past - 1], dtype=torch.int64),
+        torch.randn(layers, 2, batch, heads, past, head_dim),
+        torch.randn(layers, 2, batch, heads, source, head_dim),
+        torch.ones(batch, source, dtype=torch.int64),
+    )
+
+
+def _trace(module, args, path: Path, spec, opset: int) -> None:
+    import torch
+
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about python-value shapes are expected here
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=list(spec.input_names()),
+            output_names=list(spec.output_names()),
+            dynamic_axes=dynamic_axes(spec),
+            opset_version=opset,
+            dynamo=False,
+        )

@@ -1,0 +1,52 @@
+"""The IO of every bundle graph, as data.
+
+These specs drive the exporter's input/output names and dynamic axes, are written into the
+manifest, and are what the runtime binds buffers by. Dims are ints or symbolic names.
+"""
+
+from __future__ import annotations
+
+from ..runtime.manifest import GraphSpec, TensorSpec
+
+
+def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int) -> GraphSpec:
+    return GraphSpec(
+        file="encoder.onnx",
+        inputs=(
+            TensorSpec("input_ids", "int64", ("batch", "source_len")),
+            TensorSpec("attention_mask", "int64", ("batch", "source_len")),
+        ),
+        outputs=(
+            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
+            TensorSpec("cross_key_values", "float32", (layers, 2, "batch", heads, "source_len", head_dim)),
+        ),
+    )
+
+
+def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int) -> GraphSpec:
+    return GraphSpec(
+        file="verifier.onnx",
+        inputs=(
+            TensorSpec("input_ids", "int64", ("batch", "new_len")),
+            TensorSpec("past_lengths", "int64", ("batch",)),
+            TensorSpec("past_key_values", "float32", (layers, 2, "batch", heads, "past_len", head_dim)),
+            TensorSpec("cross_key_values", "float32", (layers, 2, "batch", heads, "source_len", head_dim)),
+            TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
+        ),
+        outputs=(
+            TensorSpec("top_logprobs", "float32", ("batch", "new_len", top_k)),
+            TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
+            # max(past_lengths) + new_len: each row's accepted prefix plus the new tokens
+            TensorSpec("present_key_values", "float32", (layers, 2, "batch", heads, "present_len", head_dim)),
+        ),
+    )
+
+
+def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
+    """torch.onnx.export's dynamic_axes for a spec: every symbolic dim by position."""
+    axes: dict[str, dict[int, str]] = {}
+    for tensor in (*spec.inputs, *spec.outputs):
+        named = {i: d for i, d in enumerate(tensor.dims) if isinstance(d, str)}
+        if named:
+            axes[tensor.name] = named
+    return axes

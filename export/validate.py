@@ -1,0 +1,200 @@
+"""Post-export validation: the ONNX graphs, run by onnxruntime, against the torch checkpoint.
+
+References are computed from the Hugging Face model *before* anything is traced (tracing a
+decoder has been seen to change what the same in-process module returns afterwards), and
+they come from transformers' own full forward pass, not from our wrapper, so the check
+covers the wrapper's arithmetic, the cache compaction and the export together.
+
+The verifier is checked the way the runtime drives it: one call fills a cache for a prefix,
+a second call continues from per-row lengths shorter than that cache (rejected drafts being
+dropped), at T in {1, 2, 7}, P in {0, 5}, B in {1, 3}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..runtime.errors import ValidationError
+
+BATCHES = (1, 3)
+NEW_LENS = (1, 2, 7)
+PAST_LENS = (0, 5)
+SOURCE_LEN = 9
+NOISE_FACTOR = 8.0  # the graph may differ from torch by this many times torch's own fp32 error
+
+
+@dataclass
+class EncoderCase:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    hidden: np.ndarray  # reference [B,S,D]
+    noise: np.ndarray  # [B,S,1] torch's own fp32 error at each position (vs float64)
+
+
+@dataclass
+class VerifierCase:
+    source: EncoderCase
+    prefix: np.ndarray  # [B, P] tokens fed by the first call
+    kept: np.ndarray  # [B] lengths passed to the second call (<= P)
+    new_ids: np.ndarray  # [B, T]
+    reference: np.ndarray  # [B, T, V] log-probs for the new positions
+    noise: np.ndarray  # [B, T, 1] torch's own fp32 error at each position (vs float64)
+
+
+def _random_source(rng: np.random.Generator, batch: int, vocab: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = [SOURCE_LEN] + [int(rng.integers(2, SOURCE_LEN + 1)) for _ in range(batch - 1)]
+    ids = np.full((batch, SOURCE_LEN), pad_id, dtype=np.int64)
+    mask = np.zeros((batch, SOURCE_LEN), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = rng.integers(3, vocab, size=length)
+        mask[row, :length] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def _reference_pass(model: torch.nn.Module, inputs: list, bias: torch.Tensor) -> tuple[list, list]:
+    """Encoder hidden states and decoder log-probs of the model for every (kind, ...) input."""
+    dtype = next(model.parameters()).dtype
+    encoder = model.get_encoder()
+    outputs = []
+    for kind, ids, mask, decoder_ids, new in inputs:
+        if kind == "encoder":
+            out = encoder(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state
+            outputs.append(out.double().numpy())
+        else:
+            logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                           decoder_input_ids=torch.from_numpy(decoder_ids)).logits[0, -new:]
+            outputs.append(torch.log_softmax(logits + bias.to(dtype), dim=-1).double().numpy())
+    return outputs
+
+
+def _noise(fp32: np.ndarray, fp64: np.ndarray) -> np.ndarray:
+    finite = np.isfinite(fp64)  # suppressed tokens are -inf in both
+    difference = np.abs(np.where(finite, fp32, 0.0) - np.where(finite, fp64, 0.0))
+    return difference.max(axis=-1, keepdims=True)
+
+
+@torch.no_grad()
+def reference_cases(model: torch.nn.Module, vocab: int, pad_id: int, suppress: tuple[int, ...], seed: int = 0
+                    ) -> tuple[list[EncoderCase], list[VerifierCase]]:
+    """transformers' own outputs for every validation shape, with torch's own fp32 error.
+
+    The model runs once in float32 (the reference) and once in float64; their difference is
+    how much float32 arithmetic alone moves each output of this checkpoint. A badly
+    conditioned model (large activations, unscaled attention) legitimately differs by more
+    between two float32 implementations, so that measured noise widens the tolerance.
+    The model is returned to float32 afterwards (exactly: every float32 value survives the
+    round trip through float64).
+    """
+    rng = np.random.default_rng(seed)
+    bias = torch.zeros(vocab, dtype=torch.float64)
+    if suppress:
+        bias[list(suppress)] = float("-inf")
+    inputs: list = []
+    plan: list = []
+    for batch in BATCHES:
+        ids, mask = _random_source(rng, batch, vocab, pad_id)
+        inputs.append(("encoder", ids, mask, None, 0))
+        plan.append(("encoder", ids, mask))
+        for past in PAST_LENS:
+            for new in NEW_LENS:
+                prefix = rng.integers(3, vocab, size=(batch, past)).astype(np.int64)
+                # row 0 keeps the whole prefix; other rows drop part of it, as after a rejection
+                kept = np.array([past] + [int(rng.integers(0, past + 1)) for _ in range(batch - 1)], dtype=np.int64)
+                new_ids = rng.integers(3, vocab, size=(batch, new)).astype(np.int64)
+                for row in range(batch):
+                    decoder_ids = np.concatenate([prefix[row, : kept[row]], new_ids[row]])[None]
+                    inputs.append(("decoder", ids[row : row + 1], mask[row : row + 1], decoder_ids, new))
+                plan.append(("verifier", prefix, kept, new_ids))
+    fp32 = _reference_pass(model.float(), inputs, bias)
+    fp64 = _reference_pass(model.double(), inputs, bias)
+    model.float()
+
+    encoder_cases: list[EncoderCase] = []
+    verifier_cases: list[VerifierCase] = []
+    cursor = 0
+    for item in plan:
+        if item[0] == "encoder":
+            _, ids, mask = item
+            source = EncoderCase(ids, mask, fp32[cursor].astype(np.float32), _noise(fp32[cursor], fp64[cursor]))
+            encoder_cases.append(source)
+            cursor += 1
+            continue
+        _, prefix, kept, new_ids = item
+        rows = range(cursor, cursor + len(kept))
+        reference = np.stack([fp32[i] for i in rows]).astype(np.float32)
+        noise = np.stack([_noise(fp32[i], fp64[i]) for i in rows])
+        verifier_cases.append(VerifierCase(source, prefix, kept, new_ids, reference, noise))
+        cursor += len(kept)
+    return encoder_cases, verifier_cases
+
+
+def _check_close(name: str, got: np.ndarray, want: np.ndarray, tolerance: np.ndarray | float) -> None:
+    if got.shape != want.shape:
+        raise ValidationError(f"{name}: shape {got.shape} differs from torch's {want.shape}.")
+    excess = np.abs(got - want) - tolerance
+    if excess.size and float(excess.max()) > 0:
+        worst = float(np.abs(got - want).max())
+        raise ValidationError(f"{name}: differs from torch by up to {worst:.2e}, beyond the tolerance.")
+
+
+def _row_tolerance(reference: np.ndarray, noise: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """atol, plus rtol times each position's log-prob range, plus a multiple of torch's own noise.
+
+    Float error in the logits grows with their magnitude, and a log-prob inherits the error
+    of the logits, not of its own (small) value; so the tolerance of a position follows the
+    spread of its finite log-probs. ``noise`` is how far torch's float32 result is from
+    float64 at that position: the graph may be as far off as another float32 implementation.
+    """
+    finite = np.where(np.isfinite(reference), reference, 0.0)
+    spread = finite.max(axis=-1, keepdims=True) - finite.min(axis=-1, keepdims=True)
+    return atol + rtol * spread + NOISE_FACTOR * noise
+
+
+def validate(encoder_session, verifier_session, encoder_cases: list[EncoderCase],
+             verifier_cases: list[VerifierCase], layers: int, heads: int, head_dim: int,
+             atol: float, rtol: float) -> int:
+    """Run the graphs on every reference case; raise ValidationError on the first disagreement.
+
+    Returns the number of cases checked.
+    """
+    for case in encoder_cases:
+        hidden, _ = encoder_session.run(None, {"input_ids": case.input_ids, "attention_mask": case.attention_mask})
+        mask = case.attention_mask.astype(bool)
+        want = case.hidden[mask]
+        tolerance = atol + rtol * np.abs(want).max(axis=-1, keepdims=True) + NOISE_FACTOR * case.noise[mask]
+        _check_close(f"encoder (batch {len(mask)})", hidden[mask], want, tolerance)
+    for case in verifier_cases:
+        src = case.source
+        batch, new = case.new_ids.shape
+        past = case.prefix.shape[1]
+        label = f"verifier (batch {batch}, P={past}, T={new})"
+        _, cross = encoder_session.run(None, {"input_ids": src.input_ids, "attention_mask": src.attention_mask})
+        cache = np.zeros((layers, 2, batch, heads, 0, head_dim), dtype=np.float32)
+        if past:
+            _, _, cache = verifier_session.run(None, {
+                "input_ids": case.prefix, "past_lengths": np.zeros(batch, dtype=np.int64),
+                "past_key_values": cache, "cross_key_values": cross, "encoder_attention_mask": src.attention_mask,
+            })
+        top_logprobs, top_ids, present = verifier_session.run(None, {
+            "input_ids": case.new_ids, "past_lengths": case.kept, "past_key_values": cache,
+            "cross_key_values": cross, "encoder_attention_mask": src.attention_mask,
+        })
+        expected_present = int(case.kept.max()) + new
+        if present.shape[4] != expected_present:
+            raise ValidationError(f"{label}: present cache has length {present.shape[4]}, expected {expected_present}.")
+        k = top_ids.shape[-1]
+        want_top = -np.sort(-case.reference, axis=-1)[..., :k]
+        tolerance = _row_tolerance(case.reference, case.noise, atol, rtol)
+        _check_close(f"{label} top-{k} log-probs", top_logprobs, want_top, tolerance)
+        # each returned id must really carry the returned log-prob (ids may swap only among ties)
+        claimed = np.take_along_axis(case.reference, top_ids, axis=-1)
+        _check_close(f"{label} log-probs of the returned ids", top_logprobs, claimed, tolerance)
+        gap = want_top[..., 0] - (want_top[..., 1] if k > 1 else -np.inf)
+        decisive = gap > 2 * tolerance[..., 0]
+        if np.any(top_ids[..., 0][decisive] != case.reference.argmax(-1)[decisive]):
+            raise ValidationError(f"{label}: the top-1 id differs from torch's argmax.")
+    return len(encoder_cases) + len(verifier_cases)

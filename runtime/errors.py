@@ -1,0 +1,39 @@
+"""Errors raised by aggdec.
+
+Every error derives from :class:`AggdecError` and from the builtin it resembles, so callers
+can catch either. Messages say what was given, what is accepted, and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class AggdecError(Exception):
+    """Root of every error aggdec raises on purpose."""
+
+
+class BundleError(AggdecError, ValueError):
+    """A bundle directory is malformed, incomplete or does not match its manifest."""
+
+
+class BundleNotFoundError(AggdecError, FileNotFoundError):
+    """A bundle directory or one of its files does not exist."""
+
+
+class InputError(AggdecError, ValueError):
+    """A request cannot be decoded as given (empty text, source too long, bad option)."""
+
+
+class ProviderError(AggdecError, RuntimeError):
+    """The requested device or execution provider is not available."""
+
+
+class UnsupportedModelError(AggdecError, ValueError):
+    """The checkpoint's architecture is not one aggdec can export."""
+
+
+class ExportError(AggdecError, RuntimeError):
+    """Exporting a checkpoint failed."""
+
+
+class ValidationError(ExportError):
+    """An exported graph disagrees with the torch module it was traced from."""

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny checkpoints built from configs, and their exported bundles.
+
+Everything is built locally (nothing is downloaded) and memoised for the session; the
+trained editing model is also cached on disk across runs (see tests/support).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.fixtures import editing_marian_dir, random_checkpoint  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory, random_checkpoint):  # noqa: F811 - the fixture imported above
+    """(family, seed) -> the aggdec bundle exported from ``random_checkpoint(family, seed)``."""
+    from aggdec.export import export_bundle
+
+    made: dict[tuple[str, int], Path] = {}
+
+    def make(family: str, seed: int = 0) -> Path:
+        key = (family, seed)
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"bundle-{family}-{seed}") / "bundle"
+            export_bundle(random_checkpoint(family, seed), out, progress=None)
+            made[key] = out
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def editing_bundle(tmp_path_factory, editing_marian_dir):  # noqa: F811
+    """The trained editing Marian, exported."""
+    from aggdec.export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundle-editing") / "bundle"
+    export_bundle(editing_marian_dir, out, progress=None)
+    return out

@@ -1,0 +1,92 @@
+"""`export_bundle`: every family exports and validates; bad input and wrong graphs are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from aggdec.export import export_bundle
+from aggdec.export import families
+from aggdec.runtime.errors import ExportError, UnsupportedModelError, ValidationError
+from aggdec.runtime.manifest import load_manifest, sha256_of
+from tests.support.tiny import FAMILIES
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_validates_and_writes_a_complete_bundle(family, bundle):
+    # the export itself ran the validation against torch at T in {1,2,7}, P in {0,5}, B in {1,3}
+    root = bundle(family)
+    manifest = load_manifest(root)
+    assert set(manifest.files) == {"encoder.onnx", "verifier.onnx", "tokenizer.json"}
+    for name, digest in manifest.files.items():
+        assert sha256_of(root / name) == digest
+    verifier = manifest.graph("verifier")
+    assert [t.name for t in verifier.outputs] == ["top_logprobs", "top_ids", "present_key_values"]
+    assert verifier.outputs[0].dims == ("batch", "new_len", manifest.top_k)  # never full logits
+    assert manifest.family == ("t5" if family == "mt5" else family)
+
+
+def test_validation_catches_a_wrong_graph(random_checkpoint, tmp_path, monkeypatch):
+    """A family adapter with BART's position offset applied to Marian must fail validation."""
+    wrong = dataclasses.replace(
+        families.MARIAN,
+        decoder_parts=lambda m: families._bart_like_parts(m, position_offset=2, scale_tokens=True, pre_norm=False),
+    )
+    monkeypatch.setitem(families.REGISTRY, "MarianConfig", wrong)
+    with pytest.raises(ValidationError, match="verifier"):
+        export_bundle(random_checkpoint("marian"), tmp_path / "out", progress=None)
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    assert [p.name for p in tmp_path.iterdir()] == []  # temporary directory removed
+
+
+def test_refuses_to_overwrite_without_force(random_checkpoint, tmp_path):
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="--force"):
+        export_bundle(random_checkpoint("marian"), out, progress=None)
+    assert (out / "keep.txt").read_text() == "mine"
+    export_bundle(random_checkpoint("marian"), out, force=True, progress=None)
+    assert not (out / "keep.txt").exists() and (out / "manifest.json").is_file()
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
+    from transformers import PegasusConfig
+
+    PegasusConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError) as error:
+        export_bundle(tmp_path, tmp_path / "out", progress=None)
+    message = str(error.value)
+    assert "PegasusConfig" in message
+    for name in ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration",
+                 "T5ForConditionalGeneration", "MT5ForConditionalGeneration"):
+        assert name in message
+
+
+def test_missing_checkpoint_directory(tmp_path):
+    with pytest.raises(ExportError, match="does not exist"):
+        export_bundle(tmp_path / "nope", tmp_path / "out", progress=None)
+
+
+def test_generation_config_suppressions_are_baked_in(random_checkpoint, tmp_path):
+    """bad_words_ids of one token (real Marian checkpoints ban <pad>) become a graph mask."""
+    import shutil
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint("marian"), src)
+    config = json.loads((src / "generation_config.json").read_text())
+    config["bad_words_ids"] = [[5], [7]]
+    (src / "generation_config.json").write_text(json.dumps(config))
+    manifest = export_bundle(src, tmp_path / "out", progress=None)
+    assert manifest.suppressed_token_ids == (5, 7)
+
+    from aggdec.runtime.generator import Generator
+    from tests.runtime.test_lossless import random_texts, transformers_greedy
+
+    texts = random_texts(seed=11, count=8)
+    expected = transformers_greedy(src, texts, 16)  # transformers applies bad_words_ids itself
+    outputs = [r.ids for r in Generator(tmp_path / "out").generate(texts, mode="iad", max_new_tokens=16)]
+    assert outputs == expected
+    assert not {5, 7} & {token for ids in outputs for token in ids}

@@ -1,0 +1,87 @@
+"""The `aggdec` command line, run as a user runs it: in a subprocess."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def aggdec(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aggdec", *args], input=stdin, capture_output=True, text=True,
+                          timeout=300)
+
+
+def assert_one_clean_error(result: subprocess.CompletedProcess, needle: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("aggdec: error:") and needle in lines[0], result.stderr
+
+
+@pytest.fixture(scope="module")
+def cli_bundle(random_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "bundle"
+    result = aggdec("export", str(random_checkpoint("t5")), str(out), "--top-k", "4", "--max-source-len", "40")
+    assert result.returncode == 0, result.stderr
+    assert "[1/5]" in result.stderr and "[5/5]" in result.stderr  # progress per stage
+    return out
+
+
+def test_generate_keeps_one_line_per_input_and_reports_bad_lines(cli_bundle, tmp_path):
+    too_long = " ".join(["w3"] * 60)
+    lines = ["w1 w2 w3", "", "w5 w6 w7 w8", too_long, "w9"]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n")
+    greedy = aggdec("generate", str(cli_bundle), "--input", str(source), "--max-new-tokens", "20")
+    iad = aggdec("generate", str(cli_bundle), "--mode", "iad", "--input", str(source), "--max-new-tokens", "20",
+                 "--stats")
+    for result in (greedy, iad):
+        assert result.returncode == 1  # some lines were refused
+        assert "Traceback" not in result.stderr
+        outputs = result.stdout.split("\n")[:-1]
+        assert len(outputs) == len(lines)
+        assert outputs[1] == "" and outputs[3] == ""
+        assert "aggdec: line 2:" in result.stderr and "aggdec: line 4:" in result.stderr
+        assert "at most 40" in result.stderr
+    assert greedy.stdout == iad.stdout
+    assert "tokens/iteration" in iad.stderr and "outside" in iad.stderr
+
+
+def test_generate_reads_stdin(cli_bundle):
+    result = aggdec("generate", str(cli_bundle), "--max-new-tokens", "8", stdin="w1 w2\nw3\n")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2
+
+
+def test_modified_bundle_is_one_error_line(cli_bundle, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(cli_bundle, copy)
+    with open(copy / "encoder.onnx", "ab") as handle:
+        handle.write(b"tampered")
+    assert_one_clean_error(aggdec("generate", str(copy), stdin="w1\n"), "encoder.onnx")
+
+
+def test_cuda_without_gpu_is_one_error_line(cli_bundle):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this machine has the CUDA provider")
+    assert_one_clean_error(aggdec("generate", str(cli_bundle), "--device", "cuda", stdin="w1\n"), "cuda")
+
+
+def test_unknown_family_is_one_error_line(tmp_path):
+    from transformers import PegasusConfig
+
+    PegasusConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1).save_pretrained(tmp_path / "ckpt")
+    assert_one_clean_error(aggdec("export", str(tmp_path / "ckpt"), str(tmp_path / "out")), "supported")
+
+
+def test_export_refuses_to_overwrite(cli_bundle):
+    assert_one_clean_error(aggdec("export", "anything", str(cli_bundle)), "--force")
+
+
+def test_missing_input_file(cli_bundle, tmp_path):
+    assert_one_clean_error(aggdec("generate", str(cli_bundle), "--input", str(tmp_path / "nope.txt")), "nope.txt")
