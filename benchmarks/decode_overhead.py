@@ -98,7 +98,7 @@ def main() -> int:
         report: dict = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
                         "threads": args.threads, "new_tokens": NEW_TOKENS, "modes": {}}
         for mode in ("greedy", "iad"):
-            walls, outsides = [], []
+            walls, outsides, iterations, drafted = [], [], [], []
             for _ in range(args.repeats):
                 for text in texts:
                     graphs_before, started = generator.graph_seconds, time.perf_counter()
@@ -106,10 +106,14 @@ def main() -> int:
                     wall = time.perf_counter() - started
                     assert len(result.ids) == NEW_TOKENS
                     walls.append(wall)
+                    iterations.append(result.stats.iterations)
+                    drafted.append(sum(result.stats.drafted) / result.stats.iterations)
                     outsides.append(wall - (generator.graph_seconds - graphs_before))
             wall, outside = statistics.median(walls), statistics.median(outsides)
             report["modes"][mode] = {"median_seconds": wall, "median_outside_seconds": outside,
-                                     "outside_share": outside / wall, "ms_per_token": 1000 * wall / NEW_TOKENS}
+                                     "outside_share": outside / wall, "ms_per_token": 1000 * wall / NEW_TOKENS,
+                                     "median_iterations": statistics.median(iterations),
+                                     "mean_drafted_per_iteration": statistics.mean(drafted)}
         source_ids = generator.encode(texts[:1])[0]
         report["block_cost_relative_to_one_token"] = block_cost_curve(
             generator, source_ids, [1, 2, 4, 8, 16, 32, 64], args.repeats)

@@ -20,7 +20,7 @@ from .tokenizer import TextCodec
 
 MODES = ("greedy", "iad")
 # per extra block position, relative to a one-token call (see BlockOptions)
-DEFAULT_COST_RATIO = {"cpu": 0.04, "cuda": 0.005}
+DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005}
 DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64}
 
 

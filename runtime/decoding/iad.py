@@ -35,7 +35,7 @@ class BlockOptions:
 
     max_block: int = 32
     adaptive: bool = True
-    cost_ratio: float = 0.04
+    cost_ratio: float = 0.05
     prior_accepted: float = 9.0  # prior pseudo-counts: an optimistic p of 0.9 to start
     prior_rejected: float = 1.0
     decay: float = 0.8  # weight of older iterations in the estimate of p
@@ -69,22 +69,34 @@ class BlockSizer:
         self._rejected = decay * self._rejected + (1.0 if accepted < drafted else 0.0)
 
 
-def align(output: np.ndarray, source: np.ndarray) -> int | None:
+def align(output: np.ndarray, source: np.ndarray, expected: int | None = None) -> int | None:
     """Index in ``source`` aligned with the end of ``output``, by a unique suffix match.
 
     Both arrays start with the sentinel. Returns i such that ``output[-q-1:] ==
-    source[i-q:i+1]`` for the shortest q that makes i unique, or None if the suffix stops
-    occurring before it becomes unique.
+    source[i-q:i+1]`` for the shortest q that makes i unique (Algorithm 1's rule).
+
+    Where the paper would fall back to greedy steps, ``expected`` (the source position the
+    previous draft had reached) breaks the tie: among the positions that matched the longest
+    suffix the nearest to it wins, and if the last token occurs nowhere in the source (a
+    replaced word) the output is taken to have replaced ``source[expected]``. The choice of
+    draft only changes speed, never the output, so this heuristic is safe.
     """
     candidates = np.flatnonzero(source == output[-1])
+    if len(candidates) == 0:
+        return expected if expected is not None and expected < len(source) - 1 else None
     back = 1
-    while len(candidates) > 1:
-        if back >= len(output):
-            return None
-        candidates = candidates[candidates >= back]
-        candidates = candidates[source[candidates - back] == output[-1 - back]]
+    while len(candidates) > 1 and back < len(output):
+        longer = candidates[candidates >= back]
+        longer = longer[source[longer - back] == output[-1 - back]]
+        if len(longer) == 0:
+            break
+        candidates = longer
         back += 1
-    return int(candidates[0]) if len(candidates) == 1 else None
+    if len(candidates) == 1:
+        return int(candidates[0])
+    if expected is None:
+        return None
+    return int(candidates[np.argmin(np.abs(candidates - expected))])
 
 
 def iad(state: DecodeState, source_ids: np.ndarray, limits: DecodeLimits, options: BlockOptions) -> RowTrace:
@@ -97,8 +109,9 @@ def iad(state: DecodeState, source_ids: np.ndarray, limits: DecodeLimits, option
     out_len = len(limits.start_ids)
     sizer = BlockSizer(options)
     pending = list(limits.start_ids)  # output tokens not yet in the cache
+    expected: int | None = None  # where in the source the output has got to, as far as known
     while not trace.done:
-        at = align(output[:out_len], source)
+        at = align(output[:out_len], source, expected)
         room = limits.max_new_tokens - trace.generated - 1  # the call itself yields one more token
         k = 0 if at is None else min(len(source) - at - 1, room, sizer.size())
         draft = source[at + 1 : at + 1 + k] if k > 0 else source[:0]
@@ -113,6 +126,8 @@ def iad(state: DecodeState, source_ids: np.ndarray, limits: DecodeLimits, option
         trace.accepted.append(appended)
         if k:
             sizer.observe(k, accepted)
+        # the token after the accepted drafts took the place of source[at + accepted + 1]
+        expected = at + accepted + 1 if at is not None else (expected + 1 if expected is not None else None)
         output[out_len : out_len + appended] = trace.tokens[-appended:]
         out_len += appended
         pending = [trace.tokens[-1]]

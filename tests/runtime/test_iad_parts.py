@@ -97,3 +97,21 @@ def test_forced_eos_replaces_the_last_token():
     trace = RowTrace(tokens=[0])
     trace.extend([5, 6, 7, 8], limits)
     assert trace.tokens == [0, 5, 6, 2] and trace.done
+
+
+def test_expected_position_breaks_ties():
+    source = arr(5, 6, 7, 8, 6, 9)
+    # "4 6": ambiguous "6", and "4 6" occurs nowhere; the draft continues near where the output is
+    assert align(arr(4, 6), source, expected=4) == 5
+    assert align(arr(4, 6), source, expected=1) == 2
+
+
+def test_replaced_word_aligns_with_the_expected_position():
+    # 42 occurs nowhere in the source: it replaced source[expected]
+    assert align(arr(5, 42), arr(5, 6, 7), expected=2) == 2
+    # ... unless that was the end of the source
+    assert align(arr(5, 42), arr(5, 6, 7), expected=3) is None
+
+
+def test_a_unique_match_wins_over_the_expected_position():
+    assert align(arr(5, 6), arr(5, 6, 7, 8), expected=3) == 2
