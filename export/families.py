@@ -21,9 +21,8 @@ from .graphs import AttentionParts, DecoderLayerParts, DecoderParts
 @dataclass(frozen=True)
 class Family:
     name: str
-    # the checkpoint's default limits when the user gives none
-    default_max_source_len: Callable[[object], int]
-    default_max_target_len: Callable[[object], int]
+    # the most source/target positions the checkpoint can embed, or None where unlimited
+    position_limit: Callable[[object], int | None]
     decoder_parts: Callable[[nn.Module], DecoderParts]
     encoder: Callable[[nn.Module], nn.Module]
     # validation tolerance against torch: atol + rtol * (a position's log-prob spread)
@@ -90,31 +89,19 @@ def _bart_like_parts(model: nn.Module, *, position_offset: int, scale_tokens: bo
     )
 
 
-def _max_positions(config: object) -> int:
-    return int(config.max_position_embeddings)
+def _bart_like_family(name: str, *, position_offset: int, scale_tokens: bool, pre_norm: bool) -> Family:
+    return Family(
+        name=name,
+        position_limit=lambda config: int(config.max_position_embeddings),
+        decoder_parts=lambda m: _bart_like_parts(m, position_offset=position_offset, scale_tokens=scale_tokens,
+                                                 pre_norm=pre_norm),
+        encoder=lambda m: m.model.encoder,
+    )
 
 
-MARIAN = Family(
-    name="marian",
-    default_max_source_len=_max_positions,
-    default_max_target_len=_max_positions,
-    decoder_parts=lambda m: _bart_like_parts(m, position_offset=0, scale_tokens=True, pre_norm=False),
-    encoder=lambda m: m.model.encoder,
-)
-BART = Family(
-    name="bart",
-    default_max_source_len=_max_positions,
-    default_max_target_len=_max_positions,
-    decoder_parts=lambda m: _bart_like_parts(m, position_offset=2, scale_tokens=False, pre_norm=False),
-    encoder=lambda m: m.model.encoder,
-)
-MBART = Family(
-    name="mbart",
-    default_max_source_len=_max_positions,
-    default_max_target_len=_max_positions,
-    decoder_parts=lambda m: _bart_like_parts(m, position_offset=2, scale_tokens=False, pre_norm=True),
-    encoder=lambda m: m.model.encoder,
-)
+MARIAN = _bart_like_family("marian", position_offset=0, scale_tokens=True, pre_norm=False)
+BART = _bart_like_family("bart", position_offset=2, scale_tokens=False, pre_norm=False)
+MBART = _bart_like_family("mbart", position_offset=2, scale_tokens=False, pre_norm=True)
 
 # ---------------------------------------------------------------- T5, mT5
 
@@ -195,9 +182,7 @@ def _t5_parts(model: nn.Module) -> DecoderParts:
 
 T5 = Family(
     name="t5",
-    # relative positions put no hard limit on length; these are sane serving defaults
-    default_max_source_len=lambda config: 512,
-    default_max_target_len=lambda config: 512,
+    position_limit=lambda config: None,  # relative positions put no hard limit on length
     decoder_parts=_t5_parts,
     encoder=lambda m: m.encoder,
 )

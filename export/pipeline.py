@@ -25,6 +25,7 @@ from .validate import reference_cases, validate
 
 DEFAULT_TOP_K = 8
 DEFAULT_OPSET = 17
+DEFAULT_MAX_LEN = 512  # source/target limit for families without a hard position limit (T5)
 # generation-config settings that change greedy decoding and that aggdec does not apply
 _IGNORED_GENERATION_SETTINGS = {
     "no_repeat_ngram_size": 0,
@@ -138,12 +139,14 @@ def export_bundle(
     forced_eos = getattr(generation_config, "forced_eos_token_id", None)
     if isinstance(forced_eos, list):
         forced_eos = forced_eos[0] if forced_eos else None
-    max_source = max_source_len or family.default_max_source_len(config)
-    max_target = max_target_len or family.default_max_target_len(config)
-    if family.name != "t5":
-        limit = family.default_max_source_len(config)
-        if max_source > limit or max_target > limit:
-            raise ExportError(f"max lengths cannot exceed the checkpoint's {limit} position embeddings.")
+    limit = family.position_limit(config)
+    max_source = max_source_len or limit or DEFAULT_MAX_LEN
+    max_target = max_target_len or limit or DEFAULT_MAX_LEN
+    if limit is not None and (max_source > limit or max_target > limit):
+        raise ExportError(f"max lengths cannot exceed the checkpoint's {limit} position embeddings "
+                          f"(got --max-source-len {max_source}, --max-target-len {max_target}).")
+    if max_source < 2 or max_target < 2:
+        raise ExportError("--max-source-len and --max-target-len must be at least 2.")
 
     _say(progress, "[2/5] computing torch references")
     pad_id = int(config.pad_token_id)

@@ -138,8 +138,7 @@ class Generator:
         limits = self._limits(max_new_tokens)
         encoded = self.encode(texts)
         if mode == "iad":
-            options = block or BlockOptions(max_block=DEFAULT_MAX_BLOCK[self.device],
-                                            cost_ratio=DEFAULT_COST_RATIO[self.device])
+            options = self._block_options(block)
             return [self._iad_one(ids, limits, options) for ids in encoded]
         results: list[GenerationResult] = []
         for first in range(0, len(encoded), batch_size):
@@ -157,12 +156,15 @@ class Generator:
                              f"{self.manifest.max_source_len}.")
         limits = self._limits(max_new_tokens)
         if mode == "iad":
-            options = block or BlockOptions(max_block=DEFAULT_MAX_BLOCK[self.device],
-                                            cost_ratio=DEFAULT_COST_RATIO[self.device])
-            return self._iad_one(ids, limits, options)
+            return self._iad_one(ids, limits, self._block_options(block))
         if mode == "greedy":
             return self._greedy_batch([ids], limits)[0]
         raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
+
+    def _block_options(self, block: BlockOptions | None) -> BlockOptions:
+        if block is not None:
+            return block
+        return BlockOptions(max_block=DEFAULT_MAX_BLOCK[self.device], cost_ratio=DEFAULT_COST_RATIO[self.device])
 
     def _batch_arrays(self, encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         width = max(len(ids) for ids in encoded)
