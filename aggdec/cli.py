@@ -27,10 +27,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     export.add_argument("--opset", type=int, default=17, help="ONNX opset (17)")
     export.add_argument("--max-source-len", type=int, help="longest source in tokens (default: the model's)")
     export.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")
+    export.add_argument("--drafter", metavar="DRAFTER_DIR", help="add drafter.onnx from `aggdec train-drafter` (GAD)")
+
+    train = commands.add_parser("train-drafter", help="train a GAD drafter for a checkpoint by distillation")
+    train.add_argument("src", metavar="SRC_DIR", help="the verifier: a local save_pretrained directory")
+    train.add_argument("--sources", required=True, metavar="FILE", help="training sources, one per line")
+    train.add_argument("--out", required=True, metavar="DIR", help="where the drafter and checkpoints go")
+    train.add_argument("--k", type=int, default=25, help="tokens drafted per call (25)")
+    train.add_argument("--layers", type=int, default=2, help="drafter decoder layers (2)")
+    length = train.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps")
+    length.add_argument("--epochs", type=int, help="passes over the sources (default 1)")
+    train.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch (4096)")
+    train.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint")
+    train.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    train.add_argument("--glancing", type=float, default=0.0, help="glancing ratio, 0 = off (0)")
+    train.add_argument("--heldout", type=int, default=100, help="sources held out for the acceptance report (100)")
+    train.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (cpu)")
 
     gen = commands.add_parser("generate", help="decode one input per line with a bundle")
     gen.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
-    gen.add_argument("--mode", choices=("greedy", "iad"), default="greedy", help="decoding mode (greedy)")
+    gen.add_argument("--mode", choices=("greedy", "iad", "gad", "gad++"), default="greedy",
+                     help="decoding mode (greedy)")
+    gen.add_argument("--beta", type=int, help="gad++: accept drafts among the verifier's top-beta (3)")
+    gen.add_argument("--tau", type=float, help="gad++: ... within tau log-prob of its best (1.0)")
+    gen.add_argument("--draft-k", type=int, help="gad: tokens drafted per iteration (default: the drafter's k)")
     gen.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
     gen.add_argument("--max-new-tokens", type=int, help="tokens to generate at most (default: the bundle's limit)")
     gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
@@ -50,8 +71,18 @@ def _export(args: argparse.Namespace) -> int:
         ) from None
     export_bundle(args.src, args.out, force=args.force, top_k=args.top_k, opset=args.opset,
                   max_source_len=args.max_source_len, max_target_len=args.max_target_len,
-                  progress=lambda message: print(message, file=sys.stderr, flush=True))
+                  drafter_dir=args.drafter, progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0
+
+
+def _train_drafter(args: argparse.Namespace) -> int:
+    try:
+        from aggdec.export.train_drafter import run_from_args
+    except ImportError as exc:
+        raise AggdecError(
+            f"`aggdec train-drafter` needs the export extra ({exc.name} is not installed): pip install 'aggdec[export]'"
+        ) from None
+    return run_from_args(args)
 
 
 def _read_lines(path: str | None) -> list[str]:
@@ -81,6 +112,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
                           io_binding=not args.no_io_binding)
+    # refuse bad options before reading any input
+    generator.generate([], mode=args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
     lines = _read_lines(args.input)
     refused = {}
     for number, line in enumerate(lines, start=1):
@@ -91,7 +124,8 @@ def _generate(args: argparse.Namespace) -> int:
     valid = [line for number, line in enumerate(lines, start=1) if number not in refused]
     started, graphs_before = time.perf_counter(), generator.graph_seconds
     results = generator.generate(valid, mode=args.mode, max_new_tokens=args.max_new_tokens,
-                                 batch_size=args.batch_size) if valid else []
+                                 batch_size=args.batch_size, beta=args.beta, tau=args.tau,
+                                 draft_k=args.draft_k) if valid else []
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     outputs = iter(results)
     for number in range(1, len(lines) + 1):
@@ -107,6 +141,8 @@ def _generate(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.command == "export":
         return _export(args)
+    if args.command == "train-drafter":
+        return _train_drafter(args)
     return _generate(args)
 
 

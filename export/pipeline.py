@@ -20,8 +20,8 @@ from ..runtime.errors import ExportError
 from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, sha256_of
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
-from .specs import dynamic_axes, encoder_spec, verifier_spec
-from .validate import reference_cases, validate
+from .specs import drafter_spec, dynamic_axes, encoder_spec, verifier_spec
+from .validate import drafter_cases, reference_cases, validate, validate_drafter
 
 DEFAULT_TOP_K = 8
 DEFAULT_OPSET = 17
@@ -111,9 +111,14 @@ def export_bundle(
     opset: int = DEFAULT_OPSET,
     max_source_len: int | None = None,
     max_target_len: int | None = None,
+    drafter_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
-    """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``."""
+    """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
+
+    With ``drafter_dir`` (written by ``aggdec train-drafter``), the bundle also gets
+    ``drafter.onnx`` for GAD.
+    """
     import onnxruntime as ort
     import torch
     import transformers
@@ -148,20 +153,33 @@ def export_bundle(
     if max_source < 2 or max_target < 2:
         raise ExportError("--max-source-len and --max-target-len must be at least 2.")
 
+    drafter = _load_drafter(drafter_dir, vocab, int(config.d_model)) if drafter_dir is not None else None
+    if drafter is not None and drafter.config.max_positions < max_target + drafter.config.k:
+        raise ExportError(f"the drafter embeds {drafter.config.max_positions} positions, fewer than "
+                          f"--max-target-len {max_target} plus its {drafter.config.k} slots; lower --max-target-len.")
+
     _say(progress, "[2/5] computing torch references")
     pad_id = int(config.pad_token_id)
     encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed)
+    draft_cases = drafter_cases(drafter, model, vocab, pad_id, int(config.decoder_start_token_id)) if drafter else []
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model))
         ver_spec = verifier_spec(layers, heads, head_dim, top_k)
-        _say(progress, "[3/5] tracing encoder and verifier to ONNX")
+        _say(progress, "[3/5] tracing encoder, verifier" + (" and drafter" if drafter else "") + " to ONNX")
         encoder_graph = EncoderGraph(model, family.encoder(model), parts).eval()
         verifier_graph = VerifierGraph(model, parts, top_k, suppressed, vocab).eval()
         _trace(encoder_graph, _encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
         _trace(verifier_graph, _verifier_dummy(layers, heads, head_dim), tmp / ver_spec.file, ver_spec, opset)
+        graphs = {"encoder": enc_spec, "verifier": ver_spec}
+        if drafter is not None:
+            from .drafter import DrafterGraph
+
+            graphs["drafter"] = drafter_spec(int(config.d_model), drafter.config.k)
+            _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, int(config.d_model)),
+                   tmp / graphs["drafter"].file, graphs["drafter"], opset)
 
         _say(progress, "[4/5] validating the graphs against torch with onnxruntime")
         options = ort.SessionOptions()
@@ -172,11 +190,16 @@ def export_bundle(
             ort.InferenceSession(str(tmp / ver_spec.file), options, providers=cpu),
             encoder_cases, verifier_cases, layers, heads, head_dim, family.atol, family.rtol,
         )
+        if drafter is not None:
+            checked += validate_drafter(
+                ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu),
+                draft_cases, family.atol, family.rtol,
+            )
         _say(progress, f"      {checked} shape cases agree with torch")
 
         _say(progress, "[5/5] writing tokenizer and manifest")
         tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
-        files = {name: sha256_of(tmp / name) for name in (enc_spec.file, ver_spec.file, TOKENIZER_FILE)}
+        files = {name: sha256_of(tmp / name) for name in (*(g.file for g in graphs.values()), TOKENIZER_FILE)}
         manifest = Manifest(
             family=family.name,
             architecture=ARCHITECTURES[type(config).__name__],
@@ -198,7 +221,9 @@ def export_bundle(
             top_k=top_k,
             dtype="float32",
             opset=opset,
-            graphs={"encoder": enc_spec, "verifier": ver_spec},
+            graphs=graphs,
+            draft_k=drafter.config.k if drafter is not None else None,
+            mask_token_id=drafter.config.mask_token_id if drafter is not None else None,
             files=files,
             exporter={"torch": torch.__version__, "transformers": transformers.__version__,
                       "onnxruntime": ort.__version__},
@@ -213,6 +238,29 @@ def export_bundle(
         raise
     _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out}")
     return manifest
+
+
+def _load_drafter(drafter_dir: str | Path, vocab: int, d_model: int):
+    from .drafter import Drafter
+
+    drafter = Drafter.load(drafter_dir)
+    drafter.requires_grad_(False)
+    if drafter.config.vocab_size != vocab or drafter.config.d_model != d_model:
+        raise ExportError(
+            f"the drafter in {str(drafter_dir)!r} was trained for a vocabulary of {drafter.config.vocab_size} and "
+            f"d_model {drafter.config.d_model}, but this checkpoint has {vocab} and {d_model}; train a drafter "
+            "for this checkpoint with `aggdec train-drafter`."
+        )
+    return drafter
+
+
+def _drafter_dummy(drafter, d_model: int):
+    import torch
+
+    from .drafter import drafter_inputs
+
+    ids, mask, start = drafter_inputs([[0, 5, 6], [0]], drafter.config.k, drafter.config.mask_token_id, 1)
+    return (ids, mask, start, torch.randn(2, 5, d_model), torch.ones(2, 5, dtype=torch.int64))
 
 
 def _encoder_dummy():

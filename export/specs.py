@@ -42,6 +42,21 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int) -> GraphSp
     )
 
 
+def drafter_spec(d_model: int, k: int) -> GraphSpec:
+    return GraphSpec(
+        file="drafter.onnx",
+        inputs=(
+            # every output token so far (decoder start included), then k [MASK] ids, right-padded
+            TensorSpec("input_ids", "int64", ("batch", "draft_len")),
+            TensorSpec("attention_mask", "int64", ("batch", "draft_len")),
+            TensorSpec("slot_start", "int64", ("batch",)),  # where each row's [MASK] slots begin
+            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
+            TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
+        ),
+        outputs=(TensorSpec("draft_ids", "int64", ("batch", k)),),
+    )
+
+
 def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
     """torch.onnx.export's dynamic_axes for a spec: every symbolic dim by position."""
     axes: dict[str, dict[int, str]] = {}

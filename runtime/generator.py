@@ -1,24 +1,26 @@
-"""`Generator`: load a bundle, decode texts with greedy or IAD, report what it cost."""
+"""`Generator`: load a bundle, decode texts with greedy, IAD or GAD, report what it cost."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .decoding.common import DecodeLimits, RowTrace
+from .decoding.common import DecodeLimits, RowTrace, Verification
+from .decoding.gad import Drafter, gad
 from .decoding.greedy import greedy
 from .decoding.iad import BlockOptions, iad
-from .decoding.verifier import Verifier
-from .errors import InputError
+from .decoding.verifier import DecodeState, Verifier
+from .errors import BundleError, InputError
 from .manifest import TOKENIZER_FILE, Manifest, load_manifest
 from .session import OrtSession, check_device
 from .tokenizer import TextCodec
 
-MODES = ("greedy", "iad")
+MODES = ("greedy", "iad", "gad", "gad++")
+GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verification)
 # per extra block position, relative to a one-token call (see BlockOptions)
 DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005}
 DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64}
@@ -39,10 +41,11 @@ class DecodeStats:
     verifier_seconds: float
     total_seconds: float
     batch_size: int = 1
+    drafter_seconds: float = 0.0
 
     @property
     def graph_seconds(self) -> float:
-        return self.encoder_seconds + self.verifier_seconds
+        return self.encoder_seconds + self.verifier_seconds + self.drafter_seconds
 
     @property
     def outside_seconds(self) -> float:
@@ -75,11 +78,20 @@ class Generator:
         self._encoder = OrtSession(self.root / m.graph("encoder").file, device, threads, io_binding)
         self._verifier_session = OrtSession(self.root / m.graph("verifier").file, device, threads, io_binding)
         self.verifier = Verifier(self._encoder, self._verifier_session, m)
+        self.drafter: Drafter | None = None
+        if "drafter" in m.graphs:
+            session = OrtSession(self.root / m.graph("drafter").file, device, threads, io_binding)
+            self.drafter = Drafter(session, int(m.draft_k or 0), int(m.mask_token_id or 0))
+
+    def _seconds(self) -> dict[str, float]:
+        seconds = dict(self.verifier.seconds)
+        seconds["drafter"] = self.drafter.session.seconds if self.drafter is not None else 0.0
+        return seconds
 
     @property
     def graph_seconds(self) -> float:
         """Time spent inside onnxruntime by this generator so far."""
-        return sum(self.verifier.seconds.values())
+        return sum(self._seconds().values())
 
     # ------------------------------------------------------------------ input checks
 
@@ -124,30 +136,35 @@ class Generator:
     # ------------------------------------------------------------------ decoding
 
     def generate(self, texts: Sequence[str], mode: str = "greedy", max_new_tokens: int | None = None,
-                 batch_size: int = 16, block: BlockOptions | None = None) -> list[GenerationResult]:
+                 batch_size: int = 16, block: BlockOptions | None = None, beta: int | None = None,
+                 tau: float | None = None, draft_k: int | None = None) -> list[GenerationResult]:
         """Decode ``texts``; results come back in order.
 
-        ``mode``: "greedy" (batches of ``batch_size``) or "iad" (one text at a time).
+        ``mode``: "greedy" (batches of ``batch_size``), "iad" (the source is the draft),
+        "gad" (drafts from the bundle's drafter, output identical to greedy) or "gad++"
+        (relaxed verification: ``beta`` top candidates, default 3, within ``tau`` log-prob of
+        the best, default 1.0; ``beta=1`` is greedy again). IAD and GAD decode one text at a time.
         ``max_new_tokens``: tokens to generate at most (default: the bundle's limit).
         ``block``: IAD draft-block options (default: tuned for the device).
+        ``draft_k``: GAD draft tokens per iteration, at most the drafter's k (default: its k).
         """
-        if mode not in MODES:
-            raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
+        decode = self._decoder(mode, block, beta, tau, draft_k)
         if batch_size < 1:
             raise InputError(f"batch_size must be at least 1, got {batch_size}.")
         limits = self._limits(max_new_tokens)
         encoded = self.encode(texts)
-        if mode == "iad":
-            options = self._block_options(block)
-            return [self._iad_one(ids, limits, options) for ids in encoded]
-        results: list[GenerationResult] = []
-        for first in range(0, len(encoded), batch_size):
-            results.extend(self._greedy_batch(encoded[first : first + batch_size], limits))
-        return results
+        if decode is None:
+            results: list[GenerationResult] = []
+            for first in range(0, len(encoded), batch_size):
+                results.extend(self._greedy_batch(encoded[first : first + batch_size], limits))
+            return results
+        return [self._one_row(ids, limits, decode) for ids in encoded]
 
     def generate_ids(self, source_ids: Sequence[int], mode: str = "greedy", max_new_tokens: int | None = None,
-                     block: BlockOptions | None = None) -> GenerationResult:
+                     block: BlockOptions | None = None, beta: int | None = None, tau: float | None = None,
+                     draft_k: int | None = None) -> GenerationResult:
         """Decode one already-tokenized source (ids with their special tokens)."""
+        decode = self._decoder(mode, block, beta, tau, draft_k)
         ids = [int(i) for i in source_ids]
         if not ids:
             raise InputError("source_ids is empty.")
@@ -155,11 +172,42 @@ class Generator:
             raise InputError(f"source_ids has {len(ids)} tokens; this bundle accepts at most "
                              f"{self.manifest.max_source_len}.")
         limits = self._limits(max_new_tokens)
-        if mode == "iad":
-            return self._iad_one(ids, limits, self._block_options(block))
-        if mode == "greedy":
+        if decode is None:
             return self._greedy_batch([ids], limits)[0]
-        raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
+        return self._one_row(ids, limits, decode)
+
+    def _decoder(self, mode: str, block: BlockOptions | None, beta: int | None, tau: float | None,
+                 draft_k: int | None) -> Callable[[DecodeState, list[int], DecodeLimits], RowTrace] | None:
+        """The one-row decode loop for ``mode`` with its options checked (None: batched greedy)."""
+        if mode not in MODES:
+            raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
+        if (beta is not None or tau is not None) and mode != "gad++":
+            raise InputError("beta and tau apply to mode 'gad++' only.")
+        if draft_k is not None and mode not in ("gad", "gad++"):
+            raise InputError("draft_k applies to modes 'gad' and 'gad++' only.")
+        if mode == "greedy":
+            return None
+        if mode == "iad":
+            options = self._block_options(block)
+            return lambda state, ids, limits: iad(state, np.asarray(ids, dtype=np.int64), limits, options)
+        drafter = self.drafter
+        if drafter is None:
+            raise BundleError(f"mode {mode!r} needs a drafter, and the bundle {str(self.root)!r} has none; "
+                              "train one with `aggdec train-drafter` and export with --drafter.")
+        if draft_k is not None and not 1 <= draft_k <= drafter.k:
+            raise InputError(f"draft_k must be between 1 and the drafter's k ({drafter.k}), got {draft_k}.")
+        if mode == "gad":
+            verification = Verification()
+        else:
+            beta = GAD_PLUS_BETA if beta is None else beta
+            tau = GAD_PLUS_TAU if tau is None else tau
+            if not 1 <= beta <= self.manifest.top_k:
+                raise InputError(f"beta must be between 1 and the bundle's top-k ({self.manifest.top_k}), got "
+                                 f"{beta}; re-export with a larger --top-k for more.")
+            if tau < 0:
+                raise InputError(f"tau must be >= 0, got {tau}.")
+            verification = Verification(beta=beta, tau=tau)
+        return lambda state, ids, limits: gad(state, drafter, limits, verification, draft_k)
 
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
@@ -176,21 +224,21 @@ class Generator:
         return input_ids, mask
 
     def _greedy_batch(self, encoded: list[list[int]], limits: DecodeLimits) -> list[GenerationResult]:
-        started, before = time.perf_counter(), self.verifier.seconds
+        started, before = time.perf_counter(), self._seconds()
         state = self.verifier.start(*self._batch_arrays(encoded))
         traces = greedy(state, limits, self.manifest.pad_token_id)
         return [self._result(t, started, before, len(encoded)) for t in traces]
 
-    def _iad_one(self, ids: list[int], limits: DecodeLimits, options: BlockOptions) -> GenerationResult:
-        started, before = time.perf_counter(), self.verifier.seconds
+    def _one_row(self, ids: list[int], limits: DecodeLimits,
+                 decode: Callable[[DecodeState, list[int], DecodeLimits], RowTrace]) -> GenerationResult:
+        started, before = time.perf_counter(), self._seconds()
         state = self.verifier.start(*self._batch_arrays([ids]))
-        trace = iad(state, np.asarray(ids, dtype=np.int64), limits, options)
-        return self._result(trace, started, before, 1)
+        return self._result(decode(state, ids, limits), started, before, 1)
 
     def _result(self, trace: RowTrace, started: float, before: dict[str, float], batch: int) -> GenerationResult:
         ids = tuple(trace.tokens[1:])
         text = self.codec.decode(list(ids))
-        now = self.verifier.seconds
+        now = self._seconds()
         stats = DecodeStats(
             iterations=len(trace.accepted),
             drafted=tuple(trace.drafted),
@@ -199,5 +247,6 @@ class Generator:
             verifier_seconds=now["verifier"] - before["verifier"],
             total_seconds=time.perf_counter() - started,
             batch_size=batch,
+            drafter_seconds=now["drafter"] - before["drafter"],
         )
         return GenerationResult(text=text, ids=ids, stats=stats)

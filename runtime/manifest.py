@@ -89,6 +89,9 @@ class Manifest:
     opset: int
     graphs: dict[str, GraphSpec]
     files: dict[str, str]  # file name -> sha256 hex digest, for every file but the manifest
+    # GAD: how many tokens drafter.onnx proposes per call, and its [MASK] id (vocab_size: an
+    # extra embedding row of the drafter, outside the tokenizer's vocabulary)
+    draft_k: int | None = None
     mask_token_id: int | None = None
     exporter: dict[str, str] = field(default_factory=dict)  # versions used at export
     format_version: int = FORMAT_VERSION

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class DecodeLimits:
@@ -47,3 +49,43 @@ class RowTrace:
                 self.done = True
                 break
         return appended
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Which draft tokens the verifier accepts.
+
+    ``beta = 1``: a draft token is kept while it is the verifier's argmax: greedy's output,
+    exactly. ``beta > 1`` (GAD++, SpecDec's relaxed verification): it is kept while it is among
+    the verifier's top-``beta`` candidates and its log-prob is within ``tau`` of the top one.
+    """
+
+    beta: int = 1
+    tau: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.beta < 1:
+            raise ValueError(f"beta must be at least 1, got {self.beta}.")
+        if self.tau < 0:
+            raise ValueError(f"tau must be >= 0, got {self.tau}.")
+
+    def accepted(self, draft: np.ndarray, top_ids: np.ndarray, top_logprobs: np.ndarray) -> int:
+        """How many leading draft tokens pass, given the verifier's candidates at each of them.
+
+        ``top_ids``/``top_logprobs`` are [k + 1, K]: row i scores the position of ``draft[i]``.
+        """
+        k = len(draft)
+        if k == 0:
+            return 0
+        if self.beta == 1:
+            passed = top_ids[:k, 0] == draft
+        else:
+            hits = top_ids[:k, : self.beta] == draft[:, None]
+            found = hits.any(axis=1)
+            gap = top_logprobs[:k, 0] - np.take_along_axis(top_logprobs[:k], hits.argmax(axis=1)[:, None], 1)[:, 0]
+            passed = found & (gap <= self.tau)
+        failed = np.flatnonzero(~passed)
+        return int(failed[0]) if len(failed) else k
+
+
+GREEDY = Verification()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import DecodeLimits, RowTrace
+from .common import GREEDY, DecodeLimits, RowTrace
 from .verifier import DecodeState
 
 _SENTINEL = -1  # stands for the decoder start token and the position before the source
@@ -116,12 +116,11 @@ def iad(state: DecodeState, source_ids: np.ndarray, limits: DecodeLimits, option
         k = 0 if at is None else min(len(source) - at - 1, room, sizer.size())
         draft = source[at + 1 : at + 1 + k] if k > 0 else source[:0]
         block = np.concatenate([np.asarray(pending, dtype=np.int64), draft])[None, :]
-        _, top_ids = state.verify(block)
-        choices = top_ids[0, len(pending) - 1 :, 0]  # the verifier's token after each position
-        mismatch = np.flatnonzero(choices[:k] != draft)
-        accepted = int(mismatch[0]) if len(mismatch) else k
+        top_logprobs, top_ids = state.verify(block)
+        first = len(pending) - 1  # row of the first draft token's scores (the call's own output after it)
+        accepted = GREEDY.accepted(draft, top_ids[0, first:], top_logprobs[0, first:])
         state.keep(len(pending) + accepted)
-        appended = trace.extend([*draft[:accepted].tolist(), int(choices[accepted])], limits)
+        appended = trace.extend([*draft[:accepted].tolist(), int(top_ids[0, first + accepted, 0])], limits)
         trace.drafted.append(k)
         trace.accepted.append(appended)
         if k:

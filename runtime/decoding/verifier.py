@@ -19,10 +19,11 @@ from ..session import Session
 
 
 class DecodeState:
-    def __init__(self, verifier: Session, cross: Any, mask: Any, empty_cache: np.ndarray) -> None:
+    def __init__(self, verifier: Session, encoder_hidden: Any, cross: Any, mask: Any, empty_cache: np.ndarray) -> None:
         self._verifier = verifier
+        self.encoder_hidden = encoder_hidden  # device handle: the drafter reads it too
         self._cross = cross
-        self._mask = mask
+        self.mask = mask  # source mask, on the device
         self._cache: Any = empty_cache
         batch = empty_cache.shape[2]
         self.lengths = np.zeros(batch, dtype=np.int64)  # valid cached positions per row
@@ -35,7 +36,7 @@ class DecodeState:
                 "past_lengths": self.lengths,
                 "past_key_values": self._cache,
                 "cross_key_values": self._cross,
-                "encoder_attention_mask": self._mask,
+                "encoder_attention_mask": self.mask,
             },
             device_outputs=("present_key_values",),
         )
@@ -58,7 +59,8 @@ class Verifier:
                                device_outputs=("encoder_hidden_states", "cross_key_values"))
         m = self.manifest
         empty = np.zeros((m.decoder_layers, 2, input_ids.shape[0], m.num_heads, 0, m.head_dim), dtype=np.float32)
-        return DecodeState(self.verifier, out["cross_key_values"], self.verifier.to_device(attention_mask), empty)
+        return DecodeState(self.verifier, out["encoder_hidden_states"], out["cross_key_values"],
+                           self.verifier.to_device(attention_mask), empty)
 
     @property
     def seconds(self) -> dict[str, float]:

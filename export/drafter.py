@@ -1,0 +1,219 @@
+"""The GAD drafter: a shallow non-autoregressive decoder that proposes k tokens in one pass.
+
+It reads the tokens decoded so far followed by k [MASK] slots, attends bidirectionally over
+all of them, cross-attends to the *verifier's* encoder output (one encoder pass per request
+serves both models), and predicts every slot at once (SpecDec's Spec-Drafter, with the
+verifier's encoder standing in for the drafter's own deep encoder). [MASK] is an extra
+embedding row, id ``vocab_size``, so it never collides with the tokenizer's vocabulary.
+
+The architecture is the same for every family: pre-LayerNorm blocks whose attention inner
+size is the verifier's (heads x head_dim), so its attention projections, embeddings and
+output head can be initialised from the verifier. Saved as safetensors + ``drafter.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+CONFIG_FILE = "drafter.json"
+WEIGHTS_FILE = "drafter.safetensors"
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    vocab_size: int  # the verifier's; [MASK] is id vocab_size
+    d_model: int
+    num_heads: int
+    head_dim: int
+    ffn_dim: int
+    layers: int = 2
+    k: int = 25  # [MASK] slots drafted per call
+    max_positions: int = 1024  # prefix + slots
+    pad_token_id: int = 0
+    eos_token_id: int = 1
+    family: str = ""
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.vocab_size
+
+    def save(self, directory: Path) -> None:
+        (directory / CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> DrafterConfig:
+        return cls(**json.loads((directory / CONFIG_FILE).read_text()))
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        inner = config.num_heads * config.head_dim
+        self.heads, self.head_dim = config.num_heads, config.head_dim
+        self.q = nn.Linear(config.d_model, inner)
+        self.k = nn.Linear(config.d_model, inner)
+        self.v = nn.Linear(config.d_model, inner)
+        self.o = nn.Linear(inner, config.d_model)
+
+    def _split(self, x: Tensor) -> Tensor:
+        return x.reshape(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: Tensor, memory: Tensor, bias: Tensor) -> Tensor:
+        q, k, v = self._split(self.q(x)), self._split(self.k(memory)), self._split(self.v(memory))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim) + bias
+        out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2)
+        return self.o(out.reshape(out.shape[0], out.shape[1], -1))
+
+
+class _Layer(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.self_norm = nn.LayerNorm(config.d_model)
+        self.self_attn = _Attention(config)
+        self.cross_norm = nn.LayerNorm(config.d_model)
+        self.cross_attn = _Attention(config)
+        self.ffn_norm = nn.LayerNorm(config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.ffn_dim)
+        self.fc2 = nn.Linear(config.ffn_dim, config.d_model)
+
+    def forward(self, x: Tensor, memory: Tensor, self_bias: Tensor, cross_bias: Tensor) -> Tensor:
+        h = self.self_norm(x)
+        x = x + self.self_attn(h, h, self_bias)
+        x = x + self.cross_attn(self.cross_norm(x), memory, cross_bias)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ffn_norm(x))))
+
+
+def _mask_bias(mask: Tensor) -> Tensor:
+    """[B, L] 0/1 key mask -> additive [B, 1, 1, L]."""
+    return ((1 - mask.to(torch.float32)) * torch.finfo(torch.float32).min)[:, None, None, :]
+
+
+class Drafter(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size + 1, config.d_model)  # + [MASK]
+        self.positions = nn.Embedding(config.max_positions, config.d_model)
+        self.layers = nn.ModuleList(_Layer(config) for _ in range(config.layers))
+        self.final_norm = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, encoder_hidden: Tensor,
+                encoder_attention_mask: Tensor) -> Tensor:
+        """Logits [B, L, V] for every position of ``input_ids`` (prefix, slots, padding)."""
+        return self.head(self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask))
+
+    def slot_logits(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, encoder_hidden: Tensor,
+                    encoder_attention_mask: Tensor) -> Tensor:
+        """Logits [B, k, V] of the k [MASK] slots that start at ``slot_start[b]`` in each row."""
+        hidden = self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask)
+        index = slot_start.unsqueeze(1) + torch.arange(self.config.k, dtype=torch.int64).unsqueeze(0)  # [B, k]
+        slots = torch.gather(hidden, 1, index.unsqueeze(2).expand(-1, -1, hidden.shape[2]))
+        return self.head(slots)
+
+    def _hidden(self, input_ids: Tensor, attention_mask: Tensor, encoder_hidden: Tensor,
+                encoder_attention_mask: Tensor) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], dtype=torch.int64).unsqueeze(0)
+        x = self.embed(input_ids) + self.positions(positions)
+        self_bias, cross_bias = _mask_bias(attention_mask), _mask_bias(encoder_attention_mask)
+        for layer in self.layers:
+            x = layer(x, encoder_hidden, self_bias, cross_bias)
+        return self.final_norm(x)
+
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, directory: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config.save(directory)
+        save_file({name: tensor.contiguous() for name, tensor in self.state_dict().items()},
+                  str(directory / WEIGHTS_FILE))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Drafter:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not (directory / CONFIG_FILE).is_file() or not (directory / WEIGHTS_FILE).is_file():
+            from ..runtime.errors import ExportError
+
+            raise ExportError(f"{str(directory)!r} is not a drafter directory (needs {CONFIG_FILE} and "
+                              f"{WEIGHTS_FILE}); create one with `aggdec train-drafter`.")
+        drafter = cls(DrafterConfig.load(directory))
+        drafter.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+        return drafter.eval()
+
+
+def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Batch ``prefix + [MASK] * k`` rows, right-padded: (input_ids, attention_mask, slot_start)."""
+    width = max(len(p) for p in prefixes) + k
+    ids = torch.full((len(prefixes), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(prefixes), width), dtype=torch.int64)
+    for row, prefix in enumerate(prefixes):
+        ids[row, : len(prefix)] = torch.tensor(prefix, dtype=torch.int64)
+        ids[row, len(prefix) : len(prefix) + k] = mask_id
+        mask[row, : len(prefix) + k] = 1
+    return ids, mask, torch.tensor([len(p) for p in prefixes], dtype=torch.int64)
+
+
+def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0) -> Drafter:
+    """A drafter shaped after ``model`` and initialised from it where shapes allow.
+
+    Copied: the token embeddings, the output head (and BART/Marian's final_logits_bias), and
+    the self- and cross-attention projections of the verifier's first ``layers`` decoder
+    layers (the attention inner size is the verifier's, so these always fit). The rest
+    (norms, feed-forward, positions, [MASK]) starts fresh: families differ there.
+    """
+    from .families import family_for
+
+    family = family_for(model.config)
+    parts = family.decoder_parts(model)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    ffn_dim = int(getattr(model.config, "decoder_ffn_dim", None) or getattr(model.config, "d_ff", None)
+                  or 4 * model.config.d_model)
+    max_positions = int(getattr(model.config, "max_position_embeddings", 512) or 512) + k + 1
+    config = DrafterConfig(
+        vocab_size=vocab, d_model=int(model.config.d_model), num_heads=parts.num_heads, head_dim=parts.head_dim,
+        ffn_dim=ffn_dim, layers=layers, k=k, max_positions=max_positions,
+        pad_token_id=int(model.config.pad_token_id), eos_token_id=int(model.config.eos_token_id),
+        family=family.name,
+    )
+    torch.manual_seed(seed)
+    drafter = Drafter(config)
+    with torch.no_grad():
+        source_embed = model.get_input_embeddings().weight
+        drafter.embed.weight[:vocab].copy_(source_embed[:vocab])
+        drafter.embed.weight[vocab].copy_(source_embed[:vocab].mean(dim=0))
+        drafter.head.weight.copy_(model.get_output_embeddings().weight)
+        bias = getattr(model, "final_logits_bias", None)
+        drafter.head.bias.copy_(bias[0] if bias is not None else torch.zeros(vocab))
+        for mine, theirs in zip(drafter.layers, parts.layers):
+            for attn, source in ((mine.self_attn, theirs.self_attn), (mine.cross_attn, theirs.cross_attn)):
+                for name in ("q", "k", "v", "o"):
+                    target, origin = getattr(attn, name), getattr(source, name)
+                    target.weight.copy_(origin.weight)
+                    target.bias.copy_(origin.bias if origin.bias is not None else torch.zeros_like(target.bias))
+    return drafter
+
+
+class DrafterGraph(nn.Module):
+    """What drafter.onnx computes: the argmax id of each of the k slots (never logits)."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, encoder_hidden_states: Tensor,
+                encoder_attention_mask: Tensor) -> Tensor:
+        logits = self.drafter.slot_logits(input_ids, attention_mask, slot_start, encoder_hidden_states,
+                                          encoder_attention_mask)
+        return torch.argmax(logits, dim=-1)

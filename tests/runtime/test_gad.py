@@ -1,0 +1,114 @@
+"""GAD and GAD++: lossless with beta = 1 for every family, relaxed verification checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aggdec.runtime.decoding.common import Verification
+from aggdec.runtime.errors import BundleError, InputError
+from aggdec.runtime.generator import Generator
+from tests.runtime.test_lossless import random_texts, transformers_greedy
+from tests.support.tiny import FAMILIES
+
+MAX_NEW = 24
+K = 25
+
+
+@pytest.fixture(scope="session")
+def gad_bundle(tmp_path_factory, random_checkpoint):
+    """family -> a bundle with a random (untrained) drafter of k = 25."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from aggdec.export import export_bundle
+    from aggdec.export.drafter import new_drafter_from_verifier
+
+    made = {}
+
+    def make(family: str):
+        if family not in made:
+            root = tmp_path_factory.mktemp(f"gad-{family}")
+            model = AutoModelForSeq2SeqLM.from_pretrained(random_checkpoint(family))
+            new_drafter_from_verifier(model, layers=2, k=K, seed=1).save(root / "drafter")
+            export_bundle(random_checkpoint(family), root / "bundle", drafter_dir=root / "drafter", progress=None)
+            made[family] = root / "bundle"
+        return made[family]
+
+    return make
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gad_equals_greedy_for_every_draft_length(family, gad_bundle, random_checkpoint):
+    texts = random_texts(seed=21, count=16)
+    generator = Generator(gad_bundle(family))
+    expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
+    assert expected == transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
+    for k in (1, 2, 5, K):
+        results = generator.generate(texts, mode="gad", max_new_tokens=MAX_NEW, draft_k=k)
+        assert [r.ids for r in results] == expected, f"GAD with k={k} differs from greedy"
+        assert all(max(r.stats.drafted) <= k for r in results)
+    # gad++ with beta = 1 is greedy too, whatever tau says
+    assert [r.ids for r in generator.generate(texts, mode="gad++", max_new_tokens=MAX_NEW, beta=1, tau=5.0)] \
+        == expected
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 5, 8])
+def test_drafts_past_the_length_limit(max_new_tokens, gad_bundle):
+    texts = random_texts(seed=4, count=6)
+    generator = Generator(gad_bundle("t5"))
+    expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=max_new_tokens)]
+    results = generator.generate(texts, mode="gad", max_new_tokens=max_new_tokens)
+    assert [r.ids for r in results] == expected
+    assert all(len(r.ids) <= max_new_tokens for r in results)
+
+
+def verifier_candidates(generator: Generator, text: str, output: tuple[int, ...]):
+    """The verifier's top-K at every position of ``output``, teacher-forced through the bundle."""
+    state = generator.verifier.start(*generator._batch_arrays(generator.encode([text])))
+    start = list(generator._limits(None).start_ids)
+    tokens = start + list(output)
+    top_logprobs, top_ids = state.verify(np.array([tokens[:-1]], dtype=np.int64))
+    return top_logprobs[0, len(start) - 1 :], top_ids[0, len(start) - 1 :]
+
+
+@pytest.mark.parametrize("family", ["marian", "t5", "mt5"])
+def test_gad_plus_plus_outputs_are_top_beta_within_tau(family, gad_bundle):
+    texts = random_texts(seed=9, count=16)
+    generator = Generator(gad_bundle(family))
+    beta, tau = 3, 1.0
+    relaxed = generator.generate(texts, mode="gad++", max_new_tokens=MAX_NEW, beta=beta, tau=tau)
+    strict = generator.generate(texts, mode="gad", max_new_tokens=MAX_NEW)
+    rate = lambda results: sum(len(r.ids) for r in results) / sum(r.stats.iterations for r in results)  # noqa: E731
+    assert rate(relaxed) >= rate(strict)
+    for text, result in zip(texts, relaxed):
+        logprobs, ids = verifier_candidates(generator, text, result.ids)
+        for position, token in enumerate(result.ids):
+            if generator.manifest.forced_bos_token_id is not None and position == 0:
+                continue
+            candidates = list(ids[position, :beta])
+            assert token in candidates, (position, token, candidates)
+            gap = logprobs[position, 0] - logprobs[position, candidates.index(token)]
+            assert gap <= tau + 1e-5
+
+
+def test_relaxed_acceptance_rule():
+    top_ids = np.array([[4, 5, 6], [7, 8, 9], [1, 2, 3], [0, 0, 0]])
+    top_logprobs = np.array([[-0.1, -0.5, -3.0], [-0.2, -0.9, -1.0], [-0.1, -0.2, -0.3], [0, 0, 0]])
+    draft = np.array([5, 9, 1])
+    assert Verification().accepted(draft, top_ids, top_logprobs) == 0
+    assert Verification(beta=2, tau=1.0).accepted(draft, top_ids, top_logprobs) == 1  # 9 is 3rd
+    assert Verification(beta=3, tau=1.0).accepted(draft, top_ids, top_logprobs) == 3
+    assert Verification(beta=3, tau=0.5).accepted(draft, top_ids, top_logprobs) == 1  # 9 is 0.8 behind
+    assert Verification(beta=3, tau=1.0).accepted(np.array([], dtype=np.int64), top_ids, top_logprobs) == 0
+
+
+def test_gad_options_are_checked(gad_bundle, bundle):
+    generator = Generator(gad_bundle("marian"))
+    with pytest.raises(InputError, match="beta"):
+        generator.generate(["w1"], mode="gad++", beta=generator.manifest.top_k + 1)
+    with pytest.raises(InputError, match="gad\\+\\+"):
+        generator.generate(["w1"], mode="gad", beta=2)
+    with pytest.raises(InputError, match="draft_k"):
+        generator.generate(["w1"], mode="gad", draft_k=K + 1)
+    with pytest.raises(BundleError, match="drafter"):
+        Generator(bundle("marian")).generate(["w1"], mode="gad")
