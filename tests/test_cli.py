@@ -85,3 +85,28 @@ def test_export_refuses_to_overwrite(cli_bundle):
 
 def test_missing_input_file(cli_bundle, tmp_path):
     assert_one_clean_error(aggdec("generate", str(cli_bundle), "--input", str(tmp_path / "nope.txt")), "nope.txt")
+
+
+def test_gad_modes_through_the_cli(random_checkpoint, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    from aggdec.export.drafter import new_drafter_from_verifier
+
+    checkpoint = random_checkpoint("marian")
+    new_drafter_from_verifier(AutoModelForSeq2SeqLM.from_pretrained(checkpoint), k=6).save(tmp_path / "drafter")
+    exported = aggdec("export", str(checkpoint), str(tmp_path / "bundle"), "--drafter", str(tmp_path / "drafter"))
+    assert exported.returncode == 0, exported.stderr
+    assert "drafter" in exported.stderr
+    lines = "w1 w2 w3 w4\nw5 w6\nw7\n"
+    greedy = aggdec("generate", str(tmp_path / "bundle"), "--max-new-tokens", "16", stdin=lines)
+    gad = aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad", "--max-new-tokens", "16", "--stats",
+                 stdin=lines)
+    relaxed = aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad++", "--beta", "3", "--tau", "1",
+                     "--max-new-tokens", "16", stdin=lines)
+    assert greedy.returncode == gad.returncode == relaxed.returncode == 0, gad.stderr + relaxed.stderr
+    assert gad.stdout == greedy.stdout
+    assert len(relaxed.stdout.splitlines()) == 3
+    assert_one_clean_error(aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad++", "--beta", "99",
+                                  stdin=lines), "beta")
+    assert_one_clean_error(aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad", "--draft-k", "0",
+                                  stdin=lines), "draft_k")
