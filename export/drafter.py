@@ -113,13 +113,13 @@ class Drafter(nn.Module):
                     encoder_attention_mask: Tensor) -> Tensor:
         """Logits [B, k, V] of the k [MASK] slots that start at ``slot_start[b]`` in each row."""
         hidden = self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask)
-        index = slot_start.unsqueeze(1) + torch.arange(self.config.k, dtype=torch.int64).unsqueeze(0)  # [B, k]
+        index = slot_start.unsqueeze(1) + torch.arange(self.config.k, dtype=torch.int64, device=slot_start.device)[None]
         slots = torch.gather(hidden, 1, index.unsqueeze(2).expand(-1, -1, hidden.shape[2]))
         return self.head(slots)
 
     def _hidden(self, input_ids: Tensor, attention_mask: Tensor, encoder_hidden: Tensor,
                 encoder_attention_mask: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], dtype=torch.int64).unsqueeze(0)
+        positions = torch.arange(input_ids.shape[1], dtype=torch.int64, device=input_ids.device).unsqueeze(0)
         x = self.embed(input_ids) + self.positions(positions)
         self_bias, cross_bias = _mask_bias(attention_mask), _mask_bias(encoder_attention_mask)
         for layer in self.layers:

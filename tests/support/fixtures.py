@@ -3,11 +3,14 @@
 Import them into ``tests/conftest.py`` with::
 
     from tests.support.fixtures import editing_marian_dir, random_checkpoint  # noqa: F401
+    from tests.support.fixtures import trained_drafter_dir  # noqa: F401
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +19,7 @@ import pytest
 
 from tests.support import tiny
 
-__all__ = ["editing_marian_dir", "random_checkpoint"]
+__all__ = ["editing_marian_dir", "random_checkpoint", "trained_drafter_dir"]
 
 # Bump the version whenever train_editing_marian / the editing task changes, to invalidate caches.
 EDITING_CACHE_KEY = "aggdec-editing-marian-v1"
@@ -62,3 +65,45 @@ def random_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[...,
         return built[key]
 
     return build
+
+
+# Bump whenever the drafter recipe or the fixture's settings change, to invalidate caches.
+DRAFTER_CACHE_KEY = "aggdec-editing-drafter-v1"
+DRAFTER_SOURCES = 1500  # the last DRAFTER_HELDOUT are held out for the report
+DRAFTER_HELDOUT = 100
+DRAFTER_K = 8
+DRAFTER_STEPS = 600  # about 50 s on one CPU thread
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def trained_drafter_dir(request: pytest.FixtureRequest, editing_marian_dir: Path) -> Path:
+    """A GAD drafter (k = 8, 2 layers) trained for the editing Marian by ``train_drafter``.
+
+    Trained once (about a minute on one CPU thread) and cached across runs like
+    ``editing_marian_dir``; it is retrained when that model changes.  The directory holds
+    drafter.json, drafter.safetensors and train_report.json (``tokens_per_iteration``: the
+    held-out Tok.).
+    """
+    from aggdec.export.train_drafter import TrainOptions, train_drafter
+
+    cache_root = Path(request.config.cache.mkdir(DRAFTER_CACHE_KEY))
+    out = cache_root / "drafter"
+    verifier = _sha256(editing_marian_dir / "model.safetensors")
+    marker = out / _COMPLETE_MARKER
+    if marker.is_file() and json.loads(marker.read_text()).get("verifier_sha256") == verifier:
+        return out
+    if out.exists():
+        shutil.rmtree(out)  # interrupted run, or trained for another verifier
+    rng = random.Random("editing-drafter-sources")
+    sources = cache_root / "sources.txt"
+    sources.write_text("".join(tiny.make_editing_pair(rng)[0] + "\n" for _ in range(DRAFTER_SOURCES)))
+    options = TrainOptions(k=DRAFTER_K, layers=2, steps=DRAFTER_STEPS, warmup_steps=50, heldout=DRAFTER_HELDOUT)
+    with tiny._torch_threads(1):  # see _torch_threads: one thread is the robust choice on shared cores
+        report = train_drafter(editing_marian_dir, sources, out, options, progress=False)
+    marker.write_text(json.dumps({"verifier_sha256": verifier, "tokens_per_iteration":
+                                  report["tokens_per_iteration"]}) + "\n")
+    return out

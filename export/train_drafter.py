@@ -1,0 +1,604 @@
+"""Train a GAD drafter for a verifier by sequence-level distillation (``aggdec train-drafter``).
+
+Recipe (SpecDec section 3.1.3 / GAD section 3.1): the targets are the verifier's *own* greedy
+outputs on the sources (sequence-level knowledge distillation, so the drafter learns to predict
+exactly what greedy verification will accept). Each time an example is used a fresh prefix
+length ``p`` is drawn; the drafter reads the decoder start ids + ``target[:p]`` + k [MASK] slots,
+cross-attends to the frozen verifier encoder, and learns ``target[p:p+k]`` (slots past the end
+of the target are left out of the loss: their drafts are never used). Optionally GLAT-style
+glancing reveals some slots as a curriculum.
+
+Everything that decides the batches, prefixes and glanced slots is a pure function of
+``(seed, epoch)`` or ``(seed, step)``, and the learning-rate schedule is a function of the step
+alone, so a run stopped and resumed from its checkpoint ends with the same weights as a
+straight run (on the same device and thread count).
+
+Writes to ``out_dir``: ``distill.jsonl`` (cached targets), ``checkpoint/state.pt`` (periodic),
+``drafter.json`` + ``drafter.safetensors`` (the drafter) and ``train_report.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..runtime.errors import ExportError
+from .drafter import CONFIG_FILE, WEIGHTS_FILE, Drafter, drafter_inputs, new_drafter_from_verifier
+
+DISTILL_FILE = "distill.jsonl"
+CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_FILE = "state.pt"
+REPORT_FILE = "train_report.json"
+_DISTILL_FORMAT = 1
+_DISTILL_BATCH = 64  # sources per generate() call
+_EVAL_BATCH = 64  # held-out rows simulated in lockstep
+_IGNORE = -100  # cross_entropy's ignore_index: slots past the target's end, and glanced slots (inputs)
+# Paper values (SpecDec Table 7) where they make sense at this scale.
+_BETAS = (0.9, 0.999)
+_EPS = 1e-6
+_WEIGHT_DECAY = 0.01
+_CLIP_NORM = 1.0
+# Options that may change between a run and its --resume (they do not change what is learned).
+_RESUMABLE_CHANGES = frozenset({"steps", "epochs", "checkpoint_every", "device"})
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    k: int = 25  # [MASK] slots drafted per call
+    layers: int = 2  # drafter decoder layers
+    steps: int | None = None  # optimizer steps; exclusive with epochs (default: 1 epoch)
+    epochs: int | None = None
+    batch_tokens: int = 4096  # padded source + prefix + k tokens per batch
+    learning_rate: float = 5e-4  # peak, reached after warmup_steps
+    warmup_steps: int = 200  # linear warmup, then inverse square root decay
+    seed: int = 0
+    glancing: float = 0.0  # GLAT glancing ratio in [0, 1]; 0 = off
+    heldout: int = 100  # sources (from the end of the file) kept out of training for the report
+    checkpoint_every: int = 200
+    max_new_tokens: int = 256  # longest distillation target
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class _Example:
+    source: list[int]  # tokenized source, specials included
+    target: list[int]  # the verifier's greedy output after the decoder start, EOS included
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The ids every drafter input is built from (shared by training and evaluation)."""
+
+    start: list[int]  # decoder start; the runtime feeds it as the first output token
+    first_p: int  # 1 where a forced BOS opens every target: the runtime never drafts before it
+    k: int
+    mask_id: int
+    pad_id: int
+    source_pad_id: int
+
+    def prefix(self, example: _Example, p: int) -> list[int]:
+        return self.start + example.target[:p]
+
+    def labels(self, example: _Example, p: int) -> tuple[list[int], int]:
+        """(k labels, how many are real target tokens).
+
+        Slots past the end of the target are left out of the loss: the runtime stops at EOS, so
+        their drafts are never used, and <pad> is a poor label anyway -- Marian-style checkpoints
+        silence it with a -100 logit bias, which the drafter's head inherits, and its ~100 nats of
+        loss would swamp the real slots.
+        """
+        real = example.target[p : p + self.k]
+        return real + [_IGNORE] * (self.k - len(real)), len(real)
+
+
+# ---------------------------------------------------------------------------------- entry points
+
+
+def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | Path,
+                  options: TrainOptions = TrainOptions(), resume: bool = False, progress: bool = True) -> dict:
+    """Distil, train and save a drafter for the checkpoint in ``src_dir``; returns the report.
+
+    The report (also ``out_dir/train_report.json``) holds ``tokens_per_iteration`` -- the mean
+    number of tokens greedy GAD would accept per iteration on the held-out sources (the papers'
+    "Tok.") -- and ``slot_accuracy``, plus the steps, seconds and options of the run.
+    """
+    src, sources_path, out = Path(src_dir), Path(sources_file), Path(out_dir)
+    _validate(src, sources_path, out, options, resume)
+    device = _device(options.device)
+    sources = _read_sources(sources_path)
+    if options.heldout >= len(sources):
+        raise ExportError(f"--heldout {options.heldout} leaves no sources to train on ({sources_path} has "
+                          f"{len(sources)}); pass a smaller --heldout or more sources.")
+    saved = _load_checkpoint(out, options) if resume else None
+    started = time.monotonic()
+
+    model, tokenizer = _load_verifier(src, device)
+    out.mkdir(parents=True, exist_ok=True)
+    targets = _distill(model, tokenizer, sources, src, out / DISTILL_FILE, options.max_new_tokens, device, progress)
+
+    drafter = new_drafter_from_verifier(model, layers=options.layers, k=options.k, seed=options.seed).to(device)
+    layout = _layout(model, tokenizer, drafter)
+    examples = _examples(tokenizer, sources, targets, layout, drafter.config.max_positions, _position_limit(model))
+    cut = len(examples) - options.heldout
+    train = [ex for ex in examples[:cut] if _trainable(ex, layout)]
+    heldout = [ex for ex in examples[cut:] if _trainable(ex, layout)]
+    if not train:
+        raise ExportError(f"no usable training examples in {sources_path}: every greedy output is empty.")
+
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=options.learning_rate, betas=_BETAS, eps=_EPS,
+                                  weight_decay=_WEIGHT_DECAY)
+    plan = _Plan(train, layout, options)
+    total = plan.total_steps()
+    position = _Position(step=0, epoch=0, index=0)
+    if saved is not None:
+        drafter.load_state_dict(saved["drafter"])
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["torch_rng"])
+        position = _Position(**saved["position"])
+
+    trained = _train_loop(drafter, model, optimizer, plan, layout, options, position, total, out, device, progress)
+    drafter.eval()
+    drafter.cpu().save(out)
+    drafter.to(device)
+    evaluation = _evaluate(drafter, model, heldout, layout, device) if heldout else {}
+    report = {
+        **evaluation,
+        "heldout": len(heldout),
+        "train_examples": len(train),
+        "steps": trained["step"],
+        "final_loss": trained["loss"],
+        "final_slot_accuracy": trained["accuracy"],
+        "seconds": round(time.monotonic() - started, 1),
+        "train_seconds": round(trained["seconds"], 1),
+        "resumed_from_step": saved["position"]["step"] if saved is not None else None,
+        "options": asdict(options),
+    }
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def run_from_args(args: Any) -> int:
+    """``aggdec train-drafter``: build :class:`TrainOptions` from parsed arguments, train, summarise."""
+    given = {f.name: getattr(args, f.name, None) for f in fields(TrainOptions)}
+    options = TrainOptions(**{name: value for name, value in given.items() if value is not None})
+    report = train_drafter(args.src, args.sources, args.out, options, resume=bool(getattr(args, "resume", False)))
+    tok = report.get("tokens_per_iteration")
+    summary = (f"drafter saved to {args.out} after {report['steps']} steps ({report['train_seconds']} s): "
+               + (f"Tok. {tok:.2f} tokens per GAD iteration (k={options.k}), slot accuracy "
+                  f"{report['slot_accuracy']:.3f} on {report['heldout']} held-out sources."
+                  if tok is not None else "no held-out sources, so no acceptance report."))
+    print(summary, file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------- validation
+
+
+def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume: bool) -> None:
+    """Every argument check that needs no model, with one sentence saying how to fix it."""
+    if options.k < 1:
+        raise ExportError(f"k must be at least 1 (tokens drafted per call), got {options.k}.")
+    if options.layers < 1:
+        raise ExportError(f"layers must be at least 1, got {options.layers}.")
+    if options.steps is not None and options.epochs is not None:
+        raise ExportError("give either steps or epochs, not both.")
+    for name in ("steps", "epochs"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            raise ExportError(f"{name} must be at least 1, got {value}.")
+    for name in ("batch_tokens", "checkpoint_every", "max_new_tokens"):
+        if getattr(options, name) < 1:
+            raise ExportError(f"{name} must be at least 1, got {getattr(options, name)}.")
+    if options.warmup_steps < 0 or options.heldout < 0:
+        raise ExportError("warmup_steps and heldout must not be negative.")
+    if not 0.0 <= options.glancing <= 1.0:
+        raise ExportError(f"glancing must be between 0 (off) and 1, got {options.glancing}.")
+    if not options.learning_rate > 0:
+        raise ExportError(f"learning_rate must be positive, got {options.learning_rate}.")
+    if not sources.is_file():
+        raise ExportError(f"sources file {str(sources)!r} does not exist; pass a text file with one source per line.")
+    if not sources.read_text(encoding="utf-8").strip():
+        raise ExportError(f"sources file {str(sources)!r} is empty; it needs one source per line.")
+    if not (src / "config.json").is_file():
+        raise ExportError(f"{str(src)!r} is not a checkpoint directory (no config.json); pass a local "
+                          "save_pretrained directory of the verifier.")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {str(out)!r} is a file; choose a directory.")
+    checkpoint = out / CHECKPOINT_DIR / CHECKPOINT_FILE
+    if resume and not checkpoint.is_file():
+        raise ExportError(f"nothing to resume: {str(checkpoint)!r} does not exist; run without --resume.")
+    if not resume and ((out / CONFIG_FILE).is_file() or (out / WEIGHTS_FILE).is_file() or checkpoint.is_file()):
+        raise ExportError(f"{str(out)!r} already holds a drafter or a training checkpoint; pass --resume to "
+                          "continue it or choose another --out directory.")
+
+
+def _device(name: str) -> torch.device:
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ExportError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu.")
+        return torch.device("cuda")
+    raise ExportError(f"device must be 'cpu' or 'cuda', got {name!r}.")
+
+
+def _read_sources(path: Path) -> list[str]:
+    # Blank lines carry nothing to learn from (and would be a lone EOS).
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------- verifier + distillation
+
+
+def _load_verifier(src: Path, device: torch.device) -> tuple[nn.Module, Any]:
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .families import family_for
+
+    family_for(AutoConfig.from_pretrained(src))  # unsupported architectures fail before loading weights
+    model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32).to(device)
+    model.eval()
+    model.requires_grad_(False)  # frozen: only the drafter learns
+    return model, AutoTokenizer.from_pretrained(src)
+
+
+def _distill_key(src: Path, sources: Sequence[str], max_new_tokens: int) -> str:
+    """What the targets depend on: weights, configs (generation settings), sources and length cap."""
+    digest = hashlib.sha256()
+    patterns = ("*.safetensors", "*.bin", "config.json", "generation_config.json")
+    for path in sorted({p for pattern in patterns for p in src.glob(pattern)}):
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    digest.update("\n".join(sources).encode("utf-8"))
+    digest.update(f"|max_new_tokens={max_new_tokens}".encode())
+    return digest.hexdigest()
+
+
+def _read_distill_cache(path: Path, key: str, count: int) -> list[list[int]] | None:
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as handle:
+        header = json.loads(handle.readline() or "{}")
+        if header != {"format": _DISTILL_FORMAT, "key": key, "count": count}:
+            return None  # another model, other sources or settings: regenerate
+        rows = [json.loads(line) for line in handle]
+    return rows if len(rows) == count else None
+
+
+def _distill(model: nn.Module, tokenizer: Any, sources: list[str], src: Path, cache: Path, max_new_tokens: int,
+             device: torch.device, progress: bool) -> list[list[int]]:
+    """The verifier's greedy output ids per source (after the decoder start, cut after EOS)."""
+    from tqdm.auto import tqdm
+
+    key = _distill_key(src, sources, max_new_tokens)
+    cached = _read_distill_cache(cache, key, len(sources))
+    if cached is not None:
+        return cached
+    eos = int(model.config.eos_token_id)
+    settings = _runtime_greedy(model, max_new_tokens)
+    source_limit = _position_limit(model)
+    targets: list[list[int]] = [[] for _ in sources]
+    # Similar lengths together: less padding, so fewer wasted decoder steps per batch.
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    with tqdm(total=len(sources), desc="distilling", unit="src", file=sys.stderr, disable=not progress) as bar:
+        for start in range(0, len(order), _DISTILL_BATCH):
+            chunk = order[start : start + _DISTILL_BATCH]
+            enc = tokenizer([sources[i] for i in chunk], return_tensors="pt", padding=True, truncation=True,
+                            max_length=source_limit)
+            with torch.no_grad():
+                out = model.generate(**enc.to(device), generation_config=settings)
+            for i, row in zip(chunk, out[:, 1:].tolist()):  # drop the decoder start token
+                targets[i] = row[: row.index(eos) + 1] if eos in row else row
+            bar.update(len(chunk))
+    tmp = cache.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps({"format": _DISTILL_FORMAT, "key": key, "count": len(sources)}) + "\n")
+        handle.writelines(json.dumps(row) + "\n" for row in targets)
+    os.replace(tmp, cache)  # never leave a half-written cache behind
+    return targets
+
+
+def _position_limit(model: nn.Module) -> int | None:
+    """The most source/target positions the checkpoint embeds (None: no hard limit, e.g. T5)."""
+    from .families import family_for
+
+    return family_for(model.config).position_limit(model.config)
+
+
+def _runtime_greedy(model: nn.Module, max_new_tokens: int) -> Any:
+    """The checkpoint's generation config reduced to what aggdec's runtime decodes: plain greedy.
+
+    The runtime keeps forced BOS/EOS and single-token bans (bad_words_ids, suppress_tokens) and
+    ignores penalties, n-gram blocking and minimum lengths (see pipeline.py), so the targets must
+    too -- otherwise the drafter would learn outputs that greedy verification never produces.
+    """
+    from .pipeline import _IGNORED_GENERATION_SETTINGS  # one list, shared with the exporter
+
+    settings = copy.deepcopy(model.generation_config)
+    for name, neutral in _IGNORED_GENERATION_SETTINGS.items():
+        setattr(settings, name, neutral)
+    single_bans = [words for words in (settings.bad_words_ids or []) if len(words) == 1]
+    settings.bad_words_ids = single_bans or None
+    limit = _position_limit(model)
+    # The start token takes a position, so at most limit - 1 tokens are generated (as in the runtime).
+    settings.max_new_tokens = min(max_new_tokens, limit - 1) if limit is not None else max_new_tokens
+    settings.max_length = None
+    settings.do_sample, settings.num_beams = False, 1
+    return settings
+
+
+def _layout(model: nn.Module, tokenizer: Any, drafter: Drafter) -> _Layout:
+    forced_bos = getattr(model.generation_config, "forced_bos_token_id", None)
+    return _Layout(
+        start=[int(model.config.decoder_start_token_id)],
+        first_p=1 if forced_bos is not None else 0,
+        k=drafter.config.k,
+        mask_id=drafter.config.mask_token_id,
+        pad_id=drafter.config.pad_token_id,
+        source_pad_id=int(tokenizer.pad_token_id),
+    )
+
+
+def _examples(tokenizer: Any, sources: list[str], targets: list[list[int]], layout: _Layout,
+              max_positions: int, source_limit: int | None) -> list[_Example]:
+    # The drafter cannot see past max_positions; longer targets are cut (the runtime cannot draft there).
+    longest = max_positions - layout.k - len(layout.start)
+    encoded = tokenizer(sources, truncation=True, max_length=source_limit)["input_ids"]
+    return [_Example(source=list(ids), target=target[:longest]) for ids, target in zip(encoded, targets)]
+
+
+def _trainable(example: _Example, layout: _Layout) -> bool:
+    # Needs a token after the forced BOS (if any) to draft; otherwise the loss would have no slot.
+    return len(example.target) > layout.first_p
+
+
+# ---------------------------------------------------------------------------------- batching
+
+
+@dataclass(frozen=True)
+class _Position:
+    step: int  # optimizer steps done
+    epoch: int  # the epoch of the next batch
+    index: int  # the next batch's index within that epoch
+
+
+class _Plan:
+    """Deterministic batches per epoch: fresh prefix lengths, length-sorted packing, shuffled order."""
+
+    def __init__(self, examples: list[_Example], layout: _Layout, options: TrainOptions) -> None:
+        self.examples, self.layout, self.options = examples, layout, options
+        self._cache: tuple[int, list[list[tuple[int, int]]]] | None = None
+
+    def epoch(self, epoch: int) -> list[list[tuple[int, int]]]:
+        """Batches of (example index, prefix length p) for ``epoch``."""
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        rng = random.Random(f"aggdec-drafter-{self.options.seed}-{epoch}")
+        k, first = self.layout.k, self.layout.first_p
+        # p < len(target): the runtime stops after EOS, so a prefix holding EOS is never drafted from.
+        drawn = [(i, rng.randint(first, max(first, len(ex.target) - 1))) for i, ex in enumerate(self.examples)]
+        # Sort by length (random tie-break) so a batch pads little, then pack by padded token count.
+        lengths = {i: (len(self.examples[i].source), len(self.layout.start) + p + k) for i, p in drawn}
+        drawn.sort(key=lambda item: (sum(lengths[item[0]]), rng.random()))
+        batches: list[list[tuple[int, int]]] = []
+        current: list[tuple[int, int]] = []
+        widest = (0, 0)
+        for item in drawn:
+            src_len, dec_len = lengths[item[0]]
+            grown = (max(widest[0], src_len), max(widest[1], dec_len))
+            if current and (len(current) + 1) * sum(grown) > self.options.batch_tokens:
+                batches.append(current)
+                current, grown = [], (src_len, dec_len)
+            current.append(item)
+            widest = grown
+        if current:
+            batches.append(current)
+        rng.shuffle(batches)
+        self._cache = (epoch, batches)
+        return batches
+
+    def total_steps(self) -> int:
+        if self.options.steps is not None:
+            return self.options.steps
+        return sum(len(self.epoch(e)) for e in range(self.options.epochs or 1))
+
+    def batches(self, position: _Position) -> Iterator[tuple[_Position, list[tuple[int, int]]]]:
+        """(position after the batch, batch) from ``position`` on, cycling epochs forever."""
+        epoch, index, step = position.epoch, position.index, position.step
+        while True:
+            batches = self.epoch(epoch)
+            if index >= len(batches):
+                epoch, index = epoch + 1, 0
+                continue
+            step, index = step + 1, index + 1
+            yield _Position(step=step, epoch=epoch, index=index), batches[index - 1]
+
+
+def _source_batch(examples: Sequence[_Example], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(ex.source) for ex in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(examples), width), dtype=torch.int64)
+    for row, ex in enumerate(examples):
+        ids[row, : len(ex.source)] = torch.tensor(ex.source, dtype=torch.int64)
+        mask[row, : len(ex.source)] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def _encode(model: nn.Module, examples: Sequence[_Example], layout: _Layout, device: torch.device
+            ) -> tuple[Tensor, Tensor]:
+    """The frozen verifier's encoder output (what the runtime hands the drafter) and its mask."""
+    ids, mask = _source_batch(examples, layout.source_pad_id, device)
+    return model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state, mask
+
+
+# ---------------------------------------------------------------------------------- training
+
+
+def _learning_rate(options: TrainOptions, step: int) -> float:
+    """Linear warmup then inverse square root (SpecDec's schedule): a function of the step alone,
+    so a resumed run follows exactly the schedule of a straight one whatever the total."""
+    warmup = max(1, options.warmup_steps)
+    n = step + 1
+    return options.learning_rate * min(n / warmup, math.sqrt(warmup / n))
+
+
+def _glance(drafter: Drafter, ids: Tensor, mask: Tensor, slot_start: Tensor, memory: Tensor, memory_mask: Tensor,
+            labels: Tensor, real: Tensor, ratio: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """GLAT: reveal ``ratio`` x (wrong slots) random real slots as inputs; they leave the loss."""
+    with torch.no_grad(), labels.device:
+        wrong = ((drafter.slot_logits(ids, mask, slot_start, memory, memory_mask).argmax(-1) != labels) & real)
+    reveal_count = (wrong.sum(1).to(torch.float32) * ratio).floor().to(torch.int64)  # [B]
+    # Random order among real slots: rank < count is revealed (non-real slots rank last).
+    noise = torch.rand(labels.shape, generator=generator).to(labels.device).masked_fill(~real, 2.0)
+    rank = noise.argsort(1).argsort(1)
+    revealed = (rank < reveal_count.unsqueeze(1)) & real
+    slot_index = slot_start.unsqueeze(1) + torch.arange(labels.shape[1], device=labels.device)
+    glanced = ids.clone()
+    glanced.scatter_(1, slot_index, torch.where(revealed, labels, glanced.gather(1, slot_index)))
+    return glanced, labels.masked_fill(revealed, _IGNORE)
+
+
+def _train_step(drafter: Drafter, model: nn.Module, optimizer: torch.optim.Optimizer, batch: list[tuple[int, int]],
+                plan: _Plan, layout: _Layout, options: TrainOptions, step: int, device: torch.device
+                ) -> tuple[float, int, int]:
+    """One optimizer step; returns (loss, correct real slots, real slots)."""
+    examples = [plan.examples[i] for i, _ in batch]
+    memory, memory_mask = _encode(model, examples, layout, device)
+    rows = [layout.labels(ex, p) for ex, (_, p) in zip(examples, batch)]
+    labels = torch.tensor([r[0] for r in rows], dtype=torch.int64, device=device)
+    real = torch.arange(layout.k, device=device).unsqueeze(0) < torch.tensor([[r[1]] for r in rows], device=device)
+    ids, mask, slot_start = (t.to(device) for t in drafter_inputs(
+        [layout.prefix(ex, p) for ex, (_, p) in zip(examples, batch)], layout.k, layout.mask_id, layout.pad_id))
+    drafter.train()
+    if options.glancing > 0:
+        generator = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
+        ids, labels = _glance(drafter, ids, mask, slot_start, memory, memory_mask, labels, real, options.glancing,
+                              generator)
+    with device:  # Drafter builds its position/slot indices with torch.arange on the default device
+        logits = drafter.slot_logits(ids, mask, slot_start, memory, memory_mask)
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                       ignore_index=_IGNORE)
+    for group in optimizer.param_groups:
+        group["lr"] = _learning_rate(options, step)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(drafter.parameters(), _CLIP_NORM)
+    optimizer.step()
+    scored = real & (labels != _IGNORE)
+    correct = int(((logits.detach().argmax(-1) == labels) & scored).sum())
+    return float(loss.detach()), correct, int(scored.sum())
+
+
+def _train_loop(drafter: Drafter, model: nn.Module, optimizer: torch.optim.Optimizer, plan: _Plan, layout: _Layout,
+                options: TrainOptions, position: _Position, total: int, out: Path, device: torch.device,
+                progress: bool) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    started = time.monotonic()
+    loss_avg = accuracy_avg = None
+    with tqdm(total=total, initial=min(position.step, total), desc="training drafter", unit="step",
+              file=sys.stderr, disable=not progress) as bar:
+        for after, batch in (plan.batches(position) if position.step < total else ()):
+            loss, correct, counted = _train_step(drafter, model, optimizer, batch, plan, layout, options,
+                                                 after.step - 1, device)
+            accuracy = correct / counted if counted else 0.0
+            # Exponential moving averages: one batch is noisy, the bar should show the trend.
+            loss_avg = loss if loss_avg is None else 0.95 * loss_avg + 0.05 * loss
+            accuracy_avg = accuracy if accuracy_avg is None else 0.95 * accuracy_avg + 0.05 * accuracy
+            bar.set_postfix(loss=f"{loss_avg:.3f}", acc=f"{accuracy_avg:.3f}", refresh=False)
+            bar.update(1)
+            position = after
+            if after.step % options.checkpoint_every == 0 and after.step < total:
+                _save_checkpoint(out, drafter, optimizer, position, options)
+            if after.step >= total:
+                break
+    if position.step >= total:
+        _save_checkpoint(out, drafter, optimizer, position, options)  # also when resumed past the end
+    return {"step": position.step, "loss": loss_avg, "accuracy": accuracy_avg,
+            "seconds": time.monotonic() - started}
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+
+
+def _save_checkpoint(out: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, position: _Position,
+                     options: TrainOptions) -> None:
+    directory = out / CHECKPOINT_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {
+        "drafter": {name: t.detach().cpu() for name, t in drafter.state_dict().items()},
+        "drafter_config": asdict(drafter.config),
+        "optimizer": optimizer.state_dict(),
+        "position": asdict(position),
+        "torch_rng": torch.get_rng_state(),
+        "options": asdict(options),
+        # The schedule is a pure function of the step and the batches of (seed, epoch), so the
+        # position above is all the "scheduler" and data-loader state there is.
+    }
+    tmp = directory / (CHECKPOINT_FILE + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, directory / CHECKPOINT_FILE)  # an interrupted save keeps the previous checkpoint
+
+
+def _load_checkpoint(out: Path, options: TrainOptions) -> dict[str, Any]:
+    state = torch.load(out / CHECKPOINT_DIR / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+    saved = state["options"]
+    changed = sorted(name for name, value in asdict(options).items()
+                     if name not in _RESUMABLE_CHANGES and saved.get(name) != value)
+    if changed:
+        details = ", ".join(f"{name} {saved.get(name)!r} -> {getattr(options, name)!r}" for name in changed)
+        raise ExportError(f"cannot resume {str(out)!r} with different settings ({details}); use the original "
+                          "settings or choose another --out directory.")
+    return state
+
+
+# ---------------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def _evaluate(drafter: Drafter, model: nn.Module, examples: list[_Example], layout: _Layout, device: torch.device
+              ) -> dict[str, float]:
+    """Simulate greedy GAD against the teacher's targets: Tok. (tokens per iteration) and slot accuracy.
+
+    Each iteration drafts k tokens after target[:p]; the verifier (whose greedy output *is* the
+    target) accepts the common prefix n of draft and target and adds its own next token.
+    """
+    drafter.eval()
+    tokens = iterations = correct = scored = 0
+    for start in range(0, len(examples), _EVAL_BATCH):
+        chunk = examples[start : start + _EVAL_BATCH]
+        memory, memory_mask = _encode(model, chunk, layout, device)
+        p = [layout.first_p] * len(chunk)
+        tokens += sum(len(ex.target) - layout.first_p for ex in chunk)
+        while active := [row for row, ex in enumerate(chunk) if p[row] < len(ex.target)]:
+            ids, mask, slot_start = (t.to(device) for t in drafter_inputs(
+                [layout.prefix(chunk[row], p[row]) for row in active], layout.k, layout.mask_id, layout.pad_id))
+            index = torch.tensor(active, device=device)
+            with device:  # see _train_step
+                drafts = drafter.slot_logits(ids, mask, slot_start, memory.index_select(0, index),
+                                             memory_mask.index_select(0, index)).argmax(-1).tolist()
+            for row, draft in zip(active, drafts):
+                expected = chunk[row].target[p[row] : p[row] + layout.k]
+                hits = [d == e for d, e in zip(draft, expected)]
+                accepted = hits.index(False) if False in hits else len(hits)
+                correct, scored = correct + sum(hits), scored + len(hits)
+                p[row] += accepted + 1
+                iterations += 1
+    return {"tokens_per_iteration": tokens / iterations, "slot_accuracy": correct / scored,
+            "iterations": iterations, "target_tokens": tokens}
