@@ -22,7 +22,7 @@ from tests.support import tiny
 __all__ = ["editing_marian_dir", "random_checkpoint", "trained_drafter_dir"]
 
 # Bump the version whenever train_editing_marian / the editing task changes, to invalidate caches.
-EDITING_CACHE_KEY = "aggdec-editing-marian-v1"
+EDITING_CACHE_KEY = "aggdec-editing-marian-v2"
 _COMPLETE_MARKER = "COMPLETE"
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "editing_eval.json")
 
