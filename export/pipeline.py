@@ -168,7 +168,8 @@ def export_bundle(
     try:
         enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model))
         ver_spec = verifier_spec(layers, heads, head_dim, top_k)
-        _say(progress, "[3/5] tracing encoder, verifier" + (" and drafter" if drafter else "") + " to ONNX")
+        graph_names = "encoder, verifier and drafter" if drafter is not None else "encoder and verifier"
+        _say(progress, f"[3/5] tracing {graph_names} to ONNX")
         encoder_graph = EncoderGraph(model, family.encoder(model), parts).eval()
         verifier_graph = VerifierGraph(model, parts, top_k, suppressed, vocab).eval()
         _trace(encoder_graph, _encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)

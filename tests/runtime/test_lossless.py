@@ -39,7 +39,7 @@ def transformers_greedy(checkpoint_dir, texts, max_new_tokens):
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint_dir).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
     outputs = []
     for text in texts:
