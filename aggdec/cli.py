@@ -57,7 +57,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
     gen.add_argument("--threads", type=int, help="intra-op threads (default: onnxruntime's choice)")
     gen.add_argument("--batch-size", type=int, default=16, help="texts per greedy batch (16)")
-    gen.add_argument("--no-io-binding", action="store_true", help="run graphs through numpy (for debugging)")
+    gen.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
+                     help="onnxruntime IO binding: auto = on for cuda, off for cpu")
     gen.add_argument("--stats", action="store_true", help="print a summary of iterations and time to stderr")
     return parser.parse_args(argv)
 
@@ -111,7 +112,7 @@ def _generate(args: argparse.Namespace) -> int:
     from aggdec.runtime.generator import Generator
 
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
-                          io_binding=not args.no_io_binding)
+                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding])
     # refuse bad options before reading any input
     generator.generate([], mode=args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
     lines = _read_lines(args.input)

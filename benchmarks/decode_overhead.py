@@ -90,30 +90,38 @@ def main() -> int:
         print("building and exporting a Transformer-base-sized Marian ...", file=sys.stderr)
         build_checkpoint(checkpoint, args.vocab, seed=0)
         export_bundle(checkpoint, bundle, progress=lambda m: print("  " + m, file=sys.stderr))
-        generator = Generator(bundle, threads=args.threads)
+        generator = Generator(bundle, threads=args.threads, io_binding=True)
+        # the same graphs with every input and output going through numpy each call (the CPU
+        # default): what binding costs or saves on this device
+        unbound = Generator(bundle, threads=args.threads, io_binding=False)
         rng = np.random.default_rng(0)
         texts = [" ".join(f"w{i}" for i in rng.integers(0, args.vocab - 3, size=20)) for _ in range(args.sentences)]
         generator.generate(texts[:2], mode="greedy", max_new_tokens=8)  # warm-up
 
         report: dict = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
                         "threads": args.threads, "new_tokens": NEW_TOKENS, "modes": {}}
-        for mode in ("greedy", "iad"):
-            walls, outsides, iterations, drafted = [], [], [], []
-            for _ in range(args.repeats):
-                for text in texts:
-                    graphs_before, started = generator.graph_seconds, time.perf_counter()
-                    result = generator.generate([text], mode=mode, max_new_tokens=NEW_TOKENS)[0]
+        runs = (("greedy, IO binding", generator, "greedy"), ("iad, IO binding", generator, "iad"),
+                ("greedy, no IO binding", unbound, "greedy"), ("iad, no IO binding", unbound, "iad"))
+        samples: dict[str, dict[str, list[float]]] = {
+            label: {"wall": [], "outside": [], "iterations": [], "drafted": []} for label, _, _ in runs}
+        for _ in range(args.repeats):
+            for text in texts:
+                for label, runner, mode in runs:  # interleaved, so machine drift hits every run alike
+                    graphs_before, started = runner.graph_seconds, time.perf_counter()
+                    result = runner.generate([text], mode=mode, max_new_tokens=NEW_TOKENS)[0]
                     wall = time.perf_counter() - started
                     assert len(result.ids) == NEW_TOKENS
-                    walls.append(wall)
-                    iterations.append(result.stats.iterations)
-                    drafted.append(sum(result.stats.drafted) / result.stats.iterations)
-                    outsides.append(wall - (generator.graph_seconds - graphs_before))
-            wall, outside = statistics.median(walls), statistics.median(outsides)
-            report["modes"][mode] = {"median_seconds": wall, "median_outside_seconds": outside,
-                                     "outside_share": outside / wall, "ms_per_token": 1000 * wall / NEW_TOKENS,
-                                     "median_iterations": statistics.median(iterations),
-                                     "mean_drafted_per_iteration": statistics.mean(drafted)}
+                    sample = samples[label]
+                    sample["wall"].append(wall)
+                    sample["outside"].append(wall - (runner.graph_seconds - graphs_before))
+                    sample["iterations"].append(result.stats.iterations)
+                    sample["drafted"].append(sum(result.stats.drafted) / result.stats.iterations)
+        for label, sample in samples.items():
+            wall, outside = statistics.median(sample["wall"]), statistics.median(sample["outside"])
+            report["modes"][label] = {"median_seconds": wall, "median_outside_seconds": outside,
+                                      "outside_share": outside / wall, "ms_per_token": 1000 * wall / NEW_TOKENS,
+                                      "median_iterations": statistics.median(sample["iterations"]),
+                                      "mean_drafted_per_iteration": statistics.mean(sample["drafted"])}
         source_ids = generator.encode(texts[:1])[0]
         report["block_cost_relative_to_one_token"] = block_cost_curve(
             generator, source_ids, [1, 2, 4, 8, 16, 32, 64], args.repeats)

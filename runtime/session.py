@@ -103,13 +103,14 @@ class OrtSession:
             return dict(zip(self.output_names, values))
 
         binding = self._binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
-        for name, value in inputs.items():
+        for name, value in inputs.items():  # rebinding a name replaces its previous binding
             if isinstance(value, ort.OrtValue):
                 binding.bind_ortvalue_input(name, value)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        # Outputs have data-dependent shapes (the cache grows), so they are bound by device alone
+        # and anew each call: a binding left in place would hold last call's buffer and shape.
+        binding.clear_binding_outputs()
         for name in self.output_names:
             binding.bind_output(name, self._ort_device if name in device_outputs else "cpu")
         started = time.perf_counter()
