@@ -110,3 +110,32 @@ def test_gad_modes_through_the_cli(random_checkpoint, tmp_path):
                                   stdin=lines), "beta")
     assert_one_clean_error(aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad", "--draft-k", "0",
                                   stdin=lines), "draft_k")
+
+
+def test_train_drafter_refuses_bad_arguments_in_one_line(random_checkpoint, tmp_path):
+    checkpoint = str(random_checkpoint("marian"))
+    sources = tmp_path / "sources.txt"
+    sources.write_text("w1 w2\nw3\n")
+    assert_one_clean_error(aggdec("train-drafter", checkpoint, "--sources", str(tmp_path / "nope.txt"),
+                                  "--out", str(tmp_path / "d")), "nope.txt")
+    assert_one_clean_error(aggdec("train-drafter", checkpoint, "--sources", str(sources), "--out",
+                                  str(tmp_path / "d"), "--k", "0"), "k")
+
+
+def test_train_drafter_then_export_and_gad(random_checkpoint, tmp_path):
+    checkpoint = str(random_checkpoint("t5"))
+    sources = tmp_path / "sources.txt"
+    sources.write_text("\n".join(f"w{i} w{i + 1} w{i + 2}" for i in range(40)) + "\n")
+    trained = aggdec("train-drafter", checkpoint, "--sources", str(sources), "--out", str(tmp_path / "drafter"),
+                     "--k", "4", "--steps", "4", "--heldout", "5", "--batch-tokens", "256")
+    assert trained.returncode == 0, trained.stderr
+    assert "Tok." in trained.stderr
+    resumed = aggdec("train-drafter", checkpoint, "--sources", str(sources), "--out", str(tmp_path / "drafter"),
+                     "--k", "4", "--steps", "6", "--heldout", "5", "--batch-tokens", "256", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    exported = aggdec("export", checkpoint, str(tmp_path / "bundle"), "--drafter", str(tmp_path / "drafter"))
+    assert exported.returncode == 0, exported.stderr
+    lines = "w1 w2 w3\nw7 w8\n"
+    gad = aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad", "--max-new-tokens", "12", stdin=lines)
+    greedy = aggdec("generate", str(tmp_path / "bundle"), "--max-new-tokens", "12", stdin=lines)
+    assert gad.returncode == 0 and gad.stdout == greedy.stdout
