@@ -295,6 +295,10 @@ def _distill(model: nn.Module, tokenizer: Any, sources: list[str], src: Path, ca
     targets: list[list[int]] = [[] for _ in sources]
     # Similar lengths together: less padding, so fewer wasted decoder steps per batch.
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    from transformers.utils import logging as transformers_logging
+
+    # generate() warns on every batch that max_new_tokens overrides the config's max_length
+    transformers_logging.set_verbosity_error()
     with tqdm(total=len(sources), desc="distilling", unit="src", file=sys.stderr, disable=not progress) as bar:
         for start in range(0, len(order), _DISTILL_BATCH):
             chunk = order[start : start + _DISTILL_BATCH]

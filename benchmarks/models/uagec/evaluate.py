@@ -1,0 +1,137 @@
+"""Evaluate a UA-GEC checkpoint on the gec-only test split (greedy, fp32, CPU).
+
+    python benchmarks/models/uagec/evaluate.py --model DIR [--limit N] [--threads 1] [--batch-size 48]
+
+Figures, for the model and for the copy system (hypothesis = source):
+  - exact match: hypothesis == human target (annotator a1), as strings;
+  - unchanged rate: hypothesis == source;
+  - token-level edit precision / recall / F0.5 against the human edits. Tokens are whitespace
+    tokens (``str.split()``). Edits come from ``difflib.SequenceMatcher`` opcodes over tokens,
+    source->hypothesis and source->reference; an edit is ``(start, end, replacement tokens)``
+    in source coordinates; TP = hypothesis edits that are also reference edits, summed over
+    the corpus. As in the M2 scorer, precision is 1.0 when a system proposes no edits (so copy
+    has P = 1, R = 0, F0.5 = 0).
+Reference a1 is the primary one; the same figures against annotator a2 are reported too.
+
+Sources longer than the model's positions (more than ``--max-source-tokens`` subword tokens)
+are not decoded; their hypothesis is the source (counted in ``too_long_copied``).
+Writes ``evaluation.json`` and ``test_hypotheses.txt`` (one line per test pair, test order)
+next to the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from data import load_pairs  # noqa: E402
+
+
+def edits(src: list[str], hyp: list[str]) -> set[tuple[int, int, tuple[str, ...]]]:
+    sm = difflib.SequenceMatcher(None, src, hyp, autojunk=False)
+    return {(i1, i2, tuple(hyp[j1:j2])) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal"}
+
+
+def prf(tp: int, n_hyp: int, n_ref: int, beta: float = 0.5) -> dict:
+    p = tp / n_hyp if n_hyp else 1.0
+    r = tp / n_ref if n_ref else 1.0
+    b2 = beta * beta
+    f = (1 + b2) * p * r / (b2 * p + r) if (p + r) > 0 and (b2 * p + r) > 0 else 0.0
+    return {"precision": round(p, 4), "recall": round(r, 4), "f0.5": round(f, 4),
+            "tp": tp, "hyp_edits": n_hyp, "ref_edits": n_ref}
+
+
+def score(sources: list[str], hyps: list[str], refs: list[str]) -> dict:
+    tp = nh = nr = 0
+    exact = unchanged = 0
+    for s, h, r in zip(sources, hyps, refs):
+        st = s.split()
+        he, re_ = edits(st, h.split()), edits(st, r.split())
+        tp += len(he & re_)
+        nh += len(he)
+        nr += len(re_)
+        exact += h == r
+        unchanged += h == s
+    n = max(1, len(sources))
+    return {"n": len(sources), "exact_match": round(exact / n, 4),
+            "unchanged_rate": round(unchanged / n, 4), **prf(tp, nh, nr)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--limit", type=int, default=None, help="first N test pairs only")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=48)
+    ap.add_argument("--max-source-tokens", type=int, default=250)
+    args = ap.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    model_dir = Path(args.model)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    test = load_pairs("test")
+    if args.limit:
+        test = test[: args.limit]
+    sources = [p.source for p in test]
+    enc = tok(sources)["input_ids"]
+    order = sorted(range(len(test)), key=lambda i: len(enc[i]))
+    hyps: list[str | None] = [None] * len(test)
+    too_long = [i for i in order if len(enc[i]) > args.max_source_tokens]
+    for i in too_long:
+        hyps[i] = sources[i]
+    todo = [i for i in order if len(enc[i]) <= args.max_source_tokens]
+    n_done = 0
+    with torch.inference_mode():
+        for b in range(0, len(todo), args.batch_size):
+            idx = todo[b : b + args.batch_size]
+            batch = tok([sources[i] for i in idx], return_tensors="pt", padding=True)
+            max_new = min(255, int(batch["input_ids"].shape[1] * 1.5) + 10)
+            out = model.generate(**batch, do_sample=False, num_beams=1, max_new_tokens=max_new)
+            for i, ids in zip(idx, out):
+                hyps[i] = tok.decode(ids, skip_special_tokens=True)
+            n_done += len(idx)
+            print(f"\r{n_done}/{len(todo)} decoded, {time.time() - t0:.0f} s", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    decode_s = time.time() - t0
+
+    refs1 = [p.target for p in test]
+    refs2 = [p.target2 if p.target2 is not None else p.target for p in test]
+    result = {
+        "model": str(model_dir),
+        "split": "ua_gec gec-only test (sentence level), reference = annotator a1",
+        "n": len(test),
+        "decoding": {"greedy": True, "num_beams": 1, "do_sample": False, "dtype": "float32",
+                     "threads": args.threads, "batch_size": args.batch_size,
+                     "too_long_copied": len(too_long), "seconds": round(decode_s, 1)},
+        "model_scores": score(sources, hyps, refs1),
+        "copy_scores": score(sources, sources, refs1),
+        "model_scores_ref_a2": score(sources, hyps, refs2),
+        "copy_scores_ref_a2": score(sources, sources, refs2),
+        "tokenizer_roundtrip_test_sources": round(
+            sum(tok.decode(e, skip_special_tokens=True) == s for e, s in zip(enc, sources)) / max(1, len(test)), 4),
+    }
+    (model_dir / "test_hypotheses.txt").write_text("\n".join(h.replace("\n", " ") for h in hyps) + "\n", encoding="utf-8")
+    (model_dir / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False))
+    m, c = result["model_scores"], result["copy_scores"]
+    print(f"model: EM {m['exact_match']:.4f} P {m['precision']:.4f} R {m['recall']:.4f} "
+          f"F0.5 {m['f0.5']:.4f} unchanged {m['unchanged_rate']:.4f} (tp {m['tp']}/{m['hyp_edits']} hyp, {m['ref_edits']} ref)")
+    print(f"copy:  EM {c['exact_match']:.4f} P {c['precision']:.4f} R {c['recall']:.4f} "
+          f"F0.5 {c['f0.5']:.4f} unchanged {c['unchanged_rate']:.4f}")
+    print(f"decoded in {decode_s:.0f} s; wrote {model_dir / 'evaluation.json'}")
+
+
+if __name__ == "__main__":
+    main()
