@@ -113,8 +113,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
                           io_binding={"auto": None, "on": True, "off": False}[args.io_binding])
-    # refuse bad options before reading any input
-    generator.generate([], mode=args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
+    generator.check_options(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
     lines = _read_lines(args.input)
     refused = {}
     for number, line in enumerate(lines, start=1):

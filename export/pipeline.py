@@ -27,7 +27,7 @@ DEFAULT_TOP_K = 8
 DEFAULT_OPSET = 17
 DEFAULT_MAX_LEN = 512  # source/target limit for families without a hard position limit (T5)
 # generation-config settings that change greedy decoding and that aggdec does not apply
-_IGNORED_GENERATION_SETTINGS = {
+IGNORED_GENERATION_SETTINGS = {
     "no_repeat_ngram_size": 0,
     "repetition_penalty": 1.0,
     "min_length": 0,
@@ -53,7 +53,7 @@ def _suppressed_ids(generation_config: object) -> tuple[int, ...]:
 
 def _ignored_settings(generation_config: object) -> list[str]:
     notes = []
-    for name, neutral in _IGNORED_GENERATION_SETTINGS.items():
+    for name, neutral in IGNORED_GENERATION_SETTINGS.items():
         value = getattr(generation_config, name, neutral)
         if value not in (neutral, None) and not (neutral is None and value == 0):
             notes.append(f"{name}={value}")

@@ -331,10 +331,10 @@ def _runtime_greedy(model: nn.Module, max_new_tokens: int) -> Any:
     ignores penalties, n-gram blocking and minimum lengths (see pipeline.py), so the targets must
     too -- otherwise the drafter would learn outputs that greedy verification never produces.
     """
-    from .pipeline import _IGNORED_GENERATION_SETTINGS  # one list, shared with the exporter
+    from .pipeline import IGNORED_GENERATION_SETTINGS  # one list, shared with the exporter
 
     settings = copy.deepcopy(model.generation_config)
-    for name, neutral in _IGNORED_GENERATION_SETTINGS.items():
+    for name, neutral in IGNORED_GENERATION_SETTINGS.items():
         setattr(settings, name, neutral)
     single_bans = [words for words in (settings.bad_words_ids or []) if len(words) == 1]
     settings.bad_words_ids = single_bans or None
@@ -494,8 +494,7 @@ def _train_step(drafter: Drafter, model: nn.Module, optimizer: torch.optim.Optim
         generator = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
         ids, labels = _glance(drafter, ids, mask, slot_start, memory, memory_mask, labels, real, options.glancing,
                               generator)
-    with device:  # Drafter builds its position/slot indices with torch.arange on the default device
-        logits = drafter.slot_logits(ids, mask, slot_start, memory, memory_mask)
+    logits = drafter.slot_logits(ids, mask, slot_start, memory, memory_mask)
     loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                        ignore_index=_IGNORE)
     for group in optimizer.param_groups:
@@ -594,9 +593,8 @@ def _evaluate(drafter: Drafter, model: nn.Module, examples: list[_Example], layo
             ids, mask, slot_start = (t.to(device) for t in drafter_inputs(
                 [layout.prefix(chunk[row], p[row]) for row in active], layout.k, layout.mask_id, layout.pad_id))
             index = torch.tensor(active, device=device)
-            with device:  # see _train_step
-                drafts = drafter.slot_logits(ids, mask, slot_start, memory.index_select(0, index),
-                                             memory_mask.index_select(0, index)).argmax(-1).tolist()
+            drafts = drafter.slot_logits(ids, mask, slot_start, memory.index_select(0, index),
+                                         memory_mask.index_select(0, index)).argmax(-1).tolist()
             for row, draft in zip(active, drafts):
                 expected = chunk[row].target[p[row] : p[row] + layout.k]
                 hits = [d == e for d, e in zip(draft, expected)]

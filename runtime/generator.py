@@ -81,9 +81,8 @@ class Generator:
         self.device = device
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
         m = self.manifest
-        self._encoder = OrtSession(self.root / m.graph("encoder").file, device, threads, io_binding)
-        self._verifier_session = OrtSession(self.root / m.graph("verifier").file, device, threads, io_binding)
-        self.verifier = Verifier(self._encoder, self._verifier_session, m)
+        self.verifier = Verifier(OrtSession(self.root / m.graph("encoder").file, device, threads, io_binding),
+                                 OrtSession(self.root / m.graph("verifier").file, device, threads, io_binding), m)
         self.drafter: Drafter | None = None
         if "drafter" in m.graphs:
             session = OrtSession(self.root / m.graph("drafter").file, device, threads, io_binding)
@@ -181,6 +180,11 @@ class Generator:
         if decode is None:
             return self._greedy_batch([ids], limits)[0]
         return self._one_row(ids, limits, decode)
+
+    def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
+                      tau: float | None = None, draft_k: int | None = None) -> None:
+        """Refuse a mode or option this bundle cannot decode with, before any input is read."""
+        self._decoder(mode, block, beta, tau, draft_k)
 
     def _decoder(self, mode: str, block: BlockOptions | None, beta: int | None, tau: float | None,
                  draft_k: int | None) -> Callable[[DecodeState, list[int], DecodeLimits], RowTrace] | None:

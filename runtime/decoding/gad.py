@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..session import Session
-from .common import DecodeLimits, RowTrace, Verification
+from .common import DecodeLimits, RowTrace, Verification, verify_draft
 from .verifier import DecodeState
 
 
@@ -43,18 +43,8 @@ def gad(state: DecodeState, drafter: Drafter, limits: DecodeLimits, verification
     """Decode one row (``state`` of batch 1) with drafts from ``drafter``; ``k`` caps the draft."""
     trace = RowTrace(tokens=list(limits.start_ids))
     per_call = drafter.k if k is None else min(k, drafter.k)
-    pending = list(limits.start_ids)  # output tokens not yet in the cache
     while not trace.done:
-        room = limits.max_new_tokens - trace.generated - 1  # the call itself yields one more token
-        size = min(per_call, room)
+        size = min(per_call, trace.draft_room(limits))
         draft = drafter.draft(state, trace.tokens)[:size] if size > 0 else np.zeros(0, dtype=np.int64)
-        block = np.concatenate([np.asarray(pending, dtype=np.int64), draft])[None, :]
-        top_logprobs, top_ids = state.verify(block)
-        first = len(pending) - 1
-        accepted = verification.accepted(draft, top_ids[0, first:], top_logprobs[0, first:])
-        state.keep(len(pending) + accepted)
-        appended = trace.extend([*draft[:accepted].tolist(), int(top_ids[0, first + accepted, 0])], limits)
-        trace.drafted.append(size)
-        trace.accepted.append(appended)
-        pending = [trace.tokens[-1]]
+        verify_draft(state, trace, draft, verification, limits)
     return trace

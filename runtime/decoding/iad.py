@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import GREEDY, DecodeLimits, RowTrace
+from .common import GREEDY, DecodeLimits, RowTrace, verify_draft
 from .verifier import DecodeState
 
 _SENTINEL = -1  # stands for the decoder start token and the position before the source
@@ -108,26 +108,17 @@ def iad(state: DecodeState, source_ids: np.ndarray, limits: DecodeLimits, option
     output[1:len(limits.start_ids)] = limits.start_ids[1:]
     out_len = len(limits.start_ids)
     sizer = BlockSizer(options)
-    pending = list(limits.start_ids)  # output tokens not yet in the cache
     expected: int | None = None  # where in the source the output has got to, as far as known
     while not trace.done:
         at = align(output[:out_len], source, expected)
-        room = limits.max_new_tokens - trace.generated - 1  # the call itself yields one more token
-        k = 0 if at is None else min(len(source) - at - 1, room, sizer.size())
+        k = 0 if at is None else min(len(source) - at - 1, trace.draft_room(limits), sizer.size())
         draft = source[at + 1 : at + 1 + k] if k > 0 else source[:0]
-        block = np.concatenate([np.asarray(pending, dtype=np.int64), draft])[None, :]
-        top_logprobs, top_ids = state.verify(block)
-        first = len(pending) - 1  # row of the first draft token's scores (the call's own output after it)
-        accepted = GREEDY.accepted(draft, top_ids[0, first:], top_logprobs[0, first:])
-        state.keep(len(pending) + accepted)
-        appended = trace.extend([*draft[:accepted].tolist(), int(top_ids[0, first + accepted, 0])], limits)
-        trace.drafted.append(k)
-        trace.accepted.append(appended)
+        accepted = verify_draft(state, trace, draft, GREEDY, limits)
         if k:
             sizer.observe(k, accepted)
         # the token after the accepted drafts took the place of source[at + accepted + 1]
         expected = at + accepted + 1 if at is not None else (expected + 1 if expected is not None else None)
+        appended = trace.accepted[-1]
         output[out_len : out_len + appended] = trace.tokens[-appended:]
         out_len += appended
-        pending = [trace.tokens[-1]]
     return trace
