@@ -60,7 +60,43 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
                      help="onnxruntime IO binding: auto = on for cuda, off for cpu")
     gen.add_argument("--stats", action="store_true", help="print a summary of iterations and time to stderr")
+
+    bench = commands.add_parser(
+        "bench", help="benchmark aggdec's modes against transformers, optimum and CTranslate2",
+        description="Decode the same sentences with aggdec's modes and the peers that are installed, "
+                    "interleaved, one worker process per system; write bench.json, bench.md and PNG plots.")
+    bench.add_argument("bundle", metavar="BUNDLE", nargs="?",
+                       help="an aggdec bundle (default: the reference UA-GEC model, exported into --work)")
+    bench.add_argument("--checkpoint", metavar="DIR",
+                       help="the Hugging Face checkpoint the peers run (default with no BUNDLE: the reference model)")
+    bench.add_argument("--data", default="uagec-test", metavar="FILE",
+                       help="sources, one per line, optionally TAB target [TAB target2] (default: uagec-test, "
+                            "the UA-GEC test split from the ua-gec package)")
+    bench.add_argument("--systems", nargs="+", metavar="NAME", help="systems to run (default: all): "
+                       + ", ".join(spec for spec in _bench_system_names()))
+    bench.add_argument("--device", nargs="+", choices=("cpu", "cuda"), default=["cpu"],
+                       help="devices to run on; cuda is skipped with a note where there is no GPU (cpu)")
+    bench.add_argument("--threads", type=int, default=1, help="threads per system (1)")
+    bench.add_argument("--batch-size", "--batch-sizes", dest="batch_sizes", type=int, nargs="+", metavar="N",
+                       help="batch sizes (default: 1 8 32; batch 1 always runs)")
+    bench.add_argument("--limit", type=int, metavar="N", help="only the first N sentences")
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="where the report goes (bench-out)")
+    bench.add_argument("--work", default="bench-work", metavar="DIR",
+                       help="converted models, reused while the checkpoint is unchanged (bench-work)")
+    bench.add_argument("--quick", action="store_true",
+                       help="a few minutes on 2 cores: the first 48 sentences, batch sizes 1 and 8")
+    bench.add_argument("--optimum-python", metavar="PYTHON",
+                       help="the python of an environment with optimum-onnx (default: $AGGDEC_OPTIMUM_PYTHON or "
+                            "this python); optimum-onnx pins transformers<4.58, see benchmarks/optimum_env.sh")
+    bench.add_argument("--max-new-tokens", type=int, help="tokens to generate at most (default: the bundle's limit)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
+
+
+def _bench_system_names() -> list[str]:
+    from aggdec.bench.systems import SYSTEMS
+
+    return [spec.name for spec in SYSTEMS]
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -138,16 +174,39 @@ def _generate(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from aggdec.bench import BenchOptions, command_line, run_bench
+
+    options = BenchOptions(
+        bundle=Path(args.bundle) if args.bundle else None,
+        checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+        data=args.data, devices=tuple(args.device), threads=args.threads,
+        batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None, limit=args.limit,
+        out=Path(args.out), work=Path(args.work), quick=args.quick,
+        optimum_python=args.optimum_python or os.environ.get("AGGDEC_OPTIMUM_PYTHON") or sys.executable,
+        max_new_tokens=args.max_new_tokens, progress=not args.no_progress,
+        command=command_line(sys.argv[1:] if args.argv is None else args.argv))
+    if args.systems:
+        options.systems = tuple(args.systems)
+    return run_bench(options)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.command == "export":
         return _export(args)
     if args.command == "train-drafter":
         return _train_drafter(args)
+    if args.command == "bench":
+        return _bench(args)
     return _generate(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    args.argv = None if argv is None else list(argv)
     try:
         return run(args)
     except AggdecError as exc:

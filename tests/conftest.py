@@ -39,3 +39,14 @@ def editing_bundle(tmp_path_factory, editing_marian_dir):  # noqa: F811
     out = tmp_path_factory.mktemp("bundle-editing") / "bundle"
     export_bundle(editing_marian_dir, out, progress=None)
     return out
+
+
+@pytest.fixture(scope="session")
+def reference_bundle(tmp_path_factory):
+    """The committed UA-GEC reference model and its drafter, exported the way users do."""
+    from aggdec.export import export_bundle
+
+    uagec = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "uagec"
+    out = tmp_path_factory.mktemp("uagec") / "bundle"
+    export_bundle(uagec / "model", out, drafter_dir=uagec / "drafter", progress=None)
+    return out

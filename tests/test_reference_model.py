@@ -23,16 +23,6 @@ MAX_NEW = 128
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def reference_bundle(tmp_path_factory):
-    from aggdec.export import export_bundle
-
-    out = tmp_path_factory.mktemp("uagec") / "bundle"
-    drafter = DRAFTER if (DRAFTER / "drafter.json").is_file() else None
-    export_bundle(MODEL, out, drafter_dir=drafter, progress=None)
-    return out
-
-
 def test_the_reference_model_is_committed():
     assert (MODEL / "model.safetensors").is_file() and (MODEL / "tokenizer.json").is_file()
     assert (DRAFTER / "drafter.safetensors").is_file()

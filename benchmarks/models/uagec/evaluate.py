@@ -22,7 +22,6 @@ next to the model.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 import time
@@ -33,35 +32,7 @@ sys.path.insert(0, str(HERE))
 
 from data import load_pairs  # noqa: E402
 
-
-def edits(src: list[str], hyp: list[str]) -> set[tuple[int, int, tuple[str, ...]]]:
-    sm = difflib.SequenceMatcher(None, src, hyp, autojunk=False)
-    return {(i1, i2, tuple(hyp[j1:j2])) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal"}
-
-
-def prf(tp: int, n_hyp: int, n_ref: int, beta: float = 0.5) -> dict:
-    p = tp / n_hyp if n_hyp else 1.0
-    r = tp / n_ref if n_ref else 1.0
-    b2 = beta * beta
-    f = (1 + b2) * p * r / (b2 * p + r) if (p + r) > 0 and (b2 * p + r) > 0 else 0.0
-    return {"precision": round(p, 4), "recall": round(r, 4), "f0.5": round(f, 4),
-            "tp": tp, "hyp_edits": n_hyp, "ref_edits": n_ref}
-
-
-def score(sources: list[str], hyps: list[str], refs: list[str]) -> dict:
-    tp = nh = nr = 0
-    exact = unchanged = 0
-    for s, h, r in zip(sources, hyps, refs):
-        st = s.split()
-        he, re_ = edits(st, h.split()), edits(st, r.split())
-        tp += len(he & re_)
-        nh += len(he)
-        nr += len(re_)
-        exact += h == r
-        unchanged += h == s
-    n = max(1, len(sources))
-    return {"n": len(sources), "exact_match": round(exact / n, 4),
-            "unchanged_rate": round(unchanged / n, 4), **prf(tp, nh, nr)}
+from aggdec.bench.scoring import score  # noqa: E402
 
 
 def main(argv=None):

@@ -1,0 +1,175 @@
+"""`aggdec bench`: aggdec's modes against transformers, optimum and CTranslate2, side by side.
+
+Every system decodes the same sentences with the same tokenizer, in its own worker process,
+interleaved chunk by chunk; figures are medians and ratios measured in the same run. The
+peers are optional (the ``[bench]`` extra; optimum in an environment of its own): a peer that
+cannot be imported or converted is skipped with a note in the report.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from aggdec.bench.data import UAGEC_TEST
+from aggdec.bench.systems import BY_NAME, REFERENCE, SYSTEMS
+from aggdec.runtime.errors import InputError
+
+REFERENCE_MODEL = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "uagec"
+QUICK_LIMIT, QUICK_BATCH_SIZES = 48, (1, 8)
+
+
+@dataclass
+class BenchOptions:
+    bundle: Path | None = None  # None: the reference UA-GEC model, exported into work/bundle
+    checkpoint: Path | None = None
+    data: str = UAGEC_TEST
+    systems: tuple[str, ...] = tuple(spec.name for spec in SYSTEMS)
+    devices: tuple[str, ...] = ("cpu",)
+    threads: int = 1
+    batch_sizes: tuple[int, ...] | None = None  # None: 1, 8, 32 (1, 8 with quick)
+    limit: int | None = None
+    out: Path = Path("bench-out")
+    work: Path = Path("bench-work")
+    quick: bool = False
+    optimum_python: str = sys.executable
+    max_new_tokens: int | None = None
+    progress: bool = True
+    command: str = ""
+
+
+def _check(options: BenchOptions) -> None:
+    unknown = [name for name in options.systems if name not in BY_NAME]
+    if unknown:
+        raise InputError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(BY_NAME)}.")
+    if options.threads < 1:
+        raise InputError(f"--threads must be at least 1, got {options.threads}.")
+    if options.batch_sizes is not None and any(b < 1 for b in options.batch_sizes):
+        raise InputError("batch sizes must be at least 1.")
+    if options.limit is not None and options.limit < 1:
+        raise InputError(f"--limit must be at least 1, got {options.limit}.")
+    for device in options.devices:
+        if device not in ("cpu", "cuda"):
+            raise InputError(f"unknown device {device!r}: cpu or cuda.")
+    if options.bundle is not None and not (options.bundle / "manifest.json").is_file():
+        raise InputError(f"{str(options.bundle)!r} is not an aggdec bundle (no manifest.json); "
+                         "make one with `aggdec export`.")
+    if options.checkpoint is not None and not (options.checkpoint / "config.json").is_file():
+        raise InputError(f"{str(options.checkpoint)!r} is not a Hugging Face checkpoint (no config.json).")
+
+
+def _reference_bundle(work: Path) -> tuple[Path, Path]:
+    """The committed UA-GEC model and drafter, exported once into ``work/bundle``."""
+    model, drafter = REFERENCE_MODEL / "model", REFERENCE_MODEL / "drafter"
+    if not (model / "config.json").is_file():
+        raise InputError("the reference model lives in a source checkout (benchmarks/models/uagec); "
+                         "give BUNDLE and --checkpoint instead.")
+    bundle = work / "bundle"
+    if not (bundle / "manifest.json").is_file():
+        try:
+            from aggdec.export import export_bundle
+        except ImportError as exc:
+            raise InputError(f"exporting the reference model needs the export extra ({exc.name} is missing): "
+                             "pip install 'aggdec[export]'") from None
+        export_bundle(model, bundle, force=True, drafter_dir=drafter,
+                      progress=lambda message: print(f"aggdec bench: {message}", file=sys.stderr, flush=True))
+    return bundle, model
+
+
+def _usable_devices(devices: tuple[str, ...], notes: list[str]) -> list[str]:
+    import onnxruntime
+
+    usable = []
+    for device in devices:
+        if device == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            notes.append("cuda skipped: onnxruntime has no CUDAExecutionProvider here (pip install 'aggdec[gpu]' "
+                         "on a machine with a GPU)")
+            continue
+        usable.append(device)
+    return usable
+
+
+def run_bench(options: BenchOptions) -> int:
+    """Run the benchmark and write bench.json, bench.md and the plots under ``options.out``.
+    Returns 1 when an output that is promised to equal greedy does not (a bug), else 0."""
+    from aggdec import Generator
+    from aggdec.bench.analysis import summarize
+    from aggdec.bench.data import load_examples
+    from aggdec.bench.report import environment, markdown, plots, write_json
+    from aggdec.bench.runner import Bench, RunPlan
+
+    _check(options)
+    limit = options.limit if options.limit is not None else (QUICK_LIMIT if options.quick else None)
+    batch_sizes = sorted(set(options.batch_sizes or (QUICK_BATCH_SIZES if options.quick else (1, 8, 32))))
+    if 1 not in batch_sizes:
+        batch_sizes.insert(0, 1)  # batch 1 is the reference every ratio is taken against
+    systems = [REFERENCE] + [name for name in options.systems if name != REFERENCE]
+    examples = load_examples(options.data, limit)
+    work = options.work.resolve()
+    if options.bundle is None:
+        bundle, default_checkpoint = _reference_bundle(work)
+    else:
+        bundle, default_checkpoint = options.bundle, None
+    checkpoint = options.checkpoint or default_checkpoint
+
+    notes: list[str] = []
+    generator = Generator(bundle)
+    refused = sum(generator.check(e.source) is not None for e in examples)
+    if refused:
+        notes.append(f"{refused} sentence(s) longer than the bundle's source limit are left out")
+        examples = [e for e in examples if generator.check(e.source) is None]
+    max_new_tokens = options.max_new_tokens or generator.manifest.max_target_len - 1
+    devices = _usable_devices(options.devices, notes)
+    if not devices:
+        raise InputError("no usable device: " + "; ".join(notes))
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    plan = RunPlan(bundle=bundle.resolve(), checkpoint=checkpoint.resolve() if checkpoint else None,
+                   examples=examples, systems=systems, devices=devices, batch_sizes=batch_sizes,
+                   threads=options.threads, work=work, logs=out.resolve() / "logs", max_new_tokens=max_new_tokens,
+                   optimum_python=options.optimum_python, chunk=8 if options.quick else 16,
+                   progress=options.progress)
+    bench = Bench(plan)
+    for note in notes:
+        bench.note(note)
+    try:
+        bench.start(has_drafter=generator.drafter is not None)
+        measured = bench.measure()
+    finally:
+        bench.close()
+    infos = {key: worker.info for key, worker in bench.workers.items()}
+    summary = summarize(measured, examples, infos)
+    broken = [r for r in summary["rows"] if BY_NAME[r["system"]].kind == "aggdec" and BY_NAME[r["system"]].exact
+              and r["differing_from_greedy"]]
+    for r in broken:
+        bench.note(f"BUG: {r['system']} on {r['device']} at batch {r['batch_size']} differs from greedy "
+                   f"in {r['differing_from_greedy']} sentence(s)")
+    report = {
+        "config": {"command": options.command, "data": options.data, "sentences": len(examples),
+                   "bundle": str(plan.bundle), "checkpoint": str(plan.checkpoint) if plan.checkpoint else None,
+                   "systems": [s for s in systems], "devices": devices, "batch_sizes": batch_sizes,
+                   "threads": options.threads, "max_new_tokens": max_new_tokens, "quick": options.quick},
+        "environment": environment(options.threads, options.optimum_python),
+        "notes": bench.notes,
+        "summary": summary,
+        "latencies": {f"{m.system}@{m.device}": [round(x, 6) for x in m.latencies]
+                      for m in measured if m.batch_size == 1},
+    }
+    outputs = out / "outputs"
+    outputs.mkdir(exist_ok=True)
+    for m in measured:  # every system's texts at batch 1, line for line with the data, to inspect
+        if m.batch_size == 1:
+            (outputs / f"{m.system}-{m.device}.txt").write_text(
+                "".join(o["text"].replace("\n", " ") + "\n" for o in m.outputs), encoding="utf-8")
+    report["plots"] = plots(report, out)
+    write_json(report, out / "bench.json")
+    (out / "bench.md").write_text(markdown(report), encoding="utf-8")
+    print(f"aggdec bench: wrote {out / 'bench.json'}, {out / 'bench.md'} and {len(report['plots'])} plot(s)",
+          file=sys.stderr)
+    return 1 if broken else 0
+
+
+def command_line(argv: list[str]) -> str:
+    return "aggdec " + " ".join(shlex.quote(a) for a in argv)

@@ -1,0 +1,130 @@
+"""Figures from what the workers measured: latency, throughput, exactness, GEC scores, where
+aggdec's time goes, and acceptance against the edit ratio (Figure 5 of the IAD paper)."""
+
+from __future__ import annotations
+
+import statistics
+
+from aggdec.bench.data import Example
+from aggdec.bench.runner import Measured, WorkerInfo
+from aggdec.bench.scoring import edit_ratio, score
+from aggdec.bench.systems import BY_NAME, REFERENCE
+
+# edit-ratio buckets for the acceptance table: (label, low exclusive, high inclusive)
+EDIT_BUCKETS = (("0 (unchanged)", -1.0, 0.0), ("(0, 0.1]", 0.0, 0.1), ("(0.1, 0.2]", 0.1, 0.2),
+                ("(0.2, 0.4]", 0.2, 0.4), ("> 0.4", 0.4, float("inf")))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _ids(row: Measured) -> list[tuple[int, ...]]:
+    return [tuple(o["ids"]) for o in row.outputs]
+
+
+def _time_split(row: Measured) -> dict | None:
+    """aggdec only: seconds in each graph and outside them (batch times shared out per text)."""
+    stats = [o.get("stats") for o in row.outputs]
+    if not stats or stats[0] is None:
+        return None
+
+    def total(key: str) -> float:
+        return sum(s[key] / s["batch_size"] for s in stats)
+
+    wall = total("total_seconds")
+    graphs = {key: total(f"{key}_seconds") for key in ("encoder", "verifier", "drafter")}
+    iterations = sum(s["iterations"] / s["batch_size"] if s["batch_size"] > 1 else s["iterations"] for s in stats)
+    tokens = sum(len(o["ids"]) + 1 for o in row.outputs)  # + EOS: one more accepted token a sentence
+    drafted = sum(s["drafted"] for s in stats)
+    return {
+        "seconds": {**{k: round(v, 4) for k, v in graphs.items()}, "outside": round(max(wall - sum(graphs.values()), 0.0), 4),
+                    "total": round(wall, 4)},
+        "outside_share": round(max(wall - sum(graphs.values()), 0.0) / wall, 4) if wall else None,
+        "iterations_per_sentence": round(iterations / len(stats), 3),
+        "tokens_per_iteration": round(tokens / iterations, 3) if iterations else None,
+        "drafted_per_iteration": round(drafted / iterations, 3) if iterations else None,
+    }
+
+
+def summarize(measured: list[Measured], examples: list[Example], infos: dict[tuple[str, str], WorkerInfo]) -> dict:
+    sources = [e.source for e in examples]
+    targets = [e.target for e in examples]
+    has_targets = all(t is not None for t in targets)
+    by_key = {(m.system, m.device, m.batch_size): m for m in measured}
+    rows = []
+    for m in measured:
+        reference = by_key.get((REFERENCE, m.device, 1))
+        same_batch_greedy = by_key.get((REFERENCE, m.device, m.batch_size))
+        ct2 = by_key.get(("ct2-fp32", m.device, m.batch_size))
+        beam = by_key.get(("hf-beam5", m.device, m.batch_size))
+        seconds = sum(m.latencies)
+        tokens = sum(len(o["ids"]) for o in m.outputs)
+        info = infos.get((m.system, m.device))
+        row = {
+            "system": m.system, "label": BY_NAME[m.system].label, "device": m.device, "batch_size": m.batch_size,
+            "sentences": len(m.outputs), "seconds": round(seconds, 4),
+            "latency_ms": {"median": round(1e3 * statistics.median(m.latencies), 3),
+                           "p90": round(1e3 * percentile(m.latencies, 0.9), 3),
+                           "mean": round(1e3 * seconds / len(m.latencies), 3)},
+            "sentences_per_second": round(len(m.outputs) / seconds, 3),
+            "tokens_per_second": round(tokens / seconds, 2),
+            "output_tokens": tokens,
+            "speedup_vs_aggdec_greedy": round(sum(same_batch_greedy.latencies) / seconds, 3) if same_batch_greedy else None,
+            "speedup_vs_ct2_fp32": round(sum(ct2.latencies) / seconds, 3) if ct2 else None,
+            "speedup_vs_hf_beam5": round(sum(beam.latencies) / seconds, 3) if beam else None,
+            "exact_match_vs_greedy": (round(sum(a == b for a, b in zip(_ids(m), _ids(reference))) / len(m.outputs), 4)
+                                      if reference else None),
+            "differing_from_greedy": sum(a != b for a, b in zip(_ids(m), _ids(reference))) if reference else None,
+            "load_seconds": round(info.load_seconds, 3) if info else None,
+            "prepare_seconds": round(info.prepare_seconds, 3) if info and info.prepare_seconds else None,
+            "rss_after_load_mib": round(info.rss_after_load_mib, 1) if info else None,
+            "peak_rss_mib": round(m.peak_rss_mib, 1),
+            "time_split": _time_split(m),
+        }
+        if has_targets and m.batch_size == min(x.batch_size for x in measured if x.system == m.system):
+            hyps = [o["text"] for o in m.outputs]
+            row["gec"] = score(sources, hyps, targets)
+            if all(e.target2 is not None for e in examples):
+                row["gec_a2"] = score(sources, hyps, [e.target2 for e in examples])
+        rows.append(row)
+    return {"rows": rows, "acceptance": acceptance(measured, sources),
+            "copy_gec": score(sources, sources, targets) if has_targets else None}
+
+
+def acceptance(measured: list[Measured], sources: list[str]) -> dict:
+    """Per aggdec draft mode at batch 1: per-sentence speedup over greedy against the edit ratio."""
+    by_key = {(m.system, m.device, m.batch_size): m for m in measured}
+    out = {}
+    for m in measured:
+        spec = BY_NAME[m.system]
+        greedy = by_key.get((REFERENCE, m.device, 1))
+        if m.batch_size != 1 or spec.kind != "aggdec" or m.system == REFERENCE or greedy is None:
+            continue
+        points = []
+        for source, mine, base, t_mine, t_base in zip(sources, m.outputs, greedy.outputs, m.latencies, greedy.latencies):
+            stats = mine["stats"]
+            points.append({"edit_ratio": round(edit_ratio(source, mine["text"]), 4),
+                           "speedup": round(t_base / t_mine, 4),
+                           "iterations": stats["iterations"], "greedy_iterations": base["stats"]["iterations"],
+                           "tokens_per_iteration": round((len(mine["ids"]) + 1) / stats["iterations"], 3)})
+        buckets = []
+        for label, low, high in EDIT_BUCKETS:
+            members = [i for i, p in enumerate(points) if low < p["edit_ratio"] <= high]
+            if not members:
+                continue
+            mine_s = sum(m.latencies[i] for i in members)
+            base_s = sum(greedy.latencies[i] for i in members)
+            iterations = sum(points[i]["iterations"] for i in members)
+            buckets.append({"edit_ratio": label, "sentences": len(members), "speedup": round(base_s / mine_s, 3),
+                            "iterations_per_sentence": round(iterations / len(members), 3),
+                            "tokens_per_iteration": round(sum(len(m.outputs[i]["ids"]) + 1 for i in members)
+                                                          / iterations, 3)})
+        out[f"{m.system}@{m.device}"] = {"system": m.system, "device": m.device, "buckets": buckets, "points": points}
+    return out

@@ -1,0 +1,193 @@
+"""The benchmark's outputs: bench.json (every figure and the environment), bench.md, PNG plots."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from aggdec.bench.systems import SYSTEMS
+
+PACKAGES = ("aggdec", "numpy", "onnxruntime", "onnxruntime-gpu", "tokenizers", "torch", "transformers",
+            "optimum", "optimum-onnx", "ctranslate2")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(threads: int, optimum_python: str) -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    memory = None
+    try:
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "memory_gib": memory, "threads": threads,
+            "python": sys.version.split()[0], "platform": platform.platform(), "versions": versions,
+            "optimum_python": optimum_python}
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown(report: dict) -> str:
+    env, config = report["environment"], report["config"]
+    rows = report["summary"]["rows"]
+    order = {spec.name: i for i, spec in enumerate(SYSTEMS)}
+    lines = [f"# aggdec bench: {config['data']} ({config['sentences']} sentences)", "",
+             f"`{config['command']}`", "",
+             f"{env['cpu']}, {env['cpu_count']} cores, {env['threads']} thread(s) per system; "
+             f"{', '.join(f'{k} {v}' for k, v in env['versions'].items())}.", ""]
+    for device in config["devices"]:
+        one = sorted((r for r in rows if r["device"] == device and r["batch_size"] == 1), key=lambda r: order[r["system"]])
+        if not one:
+            continue
+        lines += [f"## {device.upper()}, batch 1 (one sentence at a time)", "",
+                  "| system | median ms | p90 ms | sent/s | tok/s | vs aggdec greedy | vs CT2 fp32 | vs beam 5 "
+                  "| = greedy | F0.5 | peak RSS MiB | load s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in one:
+            gec = r.get("gec") or {}
+            lines.append(
+                f"| {r['label']} | {r['latency_ms']['median']:.1f} | {r['latency_ms']['p90']:.1f} "
+                f"| {r['sentences_per_second']:.1f} | {r['tokens_per_second']:.0f} "
+                f"| {_fmt(r['speedup_vs_aggdec_greedy'], '.2f', 'x')} | {_fmt(r['speedup_vs_ct2_fp32'], '.2f', 'x')} "
+                f"| {_fmt(r['speedup_vs_hf_beam5'], '.2f', 'x')} "
+                f"| {_fmt(None if r['exact_match_vs_greedy'] is None else 100 * r['exact_match_vs_greedy'], '.1f', '%')} "
+                f"| {_fmt(gec.get('f0.5'), '.3f')} | {_fmt(r['peak_rss_mib'], '.0f')} | {_fmt(r['load_seconds'], '.2f')} |")
+        batched = sorted({r["batch_size"] for r in rows if r["device"] == device and r["batch_size"] > 1})
+        if batched:
+            lines += ["", f"## {device.upper()}, batched: sentences/s (speedup over aggdec greedy at the same batch size)",
+                      "", "| system | " + " | ".join(f"batch {b}" for b in batched) + " |",
+                      "|---|" + "---|" * len(batched)]
+            for name in sorted({r["system"] for r in rows if r["device"] == device and r["batch_size"] > 1},
+                               key=order.get):
+                cells = []
+                for b in batched:
+                    r = next((x for x in rows if (x["system"], x["device"], x["batch_size"]) == (name, device, b)), None)
+                    cells.append("–" if r is None else
+                                 f"{r['sentences_per_second']:.1f} ({_fmt(r['speedup_vs_aggdec_greedy'], '.2f', 'x')})")
+                lines.append(f"| {next(r['label'] for r in rows if r['system'] == name)} | " + " | ".join(cells) + " |")
+        split = [r for r in one if r["time_split"]]
+        if split:
+            lines += ["", f"## Where aggdec's time goes ({device.upper()}, batch 1)", "",
+                      "| system | tokens/iteration | iterations/sentence | drafted/iteration | encoder s | verifier s "
+                      "| drafter s | outside graphs |", "|---|---|---|---|---|---|---|---|"]
+            for r in split:
+                t = r["time_split"]
+                s = t["seconds"]
+                lines.append(f"| {r['label']} | {_fmt(t['tokens_per_iteration'])} | {_fmt(t['iterations_per_sentence'])} "
+                             f"| {_fmt(t['drafted_per_iteration'])} | {s['encoder']:.2f} | {s['verifier']:.2f} "
+                             f"| {s['drafter']:.2f} | {s['outside']:.2f} s ({100 * (t['outside_share'] or 0):.1f}%) |")
+    acceptance = report["summary"]["acceptance"]
+    if acceptance:
+        lines += ["", "## Speedup over greedy by edit ratio (batch 1; Figure 5 of the IAD paper)", "",
+                  "| system | edit ratio | sentences | speedup | iterations/sentence | tokens/iteration |",
+                  "|---|---|---|---|---|---|"]
+        for key, entry in acceptance.items():
+            label = next(r["label"] for r in rows if r["system"] == entry["system"])
+            for b in entry["buckets"]:
+                lines.append(f"| {label} ({entry['device']}) | {b['edit_ratio']} | {b['sentences']} | {b['speedup']:.2f}x "
+                             f"| {b['iterations_per_sentence']:.2f} | {b['tokens_per_iteration']:.2f} |")
+    if report["summary"].get("copy_gec"):
+        lines += ["", f"Copying the source scores F0.5 {report['summary']['copy_gec']['f0.5']:.3f} "
+                  f"(exact match with the human target {report['summary']['copy_gec']['exact_match']:.3f})."]
+    if report["notes"]:
+        lines += ["", "Notes:", ""] + [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def plots(report: dict, out: Path) -> list[str]:
+    """PNG files drawn with matplotlib; none (and a note) when it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        report["notes"].append("no plots: matplotlib is not installed (pip install 'aggdec[bench]')")
+        return []
+    rows = report["summary"]["rows"]
+    order = {spec.name: i for i, spec in enumerate(SYSTEMS)}
+    written = []
+
+    acceptance = report["summary"]["acceptance"]
+    if acceptance:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for entry in acceptance.values():
+            xs = [p["edit_ratio"] for p in entry["points"]]
+            ys = [p["speedup"] for p in entry["points"]]
+            label = next(r["label"] for r in rows if r["system"] == entry["system"])
+            ax.scatter(xs, ys, s=6, alpha=0.45, label=f"{label} ({entry['device']})")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("edit ratio (word edit distance / source words)")
+        ax.set_ylabel("speedup over aggdec greedy (per sentence)")
+        ax.set_yscale("log")
+        ax.set_xlim(-0.02, min(1.0, max(p["edit_ratio"] for e in acceptance.values() for p in e["points"]) + 0.05))
+        ax.legend(fontsize=7, markerscale=2)
+        ax.set_title("Per-sentence speedup against edit ratio, batch 1")
+        fig.tight_layout()
+        fig.savefig(out / "speedup_vs_edit_ratio.png", dpi=130)
+        plt.close(fig)
+        written.append("speedup_vs_edit_ratio.png")
+
+    latencies = report["latencies"]
+    for device in report["config"]["devices"]:
+        keys = sorted((k for k in latencies if k.endswith(f"@{device}")), key=lambda k: order[k.split("@")[0]])
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(keys) + 1.5))
+        ax.boxplot([[1e3 * v for v in latencies[k]] for k in keys], vert=False, showfliers=False, whis=(5, 95))
+        ax.set_yticks(range(1, len(keys) + 1),
+                      [next(r["label"] for r in rows if r["system"] == k.split("@")[0]) for k in keys])
+        ax.set_xscale("log")
+        ax.set_xlabel("latency per sentence, ms (box: quartiles, whiskers: 5th-95th percentile)")
+        ax.set_title(f"{device.upper()}, batch 1")
+        fig.tight_layout()
+        fig.savefig(out / f"latency_{device}.png", dpi=130)
+        plt.close(fig)
+        written.append(f"latency_{device}.png")
+
+    devices = report["config"]["devices"]
+    if len(devices) > 1:
+        names = sorted({r["system"] for r in rows if r["batch_size"] == 1}, key=order.get)
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(devices)
+        for d, device in enumerate(devices):
+            values = []
+            for name in names:
+                r = next((x for x in rows if (x["system"], x["device"], x["batch_size"]) == (name, device, 1)), None)
+                values.append(r["latency_ms"]["median"] if r else 0.0)
+            ax.bar([i + d * width for i in range(len(names))], values, width, label=device.upper())
+        ax.set_xticks([i + width * (len(devices) - 1) / 2 for i in range(len(names))],
+                      [next(r["label"] for r in rows if r["system"] == n) for n in names], rotation=35, ha="right",
+                      fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("median latency per sentence, ms")
+        ax.legend()
+        ax.set_title("CPU against GPU, batch 1")
+        fig.tight_layout()
+        fig.savefig(out / "cpu_vs_gpu.png", dpi=130)
+        plt.close(fig)
+        written.append("cpu_vs_gpu.png")
+    return written

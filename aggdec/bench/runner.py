@@ -1,0 +1,285 @@
+"""Runs the systems side by side: prepares each peer's model, starts one worker per system and
+device, and feeds them the same sentences in interleaved chunks so that machine drift (other
+jobs, thermal throttling) hits every system alike."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aggdec.bench.data import Example
+from aggdec.bench.systems import BY_NAME, REFERENCE, REQUIRES, SystemSpec
+from aggdec.runtime.errors import AggdecError
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+@dataclass
+class RunPlan:
+    bundle: Path
+    checkpoint: Path | None  # the Hugging Face checkpoint the peers load (None: aggdec only)
+    examples: list[Example]
+    systems: list[str]
+    devices: list[str]
+    batch_sizes: list[int]
+    threads: int
+    work: Path  # converted peer models (reused across runs while the checkpoint is unchanged)
+    logs: Path  # each worker's stderr
+    max_new_tokens: int
+    optimum_python: str = sys.executable
+    chunk: int = 16  # sentences per interleaving turn
+    warmup: int = 4
+    progress: bool = True
+
+
+@dataclass
+class Measured:
+    """One system on one device at one batch size."""
+
+    system: str
+    device: str
+    batch_size: int
+    outputs: list[dict] = field(default_factory=list)  # per sentence: ids, text, aggdec stats
+    latencies: list[float] = field(default_factory=list)  # per request (one batch)
+    peak_rss_mib: float = 0.0  # the worker's peak resident set over this batch size's requests
+
+
+@dataclass
+class WorkerInfo:
+    load_seconds: float
+    rss_after_load_mib: float
+    prepare_seconds: float | None = None
+
+
+class WorkerError(AggdecError):
+    pass
+
+
+class Worker:
+    def __init__(self, spec: SystemSpec, device: str, plan: RunPlan, config: dict, python: str) -> None:
+        self.spec, self.device = spec, device
+        plan.logs.mkdir(parents=True, exist_ok=True)
+        self.log_path = plan.logs / f"{spec.name}-{device}.log"
+        env = dict(os.environ, OMP_NUM_THREADS=str(plan.threads), TOKENIZERS_PARALLELISM="false")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([python, str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log, env=env, text=True, encoding="utf-8")
+        first = self._read()
+        if "error" in first:
+            self.close()
+            raise WorkerError(first["error"])
+        self.info = WorkerInfo(first["load_seconds"], first["rss_mib"])
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            raise WorkerError(f"the worker exited (status {self.process.returncode}); see {self.log_path}")
+        return json.loads(line)
+
+    def run(self, texts: list[str], batch_size: int) -> dict:
+        self.process.stdin.write(json.dumps({"texts": texts, "batch_size": batch_size}) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def reset_peak(self) -> None:
+        self.process.stdin.write(json.dumps({"reset_peak": True}) + "\n")
+        self.process.stdin.flush()
+        self._read()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps({"quit": True}) + "\n")
+                self.process.stdin.close()
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+
+
+def _checkpoint_digest(checkpoint: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(checkpoint.iterdir()):
+        if path.suffix in (".json", ".safetensors", ".bin"):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        tail = [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
+    except OSError:
+        return ""
+    return " | ".join(tail)
+
+
+class Bench:
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        self.notes: list[str] = []
+        self.workers: dict[tuple[str, str], Worker] = {}
+        self.prepare_seconds: dict[str, float] = {}
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        print(f"aggdec bench: {message}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ setup
+    def _config(self, spec: SystemSpec, device: str) -> dict:
+        plan = self.plan
+        return {"system": spec.name, "kind": spec.kind, "device": device, "threads": plan.threads,
+                "options": spec.options, "bundle": str(plan.bundle),
+                "model": str(plan.checkpoint) if plan.checkpoint else None,
+                "work": str(plan.work / spec.name), "max_new_tokens": plan.max_new_tokens}
+
+    def _python(self, spec: SystemSpec) -> str:
+        return self.plan.optimum_python if spec.kind == "optimum" else sys.executable
+
+    def _importable(self, spec: SystemSpec) -> bool:
+        module = REQUIRES[spec.kind]
+        try:
+            probe = subprocess.run([self._python(spec), "-c", f"import {module}"], capture_output=True, text=True)
+            importable = probe.returncode == 0
+        except OSError:  # no such python
+            importable = False
+        if not importable:
+            hint = ("pip install 'aggdec[bench]'" if spec.kind != "optimum" else
+                    "optimum-onnx needs transformers<4.58: give --optimum-python, the python of a venv with "
+                    "`pip install torch==2.13.0 'optimum-onnx[onnxruntime]'` (benchmarks/optimum_env.sh)")
+            self.note(f"{spec.name} skipped: {module} is not importable by {self._python(spec)} ({hint})")
+            return False
+        return True
+
+    def _prepare(self, spec: SystemSpec) -> bool:
+        """Convert the checkpoint for a peer that needs it; a stamp makes reruns skip it."""
+        if spec.kind not in ("ctranslate2", "optimum"):
+            return True
+        target = self.plan.work / spec.name
+        stamp = target / "aggdec-bench-stamp.json"
+        digest = _checkpoint_digest(self.plan.checkpoint)
+        if stamp.is_file() and json.loads(stamp.read_text()).get("checkpoint_sha256") == digest:
+            return True
+        target.mkdir(parents=True, exist_ok=True)
+        print(f"aggdec bench: preparing {spec.name} in {target}", file=sys.stderr, flush=True)
+        config = self._config(spec, "cpu")
+        started = time.perf_counter()
+        log = self.plan.logs / f"{spec.name}-prepare.log"
+        self.plan.logs.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as handle:
+            done = subprocess.run([self._python(spec), str(WORKER), json.dumps(config), "--prepare"],
+                                  stdout=subprocess.PIPE, stderr=handle, text=True)
+        answer = done.stdout.strip().splitlines()[-1:] if done.stdout else []
+        reply = json.loads(answer[0]) if answer else {"error": f"exit status {done.returncode}"}
+        if "error" in reply:
+            self.note(f"{spec.name} skipped: conversion failed: {reply['error']} ({_log_tail(log)})")
+            return False
+        self.prepare_seconds[spec.name] = time.perf_counter() - started
+        stamp.write_text(json.dumps({"checkpoint": str(self.plan.checkpoint), "checkpoint_sha256": digest}))
+        return True
+
+    def start(self, has_drafter: bool) -> list[SystemSpec]:
+        plan = self.plan
+        chosen = []
+        for name in plan.systems:
+            spec = BY_NAME[name]
+            if spec.needs_drafter and not has_drafter:
+                self.note(f"{name} skipped: the bundle has no drafter (export it with --drafter)")
+            elif spec.kind != "aggdec" and plan.checkpoint is None:
+                self.note(f"{name} skipped: peers need the Hugging Face checkpoint (--checkpoint DIR)")
+            elif self._importable(spec) and self._prepare(spec):
+                chosen.append(spec)
+        for device in plan.devices:
+            for spec in chosen:
+                print(f"aggdec bench: loading {spec.name} on {device}", file=sys.stderr, flush=True)
+                try:
+                    worker = Worker(spec, device, plan, self._config(spec, device), self._python(spec))
+                except WorkerError as exc:
+                    if spec.name == REFERENCE:
+                        raise WorkerError(f"{REFERENCE} could not start on {device}: {exc}") from None
+                    self.note(f"{spec.name} on {device} skipped: {exc}")
+                    continue
+                worker.info.prepare_seconds = self.prepare_seconds.get(spec.name)
+                self.workers[(spec.name, device)] = worker
+        return chosen
+
+    # ------------------------------------------------------------------ measuring
+    def measure(self) -> list[Measured]:
+        plan = self.plan
+        texts = [example.source for example in plan.examples]
+        conditions = []
+        for device in plan.devices:
+            for size in plan.batch_sizes:
+                workers = [w for (name, d), w in self.workers.items() if d == device and (size == 1 or w.spec.batches)]
+                if workers:
+                    conditions.append((device, size, workers))
+        total = sum(len(texts) * len(workers) for _, _, workers in conditions)
+        bar = _progress(total, plan.progress)
+        measured: list[Measured] = []
+        try:
+            for device, size, workers in conditions:
+                per_turn = size * max(1, -(-max(plan.chunk, size) // size))  # a whole number of batches
+                warm = texts[: max(size, plan.warmup)]
+                for worker in workers:
+                    bar.describe(f"{device} batch {size}: warm-up {worker.spec.name}")
+                    worker.reset_peak()
+                    worker.run(warm, size)
+                rows = {w.spec.name: Measured(w.spec.name, device, size) for w in workers}
+                for turn, first in enumerate(range(0, len(texts), per_turn)):
+                    chunk = texts[first : first + per_turn]
+                    shift = turn % len(workers)
+                    for worker in workers[shift:] + workers[:shift]:  # rotate who goes first
+                        bar.describe(f"{device} batch {size}: {worker.spec.name}")
+                        answer = worker.run(chunk, size)
+                        row = rows[worker.spec.name]
+                        row.outputs.extend(answer["outputs"])
+                        row.latencies.extend(answer["latencies"])
+                        row.peak_rss_mib = max(row.peak_rss_mib, answer["peak_rss_mib"])
+                        bar.update(len(chunk))
+                measured.extend(rows.values())
+        finally:
+            bar.close()
+        return measured
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+
+
+class _progress:
+    """tqdm when it is installed; otherwise a line to stderr every few seconds."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled, self.last = total, 0, enabled, 0.0
+        self.label = ""
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="sent", file=sys.stderr, dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def describe(self, label: str) -> None:
+        self.label = label
+        if self.bar is not None:
+            self.bar.set_description(label, refresh=False)
+
+    def update(self, count: int) -> None:
+        self.done += count
+        if self.bar is not None:
+            self.bar.update(count)
+        elif self.enabled and time.monotonic() - self.last > 5:
+            self.last = time.monotonic()
+            print(f"aggdec bench: {self.done}/{self.total} sentence runs ({self.label})", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,299 @@
+"""One benchmarked system in its own process, driven over stdin/stdout (one JSON object a line).
+
+Every system runs in a worker of its own so that its memory is its own (the peak resident
+set of the process), its libraries cannot disturb another's (torch's and CTranslate2's
+OpenMP pools, two onnxruntime builds), and a peer that needs another environment (optimum's
+ONNX exporter pins an older transformers) runs under that environment's python. The file is
+run by path (``python worker.py``), so it imports nothing of aggdec at module level: only the
+aggdec system needs aggdec; the peers need their own library, numpy and tokenizers.
+
+Protocol. argv[1] is a JSON config: ``{"system": ..., "kind": ..., "device": ..., "threads": N,
+"options": {...}, "model": DIR, "work": DIR, "max_new_tokens": N}``. With ``--prepare`` the worker
+only converts the checkpoint (CTranslate2, optimum) into ``work`` and exits, so conversion
+memory does not count in the serving process's peak. Otherwise it loads, answers
+``{"ready": true, "load_seconds": s, "rss_mib": m}`` (or ``{"error": "..."}``), then for each
+request ``{"texts": [...], "batch_size": B}`` answers ``{"outputs": [...], "latencies": [...],
+"peak_rss_mib": m}``: one latency per batch, measured around tokenization, generation and
+detokenization, nothing else. ``{"reset_peak": true}`` restarts the peak resident set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _rss_mib(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak) of this process, from /proc; ru_maxrss elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reset_peak() -> None:
+    """Start the peak resident set (VmHWM) afresh, so that each batch size gets its own peak
+    (Linux: writing 5 to clear_refs; elsewhere the peak stays the process's lifetime peak)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _normalize(ids: list[int], start: int, eos: int, pad: int) -> list[int]:
+    """Generated ids as every system's output is compared: no decoder start, up to EOS (excluded)."""
+    if ids and ids[0] == start:
+        ids = ids[1:]
+    out = []
+    for token in ids:
+        if token == eos:
+            break
+        if token != pad:
+            out.append(token)
+    return out
+
+
+class _Tokenized:
+    """The checkpoint's tokenizer.json through `tokenizers`, the same for every peer."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        config = json.loads((model_dir / "config.json").read_text())
+        self.pad = int(config.get("pad_token_id") or 0)
+        self.eos = int(config["eos_token_id"])
+        self.start = int(config.get("decoder_start_token_id", self.pad) or 0)
+
+    def encode(self, texts: list[str]):
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
+
+    def padded(self, texts: list[str]):
+        import numpy as np
+
+        ids = self.encode(texts)
+        width = max(len(row) for row in ids)
+        batch = np.full((len(ids), width), self.pad, dtype=np.int64)
+        mask = np.zeros((len(ids), width), dtype=np.int64)
+        for i, row in enumerate(ids):
+            batch[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return batch, mask
+
+    def output(self, ids: list[int]) -> dict:
+        ids = _normalize(ids, self.start, self.eos, self.pad)
+        return {"ids": ids, "text": self.tokenizer.decode(ids, skip_special_tokens=True)}
+
+
+class AggdecSystem:
+    def __init__(self, cfg: dict) -> None:
+        from aggdec import Generator
+
+        self.generator = Generator(cfg["bundle"], device=cfg["device"], threads=cfg["threads"])
+        m = self.generator.manifest
+        self.ids = (m.decoder_start_token_id, m.eos_token_id, m.pad_token_id)
+        self.options = dict(cfg.get("options", {}))
+        self.mode = self.options.pop("mode")
+        self.max_new_tokens = cfg["max_new_tokens"]
+
+    def run(self, texts: list[str]) -> list[dict]:
+        results = self.generator.generate(texts, mode=self.mode, batch_size=len(texts),
+                                          max_new_tokens=self.max_new_tokens, **self.options)
+        outputs = []
+        for r in results:
+            s = r.stats
+            outputs.append({
+                "ids": _normalize(list(r.ids), *self.ids), "text": r.text,
+                "stats": {"iterations": s.iterations, "drafted": sum(s.drafted), "accepted": sum(s.accepted),
+                          "encoder_seconds": s.encoder_seconds, "verifier_seconds": s.verifier_seconds,
+                          "drafter_seconds": s.drafter_seconds, "total_seconds": s.total_seconds,
+                          "batch_size": s.batch_size},
+            })
+        return outputs
+
+
+def _torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set once in this process
+        pass
+
+
+class TransformersSystem:
+    def __init__(self, cfg: dict) -> None:
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+
+        _torch_threads(cfg["threads"])
+        self.torch = torch
+        self.device = cfg["device"]
+        # fp32 whatever the checkpoint's dtype: the precision every other fp32 system runs at
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model"], dtype=torch.float32).to(self.device).eval()
+        self.tok = _Tokenized(Path(cfg["model"]))
+        self.beams = int(cfg.get("options", {}).get("num_beams", 1))
+        self.max_new_tokens = cfg["max_new_tokens"]
+
+    def run(self, texts: list[str]) -> list[dict]:
+        ids, mask = self.tok.padded(texts)
+        with self.torch.inference_mode():
+            out = self.model.generate(
+                input_ids=self.torch.from_numpy(ids).to(self.device),
+                attention_mask=self.torch.from_numpy(mask).to(self.device),
+                num_beams=self.beams, do_sample=False, max_new_tokens=self.max_new_tokens)
+        return [self.tok.output(row) for row in out.tolist()]
+
+
+class OptimumSystem(TransformersSystem):
+    def __init__(self, cfg: dict) -> None:
+        import onnxruntime
+        import torch
+        from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+        _torch_threads(cfg["threads"])
+        self.torch = torch
+        self.device = "cpu"  # optimum takes torch tensors on the host and copies them itself
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = cfg["threads"]
+        options.inter_op_num_threads = 1
+        provider = "CUDAExecutionProvider" if cfg["device"] == "cuda" else "CPUExecutionProvider"
+        self.model = ORTModelForSeq2SeqLM.from_pretrained(cfg["work"], session_options=options, provider=provider,
+                                                          use_io_binding=cfg["device"] == "cuda")
+        self.tok = _Tokenized(Path(cfg["model"]))
+        self.beams = 1
+        self.max_new_tokens = cfg["max_new_tokens"]
+
+    @staticmethod
+    def prepare(cfg: dict) -> None:
+        from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+        model = ORTModelForSeq2SeqLM.from_pretrained(cfg["model"], export=True)
+        model.save_pretrained(cfg["work"])
+
+
+class CTranslate2System:
+    def __init__(self, cfg: dict) -> None:
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(cfg["work"], device=cfg["device"],
+                                                 compute_type=cfg["options"]["compute_type"],
+                                                 intra_threads=cfg["threads"], inter_threads=1)
+        self.tok = _Tokenized(Path(cfg["model"]))
+        self.max_new_tokens = cfg["max_new_tokens"]
+
+    def run(self, texts: list[str]) -> list[dict]:
+        tokens = [e.tokens for e in self.tok.tokenizer.encode_batch(texts, add_special_tokens=True)]
+        results = self.translator.translate_batch(tokens, beam_size=1, max_decoding_length=self.max_new_tokens,
+                                                  return_end_token=True)
+        to_id = self.tok.tokenizer.token_to_id
+        return [self.tok.output([to_id(t) for t in r.hypotheses[0]]) for r in results]
+
+    @staticmethod
+    def prepare(cfg: dict) -> None:
+        from ctranslate2.converters import transformers as ct2
+
+        config = json.loads((Path(cfg["model"]) / "config.json").read_text())
+        loaders = getattr(ct2, "_MODEL_LOADERS", None)
+        swap = config.get("model_type") == "marian" and isinstance(loaders, dict) and "MarianConfig" in loaders
+        if swap:
+            # CTranslate2's Marian loader assumes the OPUS-MT layout: <pad> is the last vocabulary
+            # entry and its embedding is zero, so it drops that row and starts the decoder from a
+            # zero vector. A checkpoint trained with transformers (ours: pad id 2, a trained,
+            # non-zero row) breaks both assumptions; this loader keeps every entry and starts
+            # from the decoder start token's own embedding, which is what transformers does.
+            original = loaders["MarianConfig"]
+            loaders["MarianConfig"] = _marian_loader_keeping_vocabulary(ct2)
+        try:
+            quantization = cfg["options"]["compute_type"]
+            ct2.TransformersConverter(cfg["model"]).convert(
+                cfg["work"], quantization=None if quantization == "float32" else quantization, force=True)
+        finally:
+            if swap:
+                loaders["MarianConfig"] = original
+
+
+def _marian_loader_keeping_vocabulary(ct2):
+    class MarianKeepingVocabulary(ct2.MarianMTLoader):
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return ct2.BartLoader.get_model_spec(self, model)
+
+        def set_config(self, config, model, tokenizer):
+            ct2.BartLoader.set_config(self, config, model, tokenizer)
+            config.bos_token = config.bos_token or config.decoder_start_token
+
+        def set_decoder(self, spec, decoder):
+            ct2.BartLoader.set_decoder(self, spec, decoder)
+
+        def get_vocabulary(self, model, tokenizer):
+            return ct2.BartLoader.get_vocabulary(self, model, tokenizer)
+
+    return MarianKeepingVocabulary()
+
+
+KINDS = {"aggdec": AggdecSystem, "transformers": TransformersSystem, "optimum": OptimumSystem,
+         "ctranslate2": CTranslate2System}
+
+
+def _serve(cfg: dict, reply) -> int:
+    started = time.perf_counter()
+    try:
+        system = KINDS[cfg["kind"]](cfg)
+    except Exception as exc:  # any failure to load is reported, the benchmark goes on without it
+        reply({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    reply({"ready": True, "load_seconds": time.perf_counter() - started, "rss_mib": _rss_mib("VmRSS")})
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("quit"):
+            break
+        if request.get("reset_peak"):
+            _reset_peak()
+            reply({"peak_rss_mib": _rss_mib("VmHWM")})
+            continue
+        texts, size = request["texts"], int(request["batch_size"])
+        outputs, latencies = [], []
+        for first in range(0, len(texts), size):
+            batch = texts[first : first + size]
+            tic = time.perf_counter()
+            outputs.extend(system.run(batch))
+            latencies.append(time.perf_counter() - tic)
+        reply({"outputs": outputs, "latencies": latencies, "peak_rss_mib": _rss_mib("VmHWM")})
+    return 0
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # library chatter must not corrupt the protocol
+
+    def reply(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    if "--prepare" in sys.argv[2:]:
+        try:
+            KINDS[cfg["kind"]].prepare(cfg)
+        except Exception as exc:
+            reply({"error": f"{type(exc).__name__}: {exc}"})
+            return 1
+        reply({"prepared": True})
+        return 0
+    return _serve(cfg, reply)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""`aggdec bench`, run as users run it: the real CLI, real workers, real peers where installed,
+on the committed UA-GEC reference model and real learner sentences."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aggdec.bench.scoring import edit_distance, edit_ratio, score
+from aggdec.runtime.generator import Generator
+from tests.test_cli import aggdec, assert_one_clean_error
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "benchmarks" / "models" / "uagec" / "model"
+SAMPLE = ROOT / "examples" / "uagec_test_sample.tsv"
+SENTENCES = 12
+
+pytestmark = pytest.mark.slow
+
+
+def _has(module: str) -> bool:
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def bench_run(reference_bundle, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    data = root / "data.tsv"
+    data.write_text("\n".join(SAMPLE.read_text(encoding="utf-8").splitlines()[:SENTENCES]) + "\n", encoding="utf-8")
+    systems = ["aggdec-greedy", "aggdec-iad", "aggdec-gad", "aggdec-gad++", "hf-greedy", "ct2-fp32", "ct2-int8"]
+    result = aggdec("bench", str(reference_bundle), "--checkpoint", str(MODEL), "--data", str(data),
+                    "--systems", *systems, "--batch-size", "1", "4", "--out", str(root / "out"),
+                    "--work", str(root / "work"), "--no-progress")
+    return result, root, data
+
+
+def test_bench_writes_every_figure_for_every_system(bench_run):
+    result, root, _ = bench_run
+    assert result.returncode == 0, result.stderr
+    report = json.loads((root / "out" / "bench.json").read_text())
+    rows = {(r["system"], r["batch_size"]): r for r in report["summary"]["rows"]}
+    expected = {("aggdec-greedy", 1), ("aggdec-greedy", 4), ("aggdec-iad", 1), ("aggdec-gad", 1), ("aggdec-gad++", 1),
+                ("hf-greedy", 1), ("hf-greedy", 4)}
+    if _has("ctranslate2"):
+        expected |= {("ct2-fp32", 1), ("ct2-fp32", 4), ("ct2-int8", 1), ("ct2-int8", 4)}
+    else:
+        assert any("ct2-fp32 skipped" in note for note in report["notes"])
+    assert set(rows) == expected  # IAD and GAD decode one row at a time: batch 1 only
+    for row in rows.values():
+        assert row["sentences"] == SENTENCES
+        assert 0 < row["latency_ms"]["median"] <= row["latency_ms"]["p90"]
+        assert row["sentences_per_second"] > 0 and row["peak_rss_mib"] > 0 and row["rss_after_load_mib"] > 0
+        if row["batch_size"] == 1:
+            assert "f0.5" in row["gec"] and "gec_a2" not in row  # the sample has one annotator
+    assert len(report["latencies"]["aggdec-greedy@cpu"]) == SENTENCES
+    assert report["environment"]["threads"] == 1 and report["environment"]["versions"]["onnxruntime"]
+    assert report["config"]["command"].startswith("aggdec bench ")
+
+
+def test_bench_confirms_lossless_modes_and_transformers_equal_greedy(bench_run):
+    result, root, _ = bench_run
+    rows = {(r["system"], r["batch_size"]): r for r in json.loads((root / "out" / "bench.json").read_text())["summary"]["rows"]}
+    for key in [("aggdec-greedy", 4), ("aggdec-iad", 1), ("aggdec-gad", 1), ("hf-greedy", 1), ("hf-greedy", 4)]:
+        assert rows[key]["exact_match_vs_greedy"] == 1.0, key
+    # IAD on a mostly-copying model verifies whole blocks of the source per call
+    split = rows[("aggdec-iad", 1)]["time_split"]
+    assert split["tokens_per_iteration"] >= 3
+    assert split["seconds"]["verifier"] > 0 and split["seconds"]["drafter"] == 0
+    assert rows[("aggdec-gad", 1)]["time_split"]["seconds"]["drafter"] > 0
+
+
+def test_bench_outputs_are_the_runtimes_outputs(bench_run, reference_bundle):
+    """The worker reports what the runtime decodes, line for line with the data."""
+    _, root, data = bench_run
+    sources = [line.split("\t")[0] for line in data.read_text(encoding="utf-8").splitlines()]
+    expected = [r.text for r in Generator(reference_bundle).generate(sources, mode="greedy", batch_size=1)]
+    written = (root / "out" / "outputs" / "aggdec-greedy-cpu.txt").read_text(encoding="utf-8").splitlines()
+    assert written == expected
+
+
+def test_bench_markdown_plots_and_acceptance(bench_run):
+    _, root, _ = bench_run
+    report = json.loads((root / "out" / "bench.json").read_text())
+    table = (root / "out" / "bench.md").read_text()
+    assert "| aggdec IAD |" in table and "| transformers greedy |" in table and "batch 4" in table
+    iad = report["summary"]["acceptance"]["aggdec-iad@cpu"]
+    assert sum(b["sentences"] for b in iad["buckets"]) == SENTENCES == len(iad["points"])
+    assert all(p["speedup"] > 0 and p["edit_ratio"] >= 0 for p in iad["points"])
+    if _has("matplotlib"):
+        assert set(report["plots"]) == {"speedup_vs_edit_ratio.png", "latency_cpu.png"}
+        for name in report["plots"]:
+            assert (root / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (root / "out" / "logs" / "aggdec-iad-cpu.log").is_file()
+
+
+def test_a_peer_that_cannot_be_imported_is_skipped_with_a_note(reference_bundle, tmp_path):
+    bare = tmp_path / "bare"  # a real python with nothing installed: optimum is not importable there
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    data = tmp_path / "data.txt"
+    data.write_text("Привіт , світ .\nЦе речення .\n", encoding="utf-8")
+    result = aggdec("bench", str(reference_bundle), "--checkpoint", str(MODEL), "--data", str(data),
+                    "--systems", "aggdec-iad", "optimum-greedy", "--optimum-python", str(bare / "bin" / "python"),
+                    "--device", "cpu", "cuda", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                    "--no-progress")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert {r["system"] for r in report["summary"]["rows"]} == {"aggdec-greedy", "aggdec-iad"}
+    assert any(note.startswith("optimum-greedy skipped") for note in report["notes"])
+    assert "optimum-greedy skipped" in result.stderr
+    if "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers():
+        assert any(note.startswith("cuda skipped") for note in report["notes"])
+    assert "gec" not in report["summary"]["rows"][0]  # no targets in a plain source file
+
+
+def test_peers_need_the_checkpoint(reference_bundle, tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("Це речення .\n", encoding="utf-8")
+    result = aggdec("bench", str(reference_bundle), "--data", str(data), "--systems", "hf-greedy",
+                    "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    notes = json.loads((tmp_path / "out" / "bench.json").read_text())["notes"]
+    assert any("hf-greedy skipped: peers need the Hugging Face checkpoint" in note for note in notes)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--systems", "nope"], "unknown system(s) nope"),
+    (["--data", "/no/such/file"], "does not exist"),
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--limit", "0"], "--limit must be at least 1"),
+])
+def test_bad_bench_arguments_are_one_clean_error(reference_bundle, tmp_path, args, needle):
+    result = aggdec("bench", str(reference_bundle), *args, "--out", str(tmp_path / "out"), "--no-progress")
+    assert_one_clean_error(result, needle)
+
+
+def test_bench_refuses_a_directory_that_is_not_a_bundle(tmp_path):
+    assert_one_clean_error(aggdec("bench", str(tmp_path), "--no-progress"), "is not an aggdec bundle")
+
+
+def test_edit_ratio_and_gec_scores():
+    assert edit_distance("a b c".split(), "a x c d".split()) == 2
+    assert edit_ratio("a b c d", "a b c d") == 0.0
+    assert edit_ratio("a b c d", "a c d") == 0.25
+    sources, refs = ["a b c", "d e"], ["a B c", "d e"]
+    copy = score(sources, sources, refs)
+    assert (copy["precision"], copy["recall"], copy["f0.5"], copy["exact_match"]) == (1.0, 0.0, 0.0, 0.5)
+    perfect = score(sources, refs, refs)
+    assert (perfect["precision"], perfect["recall"], perfect["exact_match"]) == (1.0, 1.0, 1.0)
+    wrong = score(sources, ["a X c", "d e"], refs)  # one edit, at the right place but the wrong word
+    assert (wrong["tp"], wrong["hyp_edits"], wrong["ref_edits"], wrong["f0.5"]) == (0, 1, 1, 0.0)
