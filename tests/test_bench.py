@@ -152,3 +152,26 @@ def test_edit_ratio_and_gec_scores():
     assert (perfect["precision"], perfect["recall"], perfect["exact_match"]) == (1.0, 1.0, 1.0)
     wrong = score(sources, ["a X c", "d e"], refs)  # one edit, at the right place but the wrong word
     assert (wrong["tp"], wrong["hyp_edits"], wrong["ref_edits"], wrong["f0.5"]) == (0, 1, 1, 0.0)
+
+
+def test_the_default_data_is_the_uagec_test_split():
+    pytest.importorskip("ua_gec")
+    from aggdec.bench.data import load_examples
+
+    examples = load_examples("uagec-test")
+    assert len(examples) == 2696
+    assert all(e.source and e.target is not None and e.target2 is not None for e in examples)
+    assert load_examples("uagec-test", limit=5) == examples[:5]
+
+
+def test_a_data_file_with_an_empty_source_is_refused(tmp_path):
+    from aggdec.bench.data import load_examples
+    from aggdec.runtime.errors import InputError
+
+    data = tmp_path / "data.tsv"
+    data.write_text("a b\tA b\n\tonly a target\n", encoding="utf-8")
+    with pytest.raises(InputError, match="data.tsv:2: empty source"):
+        load_examples(str(data))
+    data.write_text("a b\tA b\tA B\nc d\n", encoding="utf-8")
+    first, second = load_examples(str(data))
+    assert (first.target, first.target2, second.target) == ("A b", "A B", None)

@@ -124,6 +124,7 @@ def plots(report: dict, out: Path) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     except ImportError:
         report["notes"].append("no plots: matplotlib is not installed (pip install 'aggdec[bench]')")
         return []
@@ -143,6 +144,9 @@ def plots(report: dict, out: Path) -> list[str]:
         ax.set_xlabel("edit ratio (word edit distance / source words)")
         ax.set_ylabel("speedup over aggdec greedy (per sentence)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=2))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlim(-0.02, min(1.0, max(p["edit_ratio"] for e in acceptance.values() for p in e["points"]) + 0.05))
         ax.legend(fontsize=7, markerscale=2)
         ax.set_title("Per-sentence speedup against edit ratio, batch 1")
@@ -160,7 +164,9 @@ def plots(report: dict, out: Path) -> list[str]:
         ax.boxplot([[1e3 * v for v in latencies[k]] for k in keys], vert=False, showfliers=False, whis=(5, 95))
         ax.set_yticks(range(1, len(keys) + 1),
                       [next(r["label"] for r in rows if r["system"] == k.split("@")[0]) for k in keys])
+        ax.invert_yaxis()  # the first system on top
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("latency per sentence, ms (box: quartiles, whiskers: 5th-95th percentile)")
         ax.set_title(f"{device.upper()}, batch 1")
         fig.tight_layout()
@@ -183,6 +189,7 @@ def plots(report: dict, out: Path) -> list[str]:
                       [next(r["label"] for r in rows if r["system"] == n) for n in names], rotation=35, ha="right",
                       fontsize=7)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_ylabel("median latency per sentence, ms")
         ax.legend()
         ax.set_title("CPU against GPU, batch 1")
