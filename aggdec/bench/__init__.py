@@ -116,10 +116,10 @@ def run_bench(options: BenchOptions) -> int:
 
     notes: list[str] = []
     generator = Generator(bundle)
-    refused = sum(generator.check(e.source) is not None for e in examples)
-    if refused:
-        notes.append(f"{refused} sentence(s) longer than the bundle's source limit are left out")
-        examples = [e for e in examples if generator.check(e.source) is None]
+    decodable = [e for e in examples if generator.check(e.source) is None]
+    if len(decodable) < len(examples):
+        notes.append(f"{len(examples) - len(decodable)} sentence(s) longer than the bundle's source limit are left out")
+        examples = decodable
     max_new_tokens = options.max_new_tokens or generator.manifest.max_target_len - 1
     devices = _usable_devices(options.devices, notes)
     if not devices:
@@ -149,7 +149,7 @@ def run_bench(options: BenchOptions) -> int:
     report = {
         "config": {"command": options.command, "data": options.data, "sentences": len(examples),
                    "bundle": str(plan.bundle), "checkpoint": str(plan.checkpoint) if plan.checkpoint else None,
-                   "systems": [s for s in systems], "devices": devices, "batch_sizes": batch_sizes,
+                   "systems": systems, "devices": devices, "batch_sizes": batch_sizes,
                    "threads": options.threads, "max_new_tokens": max_new_tokens, "quick": options.quick},
         "environment": environment(options.threads, options.optimum_python),
         "notes": bench.notes,
