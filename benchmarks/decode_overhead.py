@@ -57,10 +57,11 @@ def build_checkpoint(out: Path, vocab_size: int, seed: int) -> None:
 
 def block_cost_curve(generator, source_ids: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
     """Median verifier time for a block of T tokens after a 16-token cache, relative to T = 1."""
-    state = generator.verifier.start(*generator._batch_arrays([source_ids]))
+    state = generator.verifier.batch(1, generator.io_binding)
+    state.admit([source_ids], generator.manifest.pad_token_id)
     prefix = np.full((1, 16), 5, dtype=np.int64)
     state.verify(prefix)
-    state.keep(16)
+    state.keep(np.array([16]))
     medians = {}
     for size in sizes:
         block = np.full((1, size), 7, dtype=np.int64)

@@ -64,8 +64,13 @@ def _bart_like_parts(model: nn.Module, *, position_offset: int, scale_tokens: bo
     # applies its scale itself.
     token_scale = decoder.embed_scale if scale_tokens else 1.0
 
+    last_position = position_table.shape[0] - 1
+
     def embed(ids: Tensor, positions: Tensor) -> Tensor:
-        hidden = decoder.embed_tokens(ids) * token_scale + position_table[positions + position_offset]
+        # Real tokens never pass the table (export caps max_target_len at it); a batch's padding
+        # after a row that is near its end may, and must not index past it.
+        index = torch.clamp(positions + position_offset, max=last_position)
+        hidden = decoder.embed_tokens(ids) * token_scale + position_table[index]
         return embed_norm(hidden) if embed_norm is not None else hidden
 
     def logits(hidden: Tensor) -> Tensor:

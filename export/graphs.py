@@ -1,13 +1,21 @@
 """Torch modules that are traced into the bundle's encoder and verifier graphs.
 
 The verifier is written here rather than traced from transformers' own decoder because its
-cache contract is ours: each row of the batch keeps its own cache length (``past_lengths``),
-and rejected draft positions are dropped *inside* the graph. The graph appends the new
-tokens' keys/values right after each row's valid prefix (a gather over ``concat(past, new)``),
-so the returned cache is always left-aligned and exactly ``max(past_lengths) + T`` long. The
-next call passes the lengths the host accepted; positions beyond a row's length are garbage
-that the gather overwrites and the attention mask hides. On CUDA the cache therefore never
-leaves the device: the host sends token ids and lengths and reads back top-K candidates.
+cache contract is ours (format 2, see ``runtime/decoding/cache.py``):
+
+- each decoder layer has a self-attention key buffer and value buffer of fixed capacity,
+  ``[batch, heads, capacity, head_dim]``, owned by the runtime and passed in by reference;
+- a call takes T new tokens per row and each row's valid cache length (``past_lengths``); it
+  writes the new tokens' keys/values at positions ``past_lengths[b] .. + T - 1`` of row b with
+  one ScatterND per buffer, and returns the buffer as ``*_out``. The runtime binds that output
+  to the input's own memory, and onnxruntime's ScatterND then writes in place (it skips its
+  copy when input and output are one buffer): a call's cache traffic is the new tokens only;
+- attention reads the whole buffer under a mask (key position <= query position), so slots
+  past a row's length (stale or rejected drafts) are never seen and need no clearing;
+- the cross K/V of every layer is its own input, written once per request by the encoder.
+
+Rejected draft positions are dropped by passing a shorter length next time: the next write
+lands on them. Nothing of the cache crosses to the host, so on CUDA it stays on the device.
 
 Family differences (embeddings, norms, position bias, output head) come in as
 :class:`DecoderParts` from ``families.py``; the layer arithmetic is shared.
@@ -65,13 +73,31 @@ def _merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, heads * head_dim)
 
 
+class _WriteCache(torch.autograd.Function):
+    """``cache`` with ``update`` written at ``index`` ([..., 3] = batch, head, position): ScatterND.
+
+    Traced as one ONNX ScatterND so that onnxruntime can run it in place on the bound buffer
+    (its tracing of ``index_put`` adds copies and reshapes around it).
+    """
+
+    @staticmethod
+    def forward(ctx, cache: Tensor, index: Tensor, update: Tensor) -> Tensor:  # noqa: ANN001
+        out = cache.clone()
+        out[index[..., 0], index[..., 1], index[..., 2]] = update
+        return out
+
+    @staticmethod
+    def symbolic(g, cache, index, update):  # noqa: ANN001, ANN205 - the TorchScript exporter's signature
+        return g.op("ScatterND", cache, index, update)
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float) -> Tensor:
     scores = torch.matmul(q, k.transpose(-1, -2)) * scaling + bias
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 class EncoderGraph(nn.Module):
-    """input_ids, attention_mask -> encoder hidden states and every decoder layer's cross K/V."""
+    """input_ids, attention_mask -> encoder hidden states, then cross key and value of each decoder layer."""
 
     def __init__(self, model: nn.Module, encoder: nn.Module, parts: DecoderParts) -> None:
         super().__init__()
@@ -79,15 +105,15 @@ class EncoderGraph(nn.Module):
         self.encoder = encoder
         self.parts = parts
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         heads, head_dim = self.parts.num_heads, self.parts.head_dim
-        per_layer = []
+        cross: list[Tensor] = []
         for index in range(len(self.parts.layers)):
             key, value = self.parts.cross_kv(index, hidden)
-            per_layer.append(torch.stack([_split_heads(key, heads, head_dim), _split_heads(value, heads, head_dim)]))
-        # [layers, 2, B, H, S, Dh]: one tensor so that one device buffer holds all of it.
-        return hidden, torch.stack(per_layer)
+            # one tensor per layer and kind: the verifier reads each as is, with no slicing copy
+            cross += [_split_heads(key, heads, head_dim), _split_heads(value, heads, head_dim)]
+        return (hidden, *cross)
 
 
 class VerifierGraph(nn.Module):
@@ -105,51 +131,44 @@ class VerifierGraph(nn.Module):
         self.register_buffer("suppress_bias", bias, persistent=False)
         self.has_suppression = bool(suppressed_ids)
 
-    def forward(
-        self,
-        input_ids: Tensor,  # [B, T] int64
-        past_lengths: Tensor,  # [B] int64: valid cached positions per row
-        past_key_values: Tensor,  # [L, 2, B, H, P, Dh]
-        cross_key_values: Tensor,  # [L, 2, B, H, S, Dh]
-        encoder_attention_mask: Tensor,  # [B, S] int64
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
+        """``buffers``: per layer self key, self value; then per layer cross key, cross value;
+        then the encoder attention mask [B, S]. Returns top-K log-probs and ids [B, T, K], then
+        the self key/value buffers with the new tokens written (per layer, key then value)."""
         parts = self.parts
-        new_len = input_ids.shape[1]
-        past_len = past_key_values.shape[4]
+        layers = len(parts.layers)
+        self_kv, cross_kv, encoder_attention_mask = buffers[: 2 * layers], buffers[2 * layers : 4 * layers], buffers[-1]
+        batch, new_len = input_ids.shape[0], input_ids.shape[1]
+        capacity = self_kv[0].shape[2]
+        heads, head_dim = parts.num_heads, parts.head_dim
         steps = torch.arange(new_len, dtype=torch.int64)
         positions = past_lengths.unsqueeze(1) + steps.unsqueeze(0)  # [B, T]
-        out_len = past_lengths.max() + new_len
-        key_positions = torch.arange(out_len, dtype=torch.int64)  # [K], K = max(len) + T
-
-        # Where each output cache slot comes from in concat(past, new): a row's own prefix, then
-        # its new tokens; slots past a row's end repeat the last index and are masked out below.
-        lengths = past_lengths.unsqueeze(1)
-        source_index = torch.where(key_positions.unsqueeze(0) < lengths, key_positions.unsqueeze(0),
-                                   key_positions.unsqueeze(0) - lengths + past_len)
-        source_index = torch.clamp(source_index, max=past_len + new_len - 1)  # [B, K]
+        key_positions = torch.arange(capacity, dtype=torch.int64)  # [C]
+        # where the new tokens go: (row, head, position) for every head, [B, H, T, 3]
+        index = torch.stack([
+            torch.arange(batch, dtype=torch.int64).view(-1, 1, 1).expand(-1, heads, new_len),
+            torch.arange(heads, dtype=torch.int64).view(1, -1, 1).expand(batch, -1, new_len),
+            positions.unsqueeze(1).expand(-1, heads, -1),
+        ], dim=-1)
 
         neg = torch.finfo(torch.float32).min
-        visible = key_positions.view(1, 1, -1) <= positions.unsqueeze(2)  # [B, T, K]
-        self_bias = torch.where(visible, 0.0, neg).unsqueeze(1).to(torch.float32)  # [B, 1, T, K]
+        visible = key_positions.view(1, 1, -1) <= positions.unsqueeze(2)  # [B, T, C]
+        self_bias = torch.where(visible, 0.0, neg).unsqueeze(1).to(torch.float32)  # [B, 1, T, C]
         if parts.position_bias is not None:
             self_bias = self_bias + parts.position_bias(positions, key_positions)
         cross_bias = ((1 - encoder_attention_mask).to(torch.float32) * neg)[:, None, None, :]
 
         hidden = parts.embed(input_ids, positions)
-        heads, head_dim = parts.num_heads, parts.head_dim
-        gather_index = source_index[:, None, :, None].expand(-1, heads, -1, head_dim)
-        presents = []
-        for index, layer in enumerate(parts.layers):
-            # self-attention over the compacted cache
+        presents: list[Tensor] = []
+        for layer_index, layer in enumerate(parts.layers):
+            # self-attention over the buffer, after writing the new tokens into it
             residual = hidden
             x = layer.self_norm(hidden) if parts.pre_norm else hidden
             attn = layer.self_attn
             q = _split_heads(attn.q(x), heads, head_dim)
-            k_new = _split_heads(attn.k(x), heads, head_dim)
-            v_new = _split_heads(attn.v(x), heads, head_dim)
-            keys = torch.gather(torch.cat([past_key_values[index, 0], k_new], dim=2), 2, gather_index)
-            values = torch.gather(torch.cat([past_key_values[index, 1], v_new], dim=2), 2, gather_index)
-            presents.append(torch.stack([keys, values]))
+            keys = _WriteCache.apply(self_kv[2 * layer_index], index, _split_heads(attn.k(x), heads, head_dim))
+            values = _WriteCache.apply(self_kv[2 * layer_index + 1], index, _split_heads(attn.v(x), heads, head_dim))
+            presents += [keys, values]
             x = attn.o(_merge_heads(_attend(q, keys, values, self_bias, attn.scaling)))
             hidden = residual + x
             if not parts.pre_norm:
@@ -159,7 +178,7 @@ class VerifierGraph(nn.Module):
             x = layer.cross_norm(hidden) if parts.pre_norm else hidden
             attn = layer.cross_attn
             q = _split_heads(attn.q(x), heads, head_dim)
-            x = attn.o(_merge_heads(_attend(q, cross_key_values[index, 0], cross_key_values[index, 1],
+            x = attn.o(_merge_heads(_attend(q, cross_kv[2 * layer_index], cross_kv[2 * layer_index + 1],
                                             cross_bias, attn.scaling)))
             hidden = residual + x
             if not parts.pre_norm:
@@ -177,4 +196,4 @@ class VerifierGraph(nn.Module):
             logits = logits + self.suppress_bias
         log_probs = torch.log_softmax(logits, dim=-1)
         top_logprobs, top_ids = torch.topk(log_probs, self.top_k, dim=-1)
-        return top_logprobs, top_ids, torch.stack(presents)
+        return (top_logprobs, top_ids, *presents)

@@ -274,12 +274,13 @@ def _encoder_dummy():
 def _verifier_dummy(layers: int, heads: int, head_dim: int):
     import torch
 
-    batch, new, past, source = 2, 3, 4, 5
+    # distinct sizes so the tracer cannot confuse one dim with another
+    batch, new, capacity, source = 2, 3, 9, 5
     return (
         torch.randint(3, 10, (batch, new)),
-        torch.tensor([past, past - 1], dtype=torch.int64),
-        torch.randn(layers, 2, batch, heads, past, head_dim),
-        torch.randn(layers, 2, batch, heads, source, head_dim),
+        torch.tensor([4, 3], dtype=torch.int64),
+        *(torch.randn(batch, heads, capacity, head_dim) for _ in range(2 * layers)),
+        *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
         torch.ones(batch, source, dtype=torch.int64),
     )
 

@@ -6,10 +6,12 @@ manifest, and are what the runtime binds buffers by. Dims are ints or symbolic n
 
 from __future__ import annotations
 
+from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names
 from ..runtime.manifest import GraphSpec, TensorSpec
 
 
 def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int) -> GraphSpec:
+    cross = ("batch", heads, "source_len", head_dim)
     return GraphSpec(
         file="encoder.onnx",
         inputs=(
@@ -18,26 +20,30 @@ def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int) -> GraphS
         ),
         outputs=(
             TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
-            TensorSpec("cross_key_values", "float32", (layers, 2, "batch", heads, "source_len", head_dim)),
+            *(TensorSpec(name, "float32", cross) for name in cross_names(layers)),
         ),
     )
 
 
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int) -> GraphSpec:
+    # the self-attention buffers: capacity is the runtime's choice, fixed while a batch runs
+    buffer = ("batch", heads, "capacity", head_dim)
+    cross = ("batch", heads, "source_len", head_dim)
     return GraphSpec(
         file="verifier.onnx",
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
-            TensorSpec("past_lengths", "int64", ("batch",)),
-            TensorSpec("past_key_values", "float32", (layers, 2, "batch", heads, "past_len", head_dim)),
-            TensorSpec("cross_key_values", "float32", (layers, 2, "batch", heads, "source_len", head_dim)),
+            TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
+            *(TensorSpec(name, "float32", buffer) for name in self_cache_names(layers)),
+            *(TensorSpec(name, "float32", cross) for name in cross_names(layers)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
         ),
         outputs=(
             TensorSpec("top_logprobs", "float32", ("batch", "new_len", top_k)),
             TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
-            # max(past_lengths) + new_len: each row's accepted prefix plus the new tokens
-            TensorSpec("present_key_values", "float32", (layers, 2, "batch", heads, "present_len", head_dim)),
+            # the input buffers with the new tokens written at each row's length: bound to the
+            # inputs' own memory by the runtime, so the write happens in place
+            *(TensorSpec(name, "float32", buffer) for name in self_cache_out_names(layers)),
         ),
     )
 

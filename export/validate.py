@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names
 from ..runtime.errors import ValidationError
 
 BATCHES = (1, 3)
@@ -154,6 +155,42 @@ def _row_tolerance(reference: np.ndarray, noise: np.ndarray, atol: float, rtol: 
     return atol + rtol * spread + NOISE_FACTOR * noise
 
 
+def _run_verifier(encoder_session, verifier_session, case: VerifierCase, layers: int, heads: int,
+                  head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Drive the verifier as the runtime does: fill a cache with the prefix, then continue from
+    each row's kept length. The buffers start with random values and have spare capacity, so
+    a graph that read past a row's length, or wrote anywhere but after it, would be caught."""
+    src = case.source
+    batch, new = case.new_ids.shape
+    past = case.prefix.shape[1]
+    capacity = past + new + 3
+    rng = np.random.default_rng(past * 10 + new)
+    outputs = encoder_session.run(None, {"input_ids": src.input_ids, "attention_mask": src.attention_mask})
+    cross = dict(zip(cross_names(layers), outputs[1:]))
+    names, out_names = self_cache_names(layers), self_cache_out_names(layers)
+    buffers = {name: rng.standard_normal((batch, heads, capacity, head_dim)).astype(np.float32) for name in names}
+
+    def call(ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        results = verifier_session.run(None, {"input_ids": ids, "past_lengths": lengths, **buffers, **cross,
+                                              "encoder_attention_mask": src.attention_mask})
+        top_logprobs, top_ids, presents = results[0], results[1], results[2:]
+        for name, before, after in zip(names, buffers.values(), presents):
+            if after.shape != before.shape:
+                raise ValidationError(f"verifier: {name} comes back with shape {after.shape}, not {before.shape}.")
+            written = np.zeros(capacity, dtype=bool)
+            for row in range(batch):
+                written[:] = False
+                written[lengths[row] : lengths[row] + ids.shape[1]] = True
+                if not np.array_equal(after[row][:, ~written], before[row][:, ~written]):
+                    raise ValidationError(f"verifier: {name} changed outside row {row}'s new positions.")
+            buffers[name] = after
+        return top_logprobs, top_ids
+
+    if past:
+        call(case.prefix, np.zeros(batch, dtype=np.int64))
+    return call(case.new_ids, case.kept)
+
+
 def validate(encoder_session, verifier_session, encoder_cases: list[EncoderCase],
              verifier_cases: list[VerifierCase], layers: int, heads: int, head_dim: int,
              atol: float, rtol: float) -> int:
@@ -162,30 +199,16 @@ def validate(encoder_session, verifier_session, encoder_cases: list[EncoderCase]
     Returns the number of cases checked.
     """
     for case in encoder_cases:
-        hidden, _ = encoder_session.run(None, {"input_ids": case.input_ids, "attention_mask": case.attention_mask})
+        hidden = encoder_session.run(None, {"input_ids": case.input_ids, "attention_mask": case.attention_mask})[0]
         mask = case.attention_mask.astype(bool)
         want = case.hidden[mask]
         tolerance = atol + rtol * np.abs(want).max(axis=-1, keepdims=True) + NOISE_FACTOR * case.noise[mask]
         _check_close(f"encoder (batch {len(mask)})", hidden[mask], want, tolerance)
     for case in verifier_cases:
-        src = case.source
         batch, new = case.new_ids.shape
         past = case.prefix.shape[1]
         label = f"verifier (batch {batch}, P={past}, T={new})"
-        _, cross = encoder_session.run(None, {"input_ids": src.input_ids, "attention_mask": src.attention_mask})
-        cache = np.zeros((layers, 2, batch, heads, 0, head_dim), dtype=np.float32)
-        if past:
-            _, _, cache = verifier_session.run(None, {
-                "input_ids": case.prefix, "past_lengths": np.zeros(batch, dtype=np.int64),
-                "past_key_values": cache, "cross_key_values": cross, "encoder_attention_mask": src.attention_mask,
-            })
-        top_logprobs, top_ids, present = verifier_session.run(None, {
-            "input_ids": case.new_ids, "past_lengths": case.kept, "past_key_values": cache,
-            "cross_key_values": cross, "encoder_attention_mask": src.attention_mask,
-        })
-        expected_present = int(case.kept.max()) + new
-        if present.shape[4] != expected_present:
-            raise ValidationError(f"{label}: present cache has length {present.shape[4]}, expected {expected_present}.")
+        top_logprobs, top_ids = _run_verifier(encoder_session, verifier_session, case, layers, heads, head_dim)
         k = top_ids.shape[-1]
         want_top = -np.sort(-case.reference, axis=-1)[..., :k]
         tolerance = _row_tolerance(case.reference, case.noise, atol, rtol)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from .decoding.common import DecodeLimits, RowTrace, Verification
-from .decoding.gad import Drafter, gad
-from .decoding.greedy import greedy
-from .decoding.iad import BlockOptions, iad
-from .decoding.verifier import DecodeState, Verifier
+from .decoding.common import GREEDY, DecodeLimits, Verification
+from .decoding.gad import Drafter, DrafterDraft
+from .decoding.iad import BlockOptions, SourceDraft
+from .decoding.loop import DraftSource, Finished, NoDraft, decode
+from .decoding.verifier import Verifier
 from .errors import BundleError, InputError
 from .manifest import TOKENIZER_FILE, Manifest, load_manifest
 from .session import OrtSession, check_device
@@ -30,8 +29,8 @@ DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64}
 class DecodeStats:
     """How one output was produced.
 
-    For a batched greedy call the times are those of the whole batch the text was in
-    (``batch_size`` says how many texts shared them).
+    In a batch, each verifier, drafter and encoder call's time is split evenly among the rows
+    it served, so the rows' figures add up to the batch's; ``batch_size`` is the batch's slots.
     """
 
     iterations: int  # verifier calls
@@ -69,23 +68,26 @@ class Generator:
 
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True) -> None:
-        """``io_binding``: None picks per device: on for CUDA, where it keeps the cache on the GPU;
-        off for the CPU, where there is nothing to keep and binding each call costs a little
-        (benchmarks/decode_overhead.py: 2% of greedy time on a Transformer-base-sized model).
-        ``verify``: check every bundle file's sha256 against the manifest."""
+        """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
+        writes each step's keys/values in place (and on CUDA they stay on the device). None (the
+        default) means on; off runs the same graphs through numpy arrays, copying the cache in
+        and out of every call: identical outputs, slower, kept for debugging and comparison.
+        ``verify``: check every bundle file's sha256 against the manifest.
+
+        One Generator may be used from many threads at once: each ``generate`` call has its own
+        buffers and binding, and onnxruntime sessions are thread-safe."""
         check_device(device)  # fail before reading any file
-        if io_binding is None:
-            io_binding = device == "cuda"
+        self.io_binding = True if io_binding is None else bool(io_binding)
         self.root = Path(bundle_dir)
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
         self.device = device
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
         m = self.manifest
-        self.verifier = Verifier(OrtSession(self.root / m.graph("encoder").file, device, threads, io_binding),
-                                 OrtSession(self.root / m.graph("verifier").file, device, threads, io_binding), m)
+        self.verifier = Verifier(OrtSession(self.root / m.graph("encoder").file, device, threads),
+                                 OrtSession(self.root / m.graph("verifier").file, device, threads), m)
         self.drafter: Drafter | None = None
         if "drafter" in m.graphs:
-            session = OrtSession(self.root / m.graph("drafter").file, device, threads, io_binding)
+            session = OrtSession(self.root / m.graph("drafter").file, device, threads)
             self.drafter = Drafter(session, int(m.draft_k or 0), int(m.mask_token_id or 0))
 
     def _seconds(self) -> dict[str, float]:
@@ -100,10 +102,14 @@ class Generator:
 
     # ------------------------------------------------------------------ input checks
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode(self, texts: Iterable[str]) -> list[list[int]]:
         """Token ids of each text, refusing what cannot be decoded (with the text's index)."""
-        if isinstance(texts, str):
+        if isinstance(texts, (str, bytes)):
             raise InputError("texts must be a list of strings, not one string; wrap it: [text].")
+        try:
+            texts = list(texts)
+        except TypeError:
+            raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
         for index, text in enumerate(texts):
             if not isinstance(text, str):
                 raise InputError(f"text {index} is a {type(text).__name__}, not a string.")
@@ -140,123 +146,122 @@ class Generator:
 
     # ------------------------------------------------------------------ decoding
 
-    def generate(self, texts: Sequence[str], mode: str = "greedy", max_new_tokens: int | None = None,
+    def generate(self, texts: Iterable[str], mode: str = "greedy", max_new_tokens: int | None = None,
                  batch_size: int = 16, block: BlockOptions | None = None, beta: int | None = None,
                  tau: float | None = None, draft_k: int | None = None) -> list[GenerationResult]:
-        """Decode ``texts``; results come back in order.
+        """Decode ``texts`` (any iterable of strings); results come back in order.
 
-        ``mode``: "greedy" (batches of ``batch_size``), "iad" (the source is the draft),
-        "gad" (drafts from the bundle's drafter, output identical to greedy) or "gad++"
-        (relaxed verification: ``beta`` top candidates, default 3, within ``tau`` log-prob of
-        the best, default 1.0; ``beta=1`` is greedy again). IAD and GAD decode one text at a time.
+        ``mode``: "greedy", "iad" (the source is the draft), "gad" (drafts from the bundle's
+        drafter, output identical to greedy) or "gad++" (relaxed verification: ``beta`` top
+        candidates, default 3, within ``tau`` log-prob of the best, default 1.0; ``beta=1`` is
+        greedy again). Every mode runs up to ``batch_size`` texts per verifier call, each row with
+        its own draft; a finished row's slot goes to the next text at once.
         ``max_new_tokens``: tokens to generate at most (default: the bundle's limit).
         ``block``: IAD draft-block options (default: tuned for the device).
         ``draft_k``: GAD draft tokens per iteration, at most the drafter's k (default: its k).
+        A text that cannot be decoded (empty, too long) raises InputError naming its index,
+        before anything is decoded (`check` tells in advance).
         """
-        decode = self._decoder(mode, block, beta, tau, draft_k)
-        if batch_size < 1:
-            raise InputError(f"batch_size must be at least 1, got {batch_size}.")
+        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
         limits = self._limits(max_new_tokens)
         encoded = self.encode(texts)
-        if decode is None:
-            results: list[GenerationResult] = []
-            for first in range(0, len(encoded), batch_size):
-                results.extend(self._greedy_batch(encoded[first : first + batch_size], limits))
-            return results
-        return [self._one_row(ids, limits, decode) for ids in encoded]
+        results: list[GenerationResult | None] = [None] * len(encoded)
+        for done in self._decode(encoded, limits, drafts, verification, batch_size):
+            results[done.index] = self._result(done, batch_size)
+        return results  # type: ignore[return-value]
 
     def generate_ids(self, source_ids: Sequence[int], mode: str = "greedy", max_new_tokens: int | None = None,
                      block: BlockOptions | None = None, beta: int | None = None, tau: float | None = None,
                      draft_k: int | None = None) -> GenerationResult:
         """Decode one already-tokenized source (ids with their special tokens)."""
-        decode = self._decoder(mode, block, beta, tau, draft_k)
-        ids = [int(i) for i in source_ids]
+        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
+        ids = self._checked_ids(source_ids)
+        limits = self._limits(max_new_tokens)
+        (done,) = self._decode([ids], limits, drafts, verification, 1)
+        return self._result(done, 1)
+
+    def _checked_ids(self, source_ids: Sequence[int]) -> list[int]:
+        vocab = self.manifest.vocab_size
+        try:
+            ids = [int(i) for i in source_ids]
+        except (TypeError, ValueError):
+            raise InputError("source_ids must be a sequence of integers.") from None
         if not ids:
             raise InputError("source_ids is empty.")
         if len(ids) > self.manifest.max_source_len:
             raise InputError(f"source_ids has {len(ids)} tokens; this bundle accepts at most "
                              f"{self.manifest.max_source_len}.")
-        limits = self._limits(max_new_tokens)
-        if decode is None:
-            return self._greedy_batch([ids], limits)[0]
-        return self._one_row(ids, limits, decode)
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise InputError(f"source_ids holds {bad[0]}, outside this bundle's vocabulary [0, {vocab}).")
+        return ids
+
+    def _decode(self, encoded: list[list[int]], limits: DecodeLimits, drafts: DraftSource,
+                verification: Verification, batch_size: int):
+        return decode(self.verifier, encoded, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
+                      self.io_binding, keep_hidden=isinstance(drafts, DrafterDraft))
 
     def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
                       tau: float | None = None, draft_k: int | None = None) -> None:
         """Refuse a mode or option this bundle cannot decode with, before any input is read."""
-        self._decoder(mode, block, beta, tau, draft_k)
+        self._strategy(mode, block, beta, tau, draft_k)
 
-    def _decoder(self, mode: str, block: BlockOptions | None, beta: int | None, tau: float | None,
-                 draft_k: int | None) -> Callable[[DecodeState, list[int], DecodeLimits], RowTrace] | None:
-        """The one-row decode loop for ``mode`` with its options checked (None: batched greedy)."""
+    def _strategy(self, mode: str, block: BlockOptions | None, beta: int | None, tau: float | None,
+                  draft_k: int | None) -> tuple[DraftSource, Verification]:
+        """The draft source and acceptance rule for ``mode``, with its options checked."""
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
         if (beta is not None or tau is not None) and mode != "gad++":
             raise InputError("beta and tau apply to mode 'gad++' only.")
         if draft_k is not None and mode not in ("gad", "gad++"):
             raise InputError("draft_k applies to modes 'gad' and 'gad++' only.")
+        if block is not None and mode != "iad":
+            raise InputError("block applies to mode 'iad' only.")
         if mode == "greedy":
-            return None
+            return NoDraft(), GREEDY
         if mode == "iad":
-            options = self._block_options(block)
-            return lambda state, ids, limits: iad(state, np.asarray(ids, dtype=np.int64), limits, options)
+            return SourceDraft(self._block_options(block), self._limits(None)), GREEDY
         drafter = self.drafter
         if drafter is None:
             raise BundleError(f"mode {mode!r} needs a drafter, and the bundle {str(self.root)!r} has none; "
                               "train one with `aggdec train-drafter` and export with --drafter.")
-        if draft_k is not None and not 1 <= draft_k <= drafter.k:
-            raise InputError(f"draft_k must be between 1 and the drafter's k ({drafter.k}), got {draft_k}.")
+        if draft_k is not None and (isinstance(draft_k, bool) or not isinstance(draft_k, int)
+                                    or not 1 <= draft_k <= drafter.k):
+            raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({drafter.k}), "
+                             f"got {draft_k!r}.")
+        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k)
         if mode == "gad":
-            verification = Verification()
-        else:
-            beta = GAD_PLUS_BETA if beta is None else beta
-            tau = GAD_PLUS_TAU if tau is None else tau
-            if not 1 <= beta <= self.manifest.top_k:
-                raise InputError(f"beta must be between 1 and the bundle's top-k ({self.manifest.top_k}), got "
-                                 f"{beta}; re-export with a larger --top-k for more.")
-            if tau < 0:
-                raise InputError(f"tau must be >= 0, got {tau}.")
-            verification = Verification(beta=beta, tau=tau)
-        return lambda state, ids, limits: gad(state, drafter, limits, verification, draft_k)
+            return drafts, GREEDY
+        beta = GAD_PLUS_BETA if beta is None else beta
+        tau = GAD_PLUS_TAU if tau is None else tau
+        if isinstance(beta, bool) or not isinstance(beta, int) or not 1 <= beta <= self.manifest.top_k:
+            raise InputError(f"beta must be an integer between 1 and the bundle's top-k ({self.manifest.top_k}), "
+                             f"got {beta!r}; re-export with a larger --top-k for more.")
+        if not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:
+            raise InputError(f"tau must be a finite number >= 0, got {tau!r}.")
+        return drafts, Verification(beta=beta, tau=float(tau))
 
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
             return block
         return BlockOptions(max_block=DEFAULT_MAX_BLOCK[self.device], cost_ratio=DEFAULT_COST_RATIO[self.device])
 
-    def _batch_arrays(self, encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        width = max(len(ids) for ids in encoded)
-        input_ids = np.full((len(encoded), width), self.manifest.pad_token_id, dtype=np.int64)
-        mask = np.zeros((len(encoded), width), dtype=np.int64)
-        for row, ids in enumerate(encoded):
-            input_ids[row, : len(ids)] = ids
-            mask[row, : len(ids)] = 1
-        return input_ids, mask
-
-    def _greedy_batch(self, encoded: list[list[int]], limits: DecodeLimits) -> list[GenerationResult]:
-        started, before = time.perf_counter(), self._seconds()
-        state = self.verifier.start(*self._batch_arrays(encoded))
-        traces = greedy(state, limits, self.manifest.pad_token_id)
-        return [self._result(t, started, before, len(encoded)) for t in traces]
-
-    def _one_row(self, ids: list[int], limits: DecodeLimits,
-                 decode: Callable[[DecodeState, list[int], DecodeLimits], RowTrace]) -> GenerationResult:
-        started, before = time.perf_counter(), self._seconds()
-        state = self.verifier.start(*self._batch_arrays([ids]))
-        return self._result(decode(state, ids, limits), started, before, 1)
-
-    def _result(self, trace: RowTrace, started: float, before: dict[str, float], batch: int) -> GenerationResult:
+    def _result(self, done: Finished, batch: int) -> GenerationResult:
+        trace = done.trace
         ids = tuple(trace.tokens[1:])
+        started = time.perf_counter()
         text = self.codec.decode(list(ids))
-        now = self._seconds()
+        seconds = done.seconds
         stats = DecodeStats(
             iterations=len(trace.accepted),
             drafted=tuple(trace.drafted),
             accepted=tuple(trace.accepted),
-            encoder_seconds=now["encoder"] - before["encoder"],
-            verifier_seconds=now["verifier"] - before["verifier"],
-            total_seconds=time.perf_counter() - started,
+            encoder_seconds=seconds["encoder"],
+            verifier_seconds=seconds["verifier"],
+            total_seconds=seconds["total"] + time.perf_counter() - started,
             batch_size=batch,
-            drafter_seconds=now["drafter"] - before["drafter"],
+            drafter_seconds=seconds["drafter"],
         )
         return GenerationResult(text=text, ids=ids, stats=stats)

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import BundleError, BundleNotFoundError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: fixed-capacity self-attention buffers written in place, per-layer cross K/V
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -1,16 +1,20 @@
 """Sessions: how the decoding loops run a graph, whatever runs it.
 
-The loops see only the :class:`Session` protocol: run a graph with named inputs and get
-named outputs, some of which may stay on the device as opaque handles that can be passed
-back as inputs. :class:`OrtSession` implements it with onnxruntime on the CPU or CUDA
-execution provider, with IO binding so that the growing self-attention cache and the
-encoder's cross K/V never leave the GPU between steps.
+The loops see only the :class:`Session` protocol: run a graph with named numpy inputs and get
+named numpy outputs, or, for the buffers that stay put between calls, run it through an IO
+binding that the caller fills (see ``decoding/cache.py``). :class:`OrtSession` implements it
+with onnxruntime on the CPU or CUDA execution provider.
+
+Thread safety: one session serves many threads. onnxruntime's ``run`` is thread-safe, and
+every batch makes its own IO binding (a binding is per call sequence, never shared), so
+concurrent ``Generator.generate`` calls never see each other's buffers.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,13 +27,16 @@ DEVICES = ("cpu", "cuda")
 
 
 class Session(Protocol):
-    """A graph that can be run. Device-resident outputs come back as opaque handles."""
+    """A graph that can be run; ``seconds`` is the time spent inside it, summed over calls."""
 
-    seconds: float  # time spent inside run(), summed over calls
+    device: str
+    seconds: float
 
-    def run(self, inputs: Mapping[str, Any], device_outputs: Collection[str] = ()) -> dict[str, Any]: ...
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
-    def to_device(self, array: np.ndarray) -> Any: ...
+    def binding(self) -> Any: ...
+
+    def run_bound(self, binding: Any) -> list[Any]: ...
 
 
 def check_device(device: str) -> list[Any]:
@@ -49,17 +56,9 @@ def check_device(device: str) -> list[Any]:
 
 
 class OrtSession:
-    """An ONNX graph run by onnxruntime on one device.
+    """An ONNX graph run by onnxruntime on one device."""
 
-    ``io_binding=True`` binds inputs and outputs explicitly: numpy inputs are copied to the
-    device once per call, handles returned for ``device_outputs`` stay where the provider put
-    them and are bound back without a copy, and every other output is copied to the host.
-    ``io_binding=False`` uses plain ``InferenceSession.run`` (everything through numpy); the
-    two must give identical results and the tests check that they do.
-    """
-
-    def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool = True) -> None:
+    def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None) -> None:
         providers = check_device(device)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -80,44 +79,28 @@ class OrtSession:
                 "match onnxruntime-gpu?); use device 'cpu' or fix the CUDA installation."
             )
         self.device = device
-        self.io_binding = io_binding
         self.seconds = 0.0
-        self._ort_device = "cuda" if device == "cuda" else "cpu"
-        self._binding = self._session.io_binding() if io_binding else None
+        self._lock = threading.Lock()
         self.input_names = tuple(i.name for i in self._session.get_inputs())
         self.output_names = tuple(o.name for o in self._session.get_outputs())
+        self.inference_session = self._session  # for load-time checks of the graph's declared IO
 
-    def to_device(self, array: np.ndarray) -> Any:
-        """Upload once what several calls will read (e.g. the encoder attention mask)."""
-        if not self.io_binding:
-            return array
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self._ort_device, 0)
+    def _count(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
 
-    def run(self, inputs: Mapping[str, Any], device_outputs: Collection[str] = ()) -> dict[str, Any]:
-        if self._binding is None:
-            feeds = {name: value.numpy() if isinstance(value, ort.OrtValue) else value
-                     for name, value in inputs.items()}
-            started = time.perf_counter()
-            values = self._session.run(None, feeds)
-            self.seconds += time.perf_counter() - started
-            return dict(zip(self.output_names, values))
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        started = time.perf_counter()
+        values = self._session.run(None, dict(inputs))
+        self._count(time.perf_counter() - started)
+        return dict(zip(self.output_names, values))
 
-        binding = self._binding
-        for name, value in inputs.items():  # rebinding a name replaces its previous binding
-            if isinstance(value, ort.OrtValue):
-                binding.bind_ortvalue_input(name, value)
-            else:
-                binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        # Outputs have data-dependent shapes (the cache grows), so they are bound by device alone
-        # and anew each call: a binding left in place would hold last call's buffer and shape.
-        binding.clear_binding_outputs()
-        for name in self.output_names:
-            binding.bind_output(name, self._ort_device if name in device_outputs else "cpu")
+    def binding(self) -> ort.IOBinding:
+        """A fresh IO binding: one per batch, so that threads never share one."""
+        return self._session.io_binding()
+
+    def run_bound(self, binding: ort.IOBinding) -> list[ort.OrtValue]:
         started = time.perf_counter()
         self._session.run_with_iobinding(binding)
-        self.seconds += time.perf_counter() - started
-        outputs = binding.get_outputs()
-        return {
-            name: value if name in device_outputs else value.numpy()
-            for name, value in zip(self.output_names, outputs)
-        }
+        self._count(time.perf_counter() - started)
+        return binding.get_outputs()

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import numpy as np
-
-if TYPE_CHECKING:
-    from .verifier import DecodeState
 
 
 @dataclass(frozen=True)
@@ -97,23 +92,3 @@ class Verification:
 
 
 GREEDY = Verification()
-
-
-def verify_draft(state: DecodeState, trace: RowTrace, draft: np.ndarray, verification: Verification,
-                 limits: DecodeLimits) -> int:
-    """One draft-then-verify iteration of a one-row ``state``; returns the drafts accepted.
-
-    The block is the output tokens the cache lacks (the last one, or the decoder prefix at the
-    start) followed by ``draft``. The row keeps the accepted drafts plus the verifier's own top
-    token after them, and the cache keeps exactly the tokens that are now output.
-    """
-    pending = trace.tokens[int(state.lengths[0]):]
-    block = np.concatenate([np.asarray(pending, dtype=np.int64), draft])[None, :]
-    top_logprobs, top_ids = state.verify(block)
-    first = len(pending) - 1  # the row scoring draft[0]: the prediction after the last pending token
-    accepted = verification.accepted(draft, top_ids[0, first:], top_logprobs[0, first:])
-    state.keep(len(pending) + accepted)
-    appended = trace.extend([*draft[:accepted].tolist(), int(top_ids[0, first + accepted, 0])], limits)
-    trace.drafted.append(len(draft))
-    trace.accepted.append(appended)
-    return accepted

@@ -10,41 +10,64 @@ Decoding"; SpecDec's Spec-Verification for ``beta > 1``).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..session import Session
-from .common import DecodeLimits, RowTrace, Verification, verify_draft
-from .verifier import DecodeState
+from .loop import Row
+from .verifier import Batch
 
 
 class Drafter:
-    """drafter.onnx over one request's encoder output (batch 1)."""
+    """drafter.onnx: k tokens after each row's output so far, in one non-autoregressive pass."""
 
     def __init__(self, session: Session, k: int, mask_id: int) -> None:
         self.session = session
         self.k = k
         self.mask_id = mask_id
 
-    def draft(self, state: DecodeState, tokens: list[int]) -> np.ndarray:
-        """The k tokens the drafter expects after ``tokens`` (the output, decoder start included)."""
-        ids = np.array([tokens + [self.mask_id] * self.k], dtype=np.int64)
+    def draft(self, prefixes: Sequence[list[int]], hidden: np.ndarray, mask: np.ndarray, pad_id: int) -> np.ndarray:
+        """[rows, k] drafts after each prefix (the output, decoder start included)."""
+        width = max(len(p) for p in prefixes) + self.k
+        ids = np.full((len(prefixes), width), pad_id, dtype=np.int64)
+        attention = np.zeros((len(prefixes), width), dtype=np.int64)
+        for row, prefix in enumerate(prefixes):
+            ids[row, : len(prefix)] = prefix
+            ids[row, len(prefix) : len(prefix) + self.k] = self.mask_id
+            attention[row, : len(prefix) + self.k] = 1
         out = self.session.run({
             "input_ids": ids,
-            "attention_mask": np.ones_like(ids),
-            "slot_start": np.array([len(tokens)], dtype=np.int64),
-            "encoder_hidden_states": state.encoder_hidden,
-            "encoder_attention_mask": state.mask,
+            "attention_mask": attention,
+            "slot_start": np.array([len(p) for p in prefixes], dtype=np.int64),
+            "encoder_hidden_states": hidden,
+            "encoder_attention_mask": mask,
         })
-        return out["draft_ids"][0]
+        return out["draft_ids"]
 
 
-def gad(state: DecodeState, drafter: Drafter, limits: DecodeLimits, verification: Verification,
-        k: int | None = None) -> RowTrace:
-    """Decode one row (``state`` of batch 1) with drafts from ``drafter``; ``k`` caps the draft."""
-    trace = RowTrace(tokens=list(limits.start_ids))
-    per_call = drafter.k if k is None else min(k, drafter.k)
-    while not trace.done:
-        size = min(per_call, trace.draft_room(limits))
-        draft = drafter.draft(state, trace.tokens)[:size] if size > 0 else np.zeros(0, dtype=np.int64)
-        verify_draft(state, trace, draft, verification, limits)
-    return trace
+class DrafterDraft:
+    """GAD's draft source: one drafter call for the whole batch, up to ``k`` tokens a row."""
+
+    def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None) -> None:
+        self.drafter = drafter
+        self.pad_id = pad_id
+        self.k = drafter.k if k is None else min(k, drafter.k)
+        self.seconds = 0.0
+
+    def start(self, row: Row) -> None:
+        pass
+
+    def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
+        empty = np.zeros(0, dtype=np.int64)
+        if not any(rooms):
+            return [empty] * len(rows)
+        started = time.perf_counter()
+        drafted = self.drafter.draft([row.trace.tokens for row in rows], batch.buffers.hidden(),
+                                     batch.buffers.source_mask(), self.pad_id)
+        self.seconds += time.perf_counter() - started
+        return [drafted[slot, : min(self.k, room)] for slot, room in enumerate(rooms)]
+
+    def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
+        pass

@@ -7,16 +7,21 @@ together with the verifier's own token at the first disagreement (the bifurcatio
 the output is re-aligned by the shortest suffix of the output that occurs exactly once in
 the source. Without such a match the loop takes plain greedy steps until one appears.
 Every kept token is the verifier's argmax given the true prefix, so the output is greedy's.
+
+IAD is a :class:`SourceDraft` for the batched loop in ``loop.py``: each row aligns and drafts
+from its own source.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .common import GREEDY, DecodeLimits, RowTrace, verify_draft
-from .verifier import DecodeState
+from .common import DecodeLimits
+from .loop import Row
+from .verifier import Batch
 
 _SENTINEL = -1  # stands for the decoder start token and the position before the source
 
@@ -99,26 +104,49 @@ def align(output: np.ndarray, source: np.ndarray, expected: int | None = None) -
     return int(candidates[np.argmin(np.abs(candidates - expected))])
 
 
-def iad(state: DecodeState, source_ids: np.ndarray, limits: DecodeLimits, options: BlockOptions) -> RowTrace:
-    """Decode one row (``state`` of batch 1) with the source ids as the draft."""
-    trace = RowTrace(tokens=list(limits.start_ids))
-    source = np.concatenate([[_SENTINEL], np.asarray(source_ids, dtype=np.int64)])
-    output = np.empty(limits.max_new_tokens + len(limits.start_ids) + 1, dtype=np.int64)
-    output[0] = _SENTINEL
-    output[1:len(limits.start_ids)] = limits.start_ids[1:]
-    out_len = len(limits.start_ids)
-    sizer = BlockSizer(options)
+@dataclass
+class _Alignment:
+    """An IAD row's view of its source: where the output has got to in it."""
+
+    source: np.ndarray  # sentinel, then the source ids
+    output: np.ndarray  # sentinel, the decoder prefix after the start token, then the output
+    length: int  # valid entries of ``output``
+    sizer: BlockSizer
     expected: int | None = None  # where in the source the output has got to, as far as known
-    while not trace.done:
-        at = align(output[:out_len], source, expected)
-        k = 0 if at is None else min(len(source) - at - 1, trace.draft_room(limits), sizer.size())
-        draft = source[at + 1 : at + 1 + k] if k > 0 else source[:0]
-        accepted = verify_draft(state, trace, draft, GREEDY, limits)
-        if k:
-            sizer.observe(k, accepted)
+    at: int | None = None  # the source position the last draft started after
+
+
+class SourceDraft:
+    """IAD's draft source: each row's own source, after the position its output is aligned with."""
+
+    seconds = 0.0  # no graph of its own
+
+    def __init__(self, options: BlockOptions, limits: DecodeLimits) -> None:
+        self.options = options
+        self.limits = limits
+
+    def start(self, row: Row) -> None:
+        start = self.limits.start_ids
+        output = np.empty(self.limits.max_new_tokens + len(start) + 1, dtype=np.int64)
+        output[0] = _SENTINEL
+        output[1 : len(start)] = start[1:]
+        source = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])
+        row.state = _Alignment(source, output, len(start), BlockSizer(self.options))
+
+    def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
+        drafts = []
+        for row, room in zip(rows, rooms):
+            a: _Alignment = row.state
+            a.at = align(a.output[: a.length], a.source, a.expected)
+            k = 0 if a.at is None else min(len(a.source) - a.at - 1, room, a.sizer.size())
+            drafts.append(a.source[a.at + 1 : a.at + 1 + k] if k > 0 else a.source[:0])
+        return drafts
+
+    def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
+        a: _Alignment = row.state
+        if drafted:
+            a.sizer.observe(drafted, accepted)
         # the token after the accepted drafts took the place of source[at + accepted + 1]
-        expected = at + accepted + 1 if at is not None else (expected + 1 if expected is not None else None)
-        appended = trace.accepted[-1]
-        output[out_len : out_len + appended] = trace.tokens[-appended:]
-        out_len += appended
-    return trace
+        a.expected = a.at + accepted + 1 if a.at is not None else (a.expected + 1 if a.expected is not None else None)
+        a.output[a.length : a.length + appended] = row.trace.tokens[-appended:]
+        a.length += appended

@@ -1,51 +1,117 @@
-"""The encoder + verifier pair as the decoding loops drive it.
+"""The encoder + verifier pair as the decoding loop drives it.
 
-:class:`Verifier` runs the encoder once per batch of sources and returns a
-:class:`DecodeState`, which owns that batch's device-resident buffers (cross K/V, source
-mask, self-attention cache) and per-row cache lengths. ``state.verify(tokens)`` scores a block
-of tokens after each row's cache; ``state.keep(counts)`` tells it how many of those tokens
-each row keeps. Rejected positions are never copied anywhere: the next call's
-``past_lengths`` makes the graph overwrite them.
+:class:`Verifier` holds the two sessions and makes a :class:`Batch` per ``generate`` call.
+A batch owns its buffers (``cache.py``), its IO binding and each row's cache length:
+``admit`` encodes sources into free slots, ``verify`` scores a block of tokens after every
+row's cache, ``keep`` says how many of them each row keeps, ``remove`` frees a finished
+row's slot. Rejected positions are never copied anywhere: the next call's ``past_lengths``
+makes the graph overwrite them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
 
 import numpy as np
 
 from ..manifest import Manifest
 from ..session import Session
+from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names
+
+# cache positions beyond max_target_len: a row's decoder prefix is at most two tokens, so a
+# batch's padded block never writes past the allocation (see Batch.block_limit)
+SLACK = 2
 
 
-class DecodeState:
-    def __init__(self, verifier: Session, encoder_hidden: Any, cross: Any, mask: Any, empty_cache: np.ndarray) -> None:
+class Batch:
+    def __init__(self, verifier: Verifier, slots: int, bound: bool, keep_hidden: bool) -> None:
+        m = verifier.manifest
         self._verifier = verifier
-        self.encoder_hidden = encoder_hidden  # device handle: the drafter reads it too
-        self._cross = cross
-        self.mask = mask  # source mask, on the device
-        self._cache: Any = empty_cache
-        batch = empty_cache.shape[2]
-        self.lengths = np.zeros(batch, dtype=np.int64)  # valid cached positions per row
+        self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
+                                   m.max_target_len + SLACK, m.max_source_len, verifier.verifier.device, bound,
+                                   keep_hidden)
+        self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
+        self._binding = verifier.verifier.binding() if bound else None
+        self._layout = -1  # the buffers' layout the binding was made for
+        self._mask = np.zeros((0, 0), dtype=np.int64)
+        self.encoder_seconds = 0.0
+        self.verifier_seconds = 0.0
+
+    @property
+    def rows(self) -> int:
+        return self.buffers.rows
+
+    @property
+    def slots(self) -> int:
+        return self.buffers.slots
+
+    def admit(self, sources: list[list[int]], pad_id: int) -> range:
+        """Encode ``sources`` into the next free slots; returns their slots."""
+        width = max(len(ids) for ids in sources)
+        input_ids = np.full((len(sources), width), pad_id, dtype=np.int64)
+        mask = np.zeros((len(sources), width), dtype=np.int64)
+        for row, ids in enumerate(sources):
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        started = time.perf_counter()
+        out = self._verifier.encoder.run({"input_ids": input_ids, "attention_mask": mask})
+        self.encoder_seconds += time.perf_counter() - started
+        layers = self._verifier.manifest.decoder_layers
+        hidden = out["encoder_hidden_states"] if self.buffers.keep_hidden else None
+        slots = self.buffers.add_rows([out[name] for name in cross_names(layers)], mask, hidden)
+        self.lengths[slots.start : slots.stop] = 0
+        return slots
+
+    def block_limit(self) -> int:
+        """The longest block the next call may take: every row's padded block must fit."""
+        return self.buffers.max_target - int(self.lengths[: self.rows].max(initial=0))
 
     def verify(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Top-K (log-probs, ids) for the position after each of ``tokens`` ([B, T])."""
-        out = self._verifier.run(
-            {
-                "input_ids": tokens,
-                "past_lengths": self.lengths,
-                "past_key_values": self._cache,
-                "cross_key_values": self._cross,
-                "encoder_attention_mask": self.mask,
-            },
-            device_outputs=("present_key_values",),
-        )
-        self._cache = out["present_key_values"]
-        return out["top_logprobs"], out["top_ids"]
+        """Top-K (log-probs, ids) for the position after each of ``tokens`` ([rows, T])."""
+        rows, new = tokens.shape
+        assert rows == self.rows, f"{rows} blocks for {self.rows} rows"
+        lengths = np.ascontiguousarray(self.lengths[:rows])
+        self.buffers.ensure_capacity(int(lengths.max(initial=0)) + new)
+        layers = self._verifier.manifest.decoder_layers
+        names = self_cache_names(layers), self_cache_out_names(layers), cross_names(layers)
+        session = self._verifier.verifier
+        started = time.perf_counter()
+        if self._binding is None:
+            feeds = {"input_ids": tokens, "past_lengths": lengths,
+                     "encoder_attention_mask": self.buffers.source_mask(), **self.buffers.feeds(names[0], names[2])}
+            out = session.run(feeds)
+            self.buffers.store([out[name] for name in names[1]])
+            top_logprobs, top_ids = out["top_logprobs"], out["top_ids"]
+        else:
+            binding = self._binding
+            binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens))
+            binding.bind_cpu_input("past_lengths", lengths)
+            # Outputs come back in the order they were first bound: the candidates, then the
+            # buffers. The candidates are rebound every call (their T varies; a binding left in
+            # place would keep last call's array); the buffers and the mask only when the
+            # batch's layout changed, which saves most of the binding work of a step.
+            binding.bind_output("top_logprobs", "cpu")
+            binding.bind_output("top_ids", "cpu")
+            if self._layout != self.buffers.layout:
+                self._mask = self.buffers.source_mask()  # held here: the binding keeps only a pointer
+                binding.bind_cpu_input("encoder_attention_mask", self._mask)
+                self.buffers.bind(binding, *names)
+                self._layout = self.buffers.layout
+            outputs = session.run_bound(binding)
+            top_logprobs, top_ids = outputs[0].numpy(), outputs[1].numpy()
+        self.verifier_seconds += time.perf_counter() - started
+        return top_logprobs, top_ids
 
-    def keep(self, counts: np.ndarray | int) -> None:
+    def keep(self, counts: np.ndarray) -> None:
         """Each row keeps the first ``counts[row]`` tokens of the block just verified."""
-        self.lengths = self.lengths + counts
+        self.lengths[: self.rows] += counts
+
+    def remove(self, slot: int) -> int | None:
+        """Free ``slot``; the last row moves into it. Returns the slot that moved, if one did."""
+        moved = self.buffers.remove_row(slot)
+        if moved is not None:
+            self.lengths[slot] = self.lengths[moved]
+        return moved
 
 
 class Verifier:
@@ -54,13 +120,8 @@ class Verifier:
         self.verifier = verifier
         self.manifest = manifest
 
-    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> DecodeState:
-        out = self.encoder.run({"input_ids": input_ids, "attention_mask": attention_mask},
-                               device_outputs=("encoder_hidden_states", "cross_key_values"))
-        m = self.manifest
-        empty = np.zeros((m.decoder_layers, 2, input_ids.shape[0], m.num_heads, 0, m.head_dim), dtype=np.float32)
-        return DecodeState(self.verifier, out["encoder_hidden_states"], out["cross_key_values"],
-                           self.verifier.to_device(attention_mask), empty)
+    def batch(self, slots: int, bound: bool, keep_hidden: bool = False) -> Batch:
+        return Batch(self, slots, bound, keep_hidden)
 
     @property
     def seconds(self) -> dict[str, float]:

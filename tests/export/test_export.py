@@ -9,6 +9,7 @@ import pytest
 
 from aggdec.export import export_bundle
 from aggdec.export import families
+from aggdec.runtime.decoding.cache import self_cache_out_names
 from aggdec.runtime.errors import ExportError, UnsupportedModelError, ValidationError
 from aggdec.runtime.manifest import load_manifest, sha256_of
 from tests.support.tiny import FAMILIES
@@ -23,7 +24,9 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
     for name, digest in manifest.files.items():
         assert sha256_of(root / name) == digest
     verifier = manifest.graph("verifier")
-    assert [t.name for t in verifier.outputs] == ["top_logprobs", "top_ids", "present_key_values"]
+    layers = manifest.decoder_layers
+    assert [t.name for t in verifier.outputs] == ["top_logprobs", "top_ids", *self_cache_out_names(layers)]
+    assert manifest.format_version == 2
     assert verifier.outputs[0].dims == ("batch", "new_len", manifest.top_k)  # never full logits
     assert manifest.family == ("t5" if family == "mt5" else family)
 

@@ -64,10 +64,11 @@ def test_drafts_past_the_length_limit(max_new_tokens, gad_bundle):
 
 def verifier_candidates(generator: Generator, text: str, output: tuple[int, ...]):
     """The verifier's top-K at every position of ``output``, teacher-forced through the bundle."""
-    state = generator.verifier.start(*generator._batch_arrays(generator.encode([text])))
+    batch = generator.verifier.batch(1, generator.io_binding)
+    batch.admit(generator.encode([text]), generator.manifest.pad_token_id)
     start = list(generator._limits(None).start_ids)
     tokens = start + list(output)
-    top_logprobs, top_ids = state.verify(np.array([tokens[:-1]], dtype=np.int64))
+    top_logprobs, top_ids = batch.verify(np.array([tokens[:-1]], dtype=np.int64))
     return top_logprobs[0, len(start) - 1 :], top_ids[0, len(start) - 1 :]
 
 
@@ -143,11 +144,14 @@ def test_trained_drafter_on_the_editing_model(tmp_path, editing_marian_dir, trai
     start = generator.manifest.decoder_start_token_id
     for text, output in zip(texts[:10], expected):
         source = generator.encode([text])
-        state = generator.verifier.start(*generator._batch_arrays(source))
+        batch = generator.verifier.batch(1, generator.io_binding, keep_hidden=True)
+        batch.admit(source, generator.manifest.pad_token_id)
         prefix = [start, *output[: len(output) // 2]]
         with torch.no_grad():
             hidden = model.get_encoder()(input_ids=torch.tensor(source)).last_hidden_state
             ids, mask, slot = drafter_inputs([prefix], drafter.config.k, drafter.config.mask_token_id,
                                              drafter.config.pad_token_id)
             torch_draft = drafter.slot_logits(ids, mask, slot, hidden, torch.ones_like(torch.tensor(source)))
-        assert generator.drafter.draft(state, prefix).tolist() == torch_draft.argmax(-1)[0].tolist()
+        drafted = generator.drafter.draft([prefix], batch.buffers.hidden(), batch.buffers.source_mask(),
+                                          generator.manifest.pad_token_id)
+        assert drafted[0].tolist() == torch_draft.argmax(-1)[0].tolist()

@@ -26,14 +26,15 @@ def test_cuda_matches_cpu(family, bundle):
 
 
 def test_cuda_cache_stays_on_the_device(bundle):
-    """The verifier's cache output is an OrtValue on the GPU, passed back without a host copy."""
-    generator = Generator(bundle("marian"), device="cuda")
-    state = generator.verifier.start(*generator._batch_arrays(generator.encode(["w1 w2 w3"])))
+    """The verifier's buffers are device allocations, bound by pointer and written in place."""
     import numpy as np
 
-    state.verify(np.array([[generator.manifest.decoder_start_token_id]], dtype=np.int64))
-    assert isinstance(state._cache, onnxruntime.OrtValue)
-    assert state._cache.device_name().lower() == "cuda"
+    generator = Generator(bundle("marian"), device="cuda")
+    batch = generator.verifier.batch(1, bound=True)
+    batch.admit(generator.encode(["w1 w2 w3"]), generator.manifest.pad_token_id)
+    batch.verify(np.array([[generator.manifest.decoder_start_token_id]], dtype=np.int64))
+    assert batch.buffers.device == "cuda"
+    assert all(flat.on_device for flat in batch.buffers._self)
 
 
 def test_bench_runs_cpu_and_gpu_side_by_side(bundle, tmp_path):

@@ -1,0 +1,241 @@
+"""The decoder's buffers for one batch of rows: allocated once, written in place.
+
+Format 2 of the cache contract (``export/graphs.py`` is the graph side). For every decoder
+layer there is a self-attention key buffer and value buffer of shape
+``[rows, heads, capacity, head_dim]``, and a cross-attention key and value of shape
+``[rows, heads, source_capacity, head_dim]``. Each buffer is one flat allocation sized for
+the most rows (``slots``), the longest output (the bundle's ``max_target_len``) and the
+longest source, made once per batch; the graphs see a prefix of it with the current
+``rows x capacity``. The verifier writes only the new tokens' keys/values, at each row's own
+position, into the very memory it was given (the output is bound to the input's pointer),
+so a step's cache traffic is proportional to the new tokens, not to the cached length.
+
+Why a current capacity below the allocation: attention reads every slot of the buffer under
+a mask, so a buffer as long as ``max_target_len`` would make a 20-token output pay for 256
+positions. The capacity is a power of two at least as long as the longest row needs, and
+grows (one re-layout of the rows' data, at most log2(max_target_len) times a batch) when a
+row outgrows it. Rows are always the first ``rows`` slots: a row that finishes is replaced
+by the last row (one row's copy), a row that joins takes the next slot.
+
+Rows, capacity and source capacity only change between calls, so a device can capture a
+fixed (rows, T, capacity) step, e.g. under CUDA graphs, with every buffer at a fixed address.
+
+On the CPU the buffers are numpy arrays and every edit (a row's join, move or growth) is a
+numpy copy. On CUDA with IO binding they are device allocations; edits go through the host
+(download, edit, upload): correct, and rare (per join, finish and growth, not per step), but
+a device-side copy would be cheaper and is left for the GPU work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import onnxruntime as ort
+
+MIN_CAPACITY = 16
+
+
+def self_cache_names(layers: int) -> list[str]:
+    """The verifier's self-attention buffer inputs: per layer, key then value."""
+    return [f"self_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def self_cache_out_names(layers: int) -> list[str]:
+    """The same buffers as outputs, with the new tokens written."""
+    return [f"self_{kind}_out.{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def cross_names(layers: int) -> list[str]:
+    """The encoder's per-layer cross-attention outputs, which the verifier takes as inputs."""
+    return [f"cross_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def bucket(needed: int, limit: int) -> int:
+    """The smallest power of two >= ``needed`` (at least MIN_CAPACITY), capped at ``limit``."""
+    size = MIN_CAPACITY
+    while size < needed:
+        size *= 2
+    return min(size, limit)
+
+
+class _Flat:
+    """One flat float32 allocation, on the host or (with IO binding on CUDA) on the device."""
+
+    def __init__(self, size: int, on_device: bool) -> None:
+        self.size = size
+        if on_device:
+            self._value: ort.OrtValue | None = ort.OrtValue.ortvalue_from_numpy(np.zeros(size, np.float32), "cuda", 0)
+            self._host: np.ndarray | None = None
+        else:
+            self._value = None
+            # zeros, not empty: masked positions are multiplied by 0, and 0 * NaN would be NaN
+            self._host = np.zeros(size, np.float32)
+
+    @property
+    def on_device(self) -> bool:
+        return self._value is not None
+
+    def pointer(self) -> int:
+        return self._value.data_ptr() if self._value is not None else self._host.ctypes.data  # type: ignore[union-attr]
+
+    def view(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The first prod(shape) values as an array of ``shape`` (host buffers only)."""
+        assert self._host is not None
+        return self._host[: int(np.prod(shape))].reshape(shape)
+
+    @contextlib.contextmanager
+    def edit(self) -> Iterator[np.ndarray]:
+        """The whole allocation as a writable host array; a device buffer is updated after."""
+        if self._value is None:
+            yield self._host  # type: ignore[misc]
+            return
+        host = self._value.numpy().copy()
+        yield host
+        self._value.update_inplace(host)
+
+
+class SlotBuffers:
+    """Self-attention buffers, cross K/V, source mask (and encoder output, for a drafter) of a batch.
+
+    ``bound``: the buffers are passed to onnxruntime by pointer through IO binding, and the
+    verifier's outputs are written into them (on CUDA they live on the device). Unbound:
+    numpy arrays in, new arrays out, copied back: the same results, more traffic.
+    """
+
+    def __init__(self, layers: int, heads: int, head_dim: int, d_model: int, slots: int, max_target: int,
+                 max_source: int, device: str, bound: bool, keep_hidden: bool) -> None:
+        self.layers, self.heads, self.head_dim, self.d_model = layers, heads, head_dim, d_model
+        self.slots, self.max_target, self.max_source = slots, max_target, max_source
+        on_device = bound and device == "cuda"
+        self.bound = bound
+        self.device = "cuda" if on_device else "cpu"
+        self._self = [_Flat(slots * heads * max_target * head_dim, on_device) for _ in range(2 * layers)]
+        self._cross = [_Flat(slots * heads * max_source * head_dim, on_device) for _ in range(2 * layers)]
+        # the drafter reads the encoder output from the host side: it is small, written once a row
+        self._hidden = _Flat(slots * max_source * d_model, False) if keep_hidden else None
+        self.keep_hidden = keep_hidden
+        self.mask = np.zeros((slots, max_source), dtype=np.int64)
+        self.rows = 0
+        self.capacity = min(MIN_CAPACITY, max_target)
+        self.source_capacity = 0
+        self.layout = 0  # changes whenever rows or capacities do: bindings made before are stale
+
+    # ------------------------------------------------------------------ shapes
+
+    def self_shape(self, rows: int | None = None, capacity: int | None = None) -> tuple[int, int, int, int]:
+        return (self.rows if rows is None else rows, self.heads,
+                self.capacity if capacity is None else capacity, self.head_dim)
+
+    def cross_shape(self, rows: int | None = None, source: int | None = None) -> tuple[int, int, int, int]:
+        return (self.rows if rows is None else rows, self.heads,
+                self.source_capacity if source is None else source, self.head_dim)
+
+    def hidden(self) -> np.ndarray:
+        """The encoder output of the current rows, [rows, source_capacity, d_model]."""
+        assert self._hidden is not None, "this batch keeps no encoder output"
+        return self._hidden.view((self.rows, self.source_capacity, self.d_model))
+
+    def source_mask(self) -> np.ndarray:
+        return np.ascontiguousarray(self.mask[: self.rows, : self.source_capacity])
+
+    # ------------------------------------------------------------------ growth and row moves
+
+    def _relayout(self, flats: list[_Flat], old: tuple[int, ...], new: tuple[int, ...], axis: int) -> None:
+        """Re-lay the first ``old[0]`` rows of each buffer from shape ``old`` to ``new`` along ``axis``."""
+        if old[0] == 0:
+            return
+        keep = min(old[axis], new[axis])
+        for flat in flats:
+            with flat.edit() as data:
+                before = data[: int(np.prod(old))].reshape(old)
+                index = [slice(None)] * len(old)
+                index[axis] = slice(0, keep)
+                data_copy = before[tuple(index)].copy()  # the old and new layouts overlap
+                data[: int(np.prod(new))].reshape(new)[tuple(index)] = data_copy
+
+    def ensure_capacity(self, needed: int) -> None:
+        """Make the self-attention buffers hold ``needed`` positions (at most ``max_target``)."""
+        if needed > self.max_target:
+            raise ValueError(f"a row needs {needed} cache positions, more than the {self.max_target} allocated")
+        if needed <= self.capacity:
+            return
+        capacity = bucket(needed, self.max_target)
+        self._relayout(self._self, self.self_shape(), self.self_shape(capacity=capacity), axis=2)
+        self.capacity = capacity
+        self.layout += 1
+
+    def _ensure_source(self, needed: int) -> None:
+        if needed <= self.source_capacity:
+            return
+        source = bucket(needed, self.max_source)
+        self._relayout(self._cross, self.cross_shape(), self.cross_shape(source=source), axis=2)
+        if self._hidden is not None and self.rows:
+            self._relayout([self._hidden], (self.rows, self.source_capacity, self.d_model),
+                           (self.rows, source, self.d_model), axis=1)
+        self.source_capacity = source
+
+    def add_rows(self, cross: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray | None) -> range:
+        """Append rows from one encoder call (cross [m, H, S, Dh] per layer and kind); their slots."""
+        count, length = mask.shape
+        if self.rows + count > self.slots:
+            raise ValueError(f"{count} more rows do not fit in {self.slots} slots ({self.rows} in use)")
+        self._ensure_source(length)
+        first, self.rows = self.rows, self.rows + count
+        self.layout += 1
+        for flat, values in zip(self._cross, cross):
+            with flat.edit() as data:
+                view = data[: int(np.prod(self.cross_shape()))].reshape(self.cross_shape())
+                view[first:, :, :length] = values
+                view[first:, :, length:] = 0.0
+        self.mask[first : self.rows] = 0
+        self.mask[first : self.rows, :length] = mask
+        if hidden is not None and self._hidden is not None:
+            view = self.hidden()
+            view[first:, :length] = hidden
+            view[first:, length:] = 0.0
+        return range(first, self.rows)
+
+    def remove_row(self, slot: int) -> int | None:
+        """Drop ``slot``; the last row moves into it. Returns the slot that moved (None if none did)."""
+        last = self.rows - 1
+        if slot != last:
+            for flats, shape in ((self._self, self.self_shape()), (self._cross, self.cross_shape())):
+                for flat in flats:
+                    with flat.edit() as data:
+                        view = data[: int(np.prod(shape))].reshape(shape)
+                        view[slot] = view[last]
+            self.mask[slot] = self.mask[last]
+            if self._hidden is not None:
+                view = self.hidden()
+                view[slot] = view[last]
+        self.rows = last
+        self.layout += 1
+        if self.rows == 0:  # an empty batch starts small again: nothing to re-lay
+            self.source_capacity = 0
+            self.capacity = min(MIN_CAPACITY, self.max_target)
+        return last if slot != last else None
+
+    # ------------------------------------------------------------------ feeding the verifier
+
+    def bind(self, binding: ort.IOBinding, in_names: list[str], out_names: list[str], cross: list[str]) -> None:
+        """Bind every buffer by pointer, the outputs onto the inputs' own memory."""
+        shape = self.self_shape()
+        for flat, name, out in zip(self._self, in_names, out_names):
+            binding.bind_input(name, self.device, 0, np.float32, list(shape), flat.pointer())
+            binding.bind_output(out, self.device, 0, np.float32, list(shape), flat.pointer())
+        shape = self.cross_shape()
+        for flat, name in zip(self._cross, cross):
+            binding.bind_input(name, self.device, 0, np.float32, list(shape), flat.pointer())
+
+    def feeds(self, in_names: list[str], cross: list[str]) -> dict[str, np.ndarray]:
+        """The buffers as numpy inputs (unbound)."""
+        feeds = {name: flat.view(self.self_shape()) for flat, name in zip(self._self, in_names)}
+        feeds.update({name: flat.view(self.cross_shape()) for flat, name in zip(self._cross, cross)})
+        return feeds
+
+    def store(self, outputs: list[np.ndarray]) -> None:
+        """Copy an unbound call's returned buffers back (the bound path wrote in place)."""
+        for flat, values in zip(self._self, outputs):
+            np.copyto(flat.view(self.self_shape()), values)

@@ -1,0 +1,149 @@
+"""One batched draft-then-verify loop for every mode; the draft source is a strategy.
+
+Each iteration, every row of the batch proposes a draft of its own length (greedy: none;
+IAD: the next tokens of its source; GAD: the drafter's guess), the verifier scores each row's
+block (the output tokens its cache lacks, then its draft; blocks are right-padded to one
+width) in one call, and each row keeps the leading drafts that pass :class:`Verification`
+plus the verifier's own token after them. With ``beta = 1`` every kept token is the
+verifier's argmax after the row's true prefix: the row's greedy output, whatever the other
+rows, the draft or its length.
+
+Rows leave and join (continuous batching): a finished row frees its slot at once (the last
+row moves into it, so the verifier always runs on exactly the live rows) and pending texts
+take free slots. Texts are taken shortest source first, so that rows of a batch have similar
+lengths; results are yielded as rows finish, with the caller's index.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .common import DecodeLimits, RowTrace, Verification
+from .verifier import Batch, Verifier
+
+
+@dataclass
+class Row:
+    """A text being decoded: its source, its output so far, its draft source's state, its costs."""
+
+    index: int  # position in the caller's list
+    source: list[int]
+    trace: RowTrace
+    state: Any = None  # the draft source's per-row state
+    # this row's share of each cost: a call's time is split evenly among the rows it served
+    seconds: dict[str, float] = field(default_factory=lambda: {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0,
+                                                               "total": 0.0})
+
+
+class DraftSource(Protocol):
+    """Where drafts come from."""
+
+    def start(self, row: Row) -> None:
+        """Set up ``row.state`` when the row joins."""
+
+    def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
+        """Each row's draft (int64, at most ``rooms[i]`` tokens)."""
+
+    def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
+        """What became of the row's last draft."""
+
+    @property
+    def seconds(self) -> float:
+        """Time spent in graphs of its own (the drafter), summed."""
+
+
+class NoDraft:
+    """Greedy decoding: one token per row per call."""
+
+    seconds = 0.0
+
+    def start(self, row: Row) -> None:
+        pass
+
+    def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
+        return [np.zeros(0, dtype=np.int64)] * len(rows)
+
+    def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Finished:
+    index: int
+    trace: RowTrace
+    seconds: dict[str, float]
+
+
+def decode(verifier: Verifier, sources: Sequence[list[int]], limits: DecodeLimits, drafts: DraftSource,
+           verification: Verification, slots: int, pad_id: int, bound: bool, keep_hidden: bool = False
+           ) -> Iterator[Finished]:
+    """Decode every source with at most ``slots`` rows per verifier call; yields rows as they finish."""
+    if not sources:
+        return
+    pending = deque(sorted(range(len(sources)), key=lambda i: len(sources[i])))
+    batch = verifier.batch(min(slots, len(sources)), bound, keep_hidden)
+    rows: list[Row] = []  # rows[slot]
+    start_ids = list(limits.start_ids)
+    while pending or rows:
+        free = batch.slots - len(rows)
+        # refill in groups, one encoder call each: a quarter of the slots, or whatever is left
+        if pending and free and (not rows or free >= max(1, batch.slots // 4) or free >= len(pending)):
+            joining = [pending.popleft() for _ in range(min(free, len(pending)))]
+            before = batch.encoder_seconds
+            started = time.perf_counter()
+            batch.admit([sources[i] for i in joining], pad_id)
+            share = (batch.encoder_seconds - before) / len(joining)
+            wall = (time.perf_counter() - started) / len(joining)
+            for i in joining:
+                row = Row(index=i, source=sources[i], trace=RowTrace(tokens=list(start_ids)))
+                row.seconds["encoder"] += share
+                row.seconds["total"] += wall
+                drafts.start(row)
+                rows.append(row)
+
+        started = time.perf_counter()
+        verifier_before, drafter_before = batch.verifier_seconds, drafts.seconds
+        lengths = batch.lengths[: len(rows)]
+        pendings = [row.trace.tokens[int(lengths[slot]):] for slot, row in enumerate(rows)]
+        # a row's block is its pending tokens plus its draft; every padded block must fit the cache
+        limit = batch.block_limit()
+        rooms = [max(0, min(row.trace.draft_room(limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
+        proposed = drafts.propose(batch, rows, rooms)
+        width = max(len(pend) + len(draft) for pend, draft in zip(pendings, proposed))
+        tokens = np.full((len(rows), width), pad_id, dtype=np.int64)
+        for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
+            tokens[slot, : len(pend)] = pend
+            tokens[slot, len(pend) : len(pend) + len(draft)] = draft
+        top_logprobs, top_ids = batch.verify(tokens)
+
+        kept = np.zeros(len(rows), dtype=np.int64)
+        for slot, (row, pend, draft) in enumerate(zip(rows, pendings, proposed)):
+            first = len(pend) - 1  # the position scoring draft[0]: after the last pending token
+            end = first + len(draft) + 1
+            accepted = verification.accepted(draft, top_ids[slot, first:end], top_logprobs[slot, first:end])
+            kept[slot] = len(pend) + accepted
+            appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[slot, first + accepted, 0])], limits)
+            row.trace.drafted.append(len(draft))
+            row.trace.accepted.append(appended)
+            drafts.observe(row, len(draft), accepted, appended)
+        batch.keep(kept)
+
+        shares = {"verifier": (batch.verifier_seconds - verifier_before) / len(rows),
+                  "drafter": (drafts.seconds - drafter_before) / len(rows),
+                  "total": (time.perf_counter() - started) / len(rows)}
+        for row in rows:
+            for name, value in shares.items():
+                row.seconds[name] += value
+        for slot in reversed(range(len(rows))):  # from the end: a moved row is never one still to check
+            row = rows[slot]
+            if row.trace.done:
+                yield Finished(row.index, row.trace, row.seconds)
+                if batch.remove(slot) is not None:
+                    rows[slot] = rows[-1]
+                rows.pop()
