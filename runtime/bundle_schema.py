@@ -42,6 +42,16 @@ _RESERVED_NAMES = {"manifest.json"}  # the manifest cannot list (and hash) itsel
 class Invalid(Exception):
     """One schema violation; :func:`validate_manifest` turns it into a BundleError with the path."""
 
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.message, self.path = message, path
+
+    def inside(self, segment: str) -> Invalid:
+        return Invalid(self.message, segment + self.path)
+
+    def __str__(self) -> str:
+        return f"{self.path} {self.message}".lstrip()
+
 
 def show(value: Any, limit: int = 60) -> str:
     """A value for an error message: repr, one line, bounded (a manifest can hold anything)."""
@@ -90,7 +100,7 @@ def integer(low: int, high: int | str | None = None, below: bool = False) -> Rul
         if hi is not None and below:
             hi -= 1
         if value < low or (hi is not None and value > hi):
-            span = f"at least {low}" if hi is None else f"from {low} to {hi}"
+            span = f"of at least {low}" if hi is None else f"from {low} to {hi}"
             why = f" ({high} is {data[high]})" if isinstance(high, str) else ""
             raise Invalid(f"must be an integer {span}{why}, got {value}")
 
@@ -125,7 +135,7 @@ def list_of(rule: Rule, limit: int = 1 << 20) -> Rule:
             try:
                 rule(item, data)
             except Invalid as exc:
-                raise Invalid(f"entry {index} {exc}") from None
+                raise exc.inside(f"[{index}]") from None
 
     return check
 
@@ -137,11 +147,11 @@ def dict_of(key: Rule, value_rule: Rule) -> Rule:
             try:
                 key(name, data)
             except Invalid as exc:
-                raise Invalid(f"key {exc}") from None
+                raise exc.inside(" key") from None
             try:
                 value_rule(item, data)
             except Invalid as exc:
-                raise Invalid(f"[{show(name)}] {exc}") from None
+                raise exc.inside(f"[{show(name)}]") from None
 
     return check
 
@@ -156,7 +166,7 @@ def obj(fields: dict[str, Rule]) -> Rule:
             try:
                 rule(value[name], data)
             except Invalid as exc:
-                raise Invalid(f".{name} {exc}") from None
+                raise exc.inside(f".{name}") from None
 
     return check
 
@@ -283,7 +293,7 @@ def validate_manifest(data: Any, source: str) -> None:
             try:
                 rule(data[name], data)
             except Invalid as exc:
-                raise BundleError(f"{source}: {name} {exc}; {advice}") from None
+                raise BundleError(f"{source}: {name}{exc.path} {exc.message}; {advice}") from None
     try:
         _cross_field(data)
     except Invalid as exc:
