@@ -71,7 +71,8 @@ def _compare_io(graph: str, spec: GraphSpec, session: Any) -> dict[str, list[Ten
                                   f"{len(tensor.dims)} {list(tensor.dims)} in the manifest; {ADVICE}")
             for axis, (mine, theirs) in enumerate(zip(tensor.dims, found.dims)):
                 if isinstance(mine, int) and isinstance(theirs, int) and mine != theirs:
-                    raise BundleError(f"{where} dim {axis} is {theirs} in the graph but {mine} in the manifest; {ADVICE}")
+                    raise BundleError(f"{where} dim {axis} is {theirs} in the graph but {mine} in the manifest; "
+                                      f"{ADVICE}")
                 # a graph that fixes an input dim the runtime varies (batch, lengths) would fail mid-decode
                 if side == "inputs" and isinstance(mine, str) and isinstance(theirs, int):
                     raise BundleError(f"{where} dim {axis} is fixed to {theirs} in the graph but varies ({mine!r}) "

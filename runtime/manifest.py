@@ -180,9 +180,10 @@ def _open_regular(path: Path) -> int:
         info = os.lstat(path)
     except FileNotFoundError:
         raise BundleNotFoundError(f"bundle file {str(path)!r} is missing; re-run `aggdec export`.") from None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-        raise BundleError(f"bundle file {str(path)!r} is {'a symlink' if stat.S_ISLNK(info.st_mode) else 'not a regular file'}; "
-                          "a bundle holds regular files only. Copy the bundle without links, or re-run `aggdec export`.")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise BundleError(f"bundle file {str(path)!r} is {kind}; a bundle holds regular files only. "
+                          "Copy the bundle without links, or re-run `aggdec export`.")
     # O_NOFOLLOW/O_NONBLOCK: the name may have been swapped for a link or a FIFO since lstat
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
