@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ..runtime.errors import AggdecError, ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, sha256_of
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
 from .specs import drafter_spec, dynamic_axes, encoder_spec, verifier_spec
@@ -429,7 +429,8 @@ def export_bundle(
     except BaseException:
         _remove_temp(tmp)
         raise
-    _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out}")
+    # the digest pins the whole bundle: load_manifest(out, expected_sha256=...) (see runtime/manifest.py)
+    _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
     return manifest
 
 

@@ -8,9 +8,12 @@ sha256 of every file, so a bundle that was altered after export is refused.
 A bundle is untrusted input. ``manifest.json`` is read without following symlinks, must be
 UTF-8 JSON and pass the schema in :mod:`.bundle_schema` (types, ranges, plain file names)
 before anything else happens; every file the runtime opens must be listed in ``files``, be a
-regular file directly in the bundle directory (no symlinks) and match its sha256. ONNX
-external-data files, should an exporter ever write them, must be listed in ``files`` too:
-the runtime does not parse ONNX, so it cannot see which files a graph references by itself.
+regular file directly in the bundle directory and match its sha256, and the directory may
+hold no symlink at all. ONNX external-data files, should an exporter ever write them, must be
+listed in ``files`` too: the runtime does not parse ONNX, so it cannot see which files a
+graph references. What keeps a graph from reading outside the bundle through external data
+is onnxruntime (1.2x refuses external-data paths that escape the model's directory) plus the
+no-symlink rule above.
 
 Why the manifest carries no hash of itself: a digest stored beside (or inside) what it
 covers only detects accidental corruption, and that the JSON parser, the schema and the
@@ -237,12 +240,22 @@ def load_manifest(bundle_dir: str | Path, verify: bool = True, expected_sha256: 
                           f"{hashlib.sha256(raw).hexdigest()}, expected {expected_sha256}); the bundle differs "
                           "from the one you trusted.")
     manifest = Manifest.from_json(raw, source=str(manifest_path))
+    _refuse_links(root)
     if verify:
         verify_files(root, manifest)
     else:
         for name in manifest.files:
             os.close(_open_regular(root / name))
     return manifest
+
+
+def _refuse_links(root: Path) -> None:
+    # a graph's external data is opened by onnxruntime by name, listed or not: no name may lead out
+    with os.scandir(root) as entries:
+        links = sorted(entry.name for entry in entries if entry.is_symlink())
+    if links:
+        raise BundleError(f"bundle directory {str(root)!r} holds symlinks ({', '.join(map(show, links[:5]))}); a "
+                          "bundle holds regular files only. Copy the bundle without links, or re-run `aggdec export`.")
 
 
 def verify_files(root: Path, manifest: Manifest) -> None:

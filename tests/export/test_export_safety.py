@@ -16,6 +16,7 @@ import pytest
 
 from aggdec.cli import main
 from aggdec.export.pipeline import MIN_OPSET, _max_opset
+from aggdec.runtime.manifest import manifest_digest
 
 
 def export(capsys, *args: str) -> tuple[int, list[str]]:
@@ -72,8 +73,10 @@ def test_force_replaces_only_a_bundle_or_an_empty_directory(source, tmp_path, ca
     (out / "thesis.tex").unlink()
     (out / "manifest.json").unlink()
 
-    code, _ = export(capsys, source, out, "--force")  # empty: replaced
+    code, lines = export(capsys, source, out, "--force")  # empty: replaced
     assert code == 0 and (out / "manifest.json").is_file()
+    # the last line gives the digest that pins the bundle
+    assert lines[-1].endswith(f"(manifest sha256 {manifest_digest(out)})"), lines
     first = (out / "manifest.json").read_text()
     code, _ = export(capsys, source, out, "--force", "--top-k", "4")  # a bundle: replaced
     assert code == 0 and (out / "manifest.json").read_text() != first
