@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aggdec.cli import main
-from aggdec.export.pipeline import MIN_OPSET, _max_opset
+from aggdec.export.safety import MIN_OPSET, max_opset
 from aggdec.runtime.manifest import manifest_digest
 
 
@@ -108,11 +108,11 @@ def test_corrupt_weights(source, tmp_path, capsys):
     assert_refused(capsys, "could not load the model weights", source, tmp_path / "out")
 
 
-@pytest.mark.parametrize("opset", [MIN_OPSET - 1, _max_opset() + 1, 0])
+@pytest.mark.parametrize("opset", [MIN_OPSET - 1, max_opset() + 1, 0])
 def test_unsupported_opsets_are_refused_before_loading(source, tmp_path, capsys, opset):
     started = time.perf_counter()
     line = assert_refused(capsys, f"--opset {opset} is not supported", source, tmp_path / "out", "--opset", opset)
-    assert f"{MIN_OPSET}..{_max_opset()}" in line
+    assert f"{MIN_OPSET}..{max_opset()}" in line
     assert time.perf_counter() - started < 5  # refused before loading or tracing anything
     assert list(tmp_path.iterdir()) == [source]
 
@@ -135,7 +135,7 @@ def test_an_unwritable_destination_is_one_error_line(source, tmp_path, capsys):
 
 
 def test_the_highest_supported_opset_exports(source, tmp_path, capsys):
-    code, lines = export(capsys, source, tmp_path / "out", "--opset", _max_opset())
+    code, lines = export(capsys, source, tmp_path / "out", "--opset", max_opset())
     assert code == 0, lines
 
 
