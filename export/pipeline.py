@@ -9,17 +9,16 @@ left half-written: a failure removes the temporary directory and leaves any old 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, sha256_of
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
+from .safety import check_destination, check_options, guarded, make_temp, move_into_place, one_line, remove_temp
 from .specs import drafter_spec, dynamic_axes, encoder_spec, verifier_spec
 from .validate import drafter_cases, reference_cases, validate, validate_drafter
 
@@ -82,7 +81,11 @@ def _load(src: Path, config):
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager")
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager")
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, ...
+        raise ExportError(f"could not load the model weights from {str(src)!r} ({one_line(exc)}); give a directory "
+                          "written by save_pretrained() with model.safetensors or pytorch_model.bin.") from exc
     model.eval()
     model.requires_grad_(False)
     try:
@@ -102,6 +105,7 @@ def _load(src: Path, config):
     return model, tokenizer, generation_config
 
 
+@guarded
 def export_bundle(
     src_dir: str | Path,
     out_dir: str | Path,
@@ -124,10 +128,8 @@ def export_bundle(
     import transformers
 
     src, out = Path(src_dir), Path(out_dir)
-    if out.exists() and not force:
-        raise ExportError(f"{str(out)!r} already exists; pass --force to replace it.")
-    if top_k < 1:
-        raise ExportError(f"--top-k must be at least 1, got {top_k}.")
+    check_options(opset, top_k, max_source_len, max_target_len)
+    check_destination(src, out, force)
     started = time.perf_counter()
     config, family = _read_config(src)
     _say(progress, f"[1/5] loading {src} ({family.name})")
@@ -163,9 +165,9 @@ def export_bundle(
     encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed)
     draft_cases = drafter_cases(drafter, model, vocab, pad_id, int(config.decoder_start_token_id)) if drafter else []
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = None
     try:
+        tmp = make_temp(out)
         enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model))
         ver_spec = verifier_spec(layers, heads, head_dim, top_k)
         graph_names = "encoder, verifier and drafter" if drafter is not None else "encoder and verifier"
@@ -231,13 +233,12 @@ def export_bundle(
         )
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
         tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        move_into_place(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_temp(tmp)
         raise
-    _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out}")
+    # the digest pins the whole bundle: load_manifest(out, expected_sha256=...) (see runtime/manifest.py)
+    _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
     return manifest
 
 

@@ -4,21 +4,44 @@ A bundle is a directory holding ``encoder.onnx``, ``verifier.onnx``, optionally
 ``drafter.onnx``, ``tokenizer.json`` and ``manifest.json``. The manifest records what the
 runtime needs to drive the graphs (special ids, sizes, the exact IO of every graph) and a
 sha256 of every file, so a bundle that was altered after export is refused.
+
+A bundle is untrusted input. ``manifest.json`` is read without following symlinks, must be
+UTF-8 JSON and pass the schema in :mod:`.bundle_schema` (types, ranges, plain file names)
+before anything else happens; every file the runtime opens must be listed in ``files``, be a
+regular file directly in the bundle directory and match its sha256, and the directory may
+hold no symlink at all. ONNX external-data files, should an exporter ever write them, must be
+listed in ``files`` too: the runtime does not parse ONNX, so it cannot see which files a
+graph references. What keeps a graph from reading outside the bundle through external data
+is onnxruntime (1.2x refuses external-data paths that escape the model's directory) plus the
+no-symlink rule above.
+
+Why the manifest carries no hash of itself: a digest stored beside (or inside) what it
+covers only detects accidental corruption, and that the JSON parser, the schema and the
+per-file hashes already catch; whoever can edit the manifest can recompute such a digest. A
+signature would resist an attacker but needs keys and a way to distribute and trust them,
+which aggdec has no story for. What does protect is a digest obtained over a trusted
+channel: ``aggdec export`` prints the manifest's sha256 (:func:`manifest_digest`), and
+``load_manifest(..., expected_sha256=...)`` refuses any other manifest. Since the manifest
+hashes every other file, pinning it pins the whole bundle.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bundle_schema import show, validate_manifest
 from .errors import BundleError, BundleNotFoundError
 
 FORMAT_VERSION = 2  # 2: fixed-capacity self-attention buffers written in place, per-layer cross K/V
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
+MAX_MANIFEST_BYTES = 16 << 20  # far above any real manifest; bounds what a hostile one costs to parse
 
 Dim = int | str
 
@@ -101,23 +124,19 @@ class Manifest:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, source: str = MANIFEST_FILE) -> Manifest:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BundleError(f"{source} is not valid JSON ({exc}); re-run `aggdec export`.") from exc
+    def from_json(cls, text: str | bytes, source: str = MANIFEST_FILE) -> Manifest:
+        """Parse and validate a manifest; anything malformed raises :class:`BundleError`."""
+        data = _parse_json(text, source)
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version != FORMAT_VERSION or isinstance(version, bool):
             raise BundleError(
-                f"{source} has format_version {version!r}; this aggdec reads version {FORMAT_VERSION}. "
+                f"{source} has format_version {show(version)}; this aggdec reads version {FORMAT_VERSION}. "
                 "Re-export the model with this version of aggdec."
             )
-        try:
-            data["graphs"] = {k: GraphSpec.from_json(v) for k, v in data["graphs"].items()}
-            data["suppressed_token_ids"] = tuple(data["suppressed_token_ids"])
-            return cls(**data)
-        except (KeyError, TypeError) as exc:
-            raise BundleError(f"{source} is missing or has malformed fields ({exc}); re-run `aggdec export`.") from exc
+        validate_manifest(data, source)
+        data["graphs"] = {k: GraphSpec.from_json(v) for k, v in data["graphs"].items()}
+        data["suppressed_token_ids"] = tuple(data["suppressed_token_ids"])
+        return cls(**data)
 
     def graph(self, name: str) -> GraphSpec:
         try:
@@ -128,36 +147,124 @@ class Manifest:
             ) from None
 
 
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of repeated keys; two readers could disagree on which one counts
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"key {show(next(k for k in keys if keys.count(k) > 1))} appears more than once")
+    return dict(pairs)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json(text: str | bytes, source: str) -> dict[str, Any]:
+    advice = "re-run `aggdec export`."
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"{source} is not UTF-8 text (invalid byte at offset {exc.start}); {advice}") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BundleError(f"{source} is nested too deeply to be a manifest; {advice}") from None
+    except ValueError as exc:  # JSONDecodeError, the hooks above, ints of more than 4300 digits
+        raise BundleError(f"{source} is not valid JSON ({exc}); {advice}") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{source} must hold a JSON object, not {type(data).__name__}; {advice}")
+    return data
+
+
+def _open_regular(path: Path) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file and not a symlink."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise BundleNotFoundError(f"bundle file {str(path)!r} is missing; re-run `aggdec export`.") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise BundleError(f"bundle file {str(path)!r} is {kind}; a bundle holds regular files only. "
+                          "Copy the bundle without links, or re-run `aggdec export`.")
+    # O_NOFOLLOW/O_NONBLOCK: the name may have been swapped for a link or a FIFO since lstat
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise BundleError(f"cannot open bundle file {str(path)!r}: {exc.strerror}.") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BundleError(f"bundle file {str(path)!r} is not a regular file.")
+    return fd
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with os.fdopen(_open_regular(Path(path)), "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def load_manifest(bundle_dir: str | Path, verify: bool = True) -> Manifest:
-    """Read ``manifest.json`` from a bundle and, by default, check every file's sha256."""
+def _read_manifest_bytes(path: Path) -> bytes:
+    with os.fdopen(_open_regular(path), "rb") as handle:
+        raw = handle.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{str(path)!r} is larger than {MAX_MANIFEST_BYTES} bytes: not an aggdec manifest.")
+    return raw
+
+
+def manifest_digest(bundle_dir: str | Path) -> str:
+    """The sha256 of a bundle's manifest.json: pin it to pin the whole bundle (see the module docstring)."""
+    return hashlib.sha256(_read_manifest_bytes(Path(bundle_dir) / MANIFEST_FILE)).hexdigest()
+
+
+def load_manifest(bundle_dir: str | Path, verify: bool = True, expected_sha256: str | None = None) -> Manifest:
+    """Read and validate ``manifest.json`` from a bundle and, by default, check every file's sha256.
+
+    Whatever ``verify`` says, every listed file must be a regular file (no symlink) in the
+    bundle directory. ``expected_sha256``: refuse unless the manifest has this digest.
+    """
     root = Path(bundle_dir)
     if not root.is_dir():
         raise BundleNotFoundError(f"bundle directory {str(root)!r} does not exist; create one with `aggdec export`.")
     manifest_path = root / MANIFEST_FILE
-    if not manifest_path.is_file():
+    if not manifest_path.is_file() and not manifest_path.is_symlink():
         raise BundleNotFoundError(
             f"{str(root)!r} has no {MANIFEST_FILE}: it is not an aggdec bundle; create one with `aggdec export`."
         )
-    manifest = Manifest.from_json(manifest_path.read_text(encoding="utf-8"), source=str(manifest_path))
+    raw = _read_manifest_bytes(manifest_path)
+    if expected_sha256 is not None and hashlib.sha256(raw).hexdigest() != expected_sha256.lower():
+        raise BundleError(f"{str(manifest_path)!r} is not the pinned manifest (sha256 "
+                          f"{hashlib.sha256(raw).hexdigest()}, expected {expected_sha256}); the bundle differs "
+                          "from the one you trusted.")
+    manifest = Manifest.from_json(raw, source=str(manifest_path))
+    _refuse_links(root)
     if verify:
         verify_files(root, manifest)
+    else:
+        for name in manifest.files:
+            os.close(_open_regular(root / name))
     return manifest
 
 
+def _refuse_links(root: Path) -> None:
+    # a graph's external data is opened by onnxruntime by name, listed or not: no name may lead out
+    with os.scandir(root) as entries:
+        links = sorted(entry.name for entry in entries if entry.is_symlink())
+    if links:
+        raise BundleError(f"bundle directory {str(root)!r} holds symlinks ({', '.join(map(show, links[:5]))}); a "
+                          "bundle holds regular files only. Copy the bundle without links, or re-run `aggdec export`.")
+
+
 def verify_files(root: Path, manifest: Manifest) -> None:
-    """Refuse a bundle whose files are missing or differ from what was exported."""
+    """Refuse a bundle whose files are missing, links, or differ from what was exported.
+
+    The names were checked to be plain file names by the schema, so ``root / name`` stays in
+    ``root``."""
     for name, expected in manifest.files.items():
         path = root / name
-        if not path.is_file():
-            raise BundleNotFoundError(f"bundle file {str(path)!r} is missing; re-run `aggdec export`.")
         actual = sha256_of(path)
         if actual != expected:
             raise BundleError(

@@ -18,6 +18,11 @@ class TextCodec:
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids the tokenizer can produce, added tokens included (for bundle_checks.check_consistency)."""
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS)."""
         return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=True)]

@@ -51,16 +51,20 @@ def test_refuses_to_overwrite_without_force(random_checkpoint, tmp_path):
     with pytest.raises(ExportError, match="--force"):
         export_bundle(random_checkpoint("marian"), out, progress=None)
     assert (out / "keep.txt").read_text() == "mine"
+    with pytest.raises(ExportError, match="not an aggdec bundle"):  # --force replaces only a bundle
+        export_bundle(random_checkpoint("marian"), out, force=True, progress=None)
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
     export_bundle(random_checkpoint("marian"), out, force=True, progress=None)
-    assert not (out / "keep.txt").exists() and (out / "manifest.json").is_file()
+    assert (out / "manifest.json").is_file()
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     from transformers import PegasusConfig
 
-    PegasusConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1).save_pretrained(tmp_path)
+    PegasusConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1).save_pretrained(tmp_path / "ckpt")
     with pytest.raises(UnsupportedModelError) as error:
-        export_bundle(tmp_path, tmp_path / "out", progress=None)
+        export_bundle(tmp_path / "ckpt", tmp_path / "out", progress=None)
     message = str(error.value)
     assert "PegasusConfig" in message
     for name in ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration",

@@ -1,0 +1,176 @@
+"""Load-time consistency: the manifest against the graphs onnxruntime loaded and the tokenizer.
+
+The sha256s only say that the files are the ones the manifest lists; they do not say that a
+hand-edited manifest, a drafter or tokenizer copied from another model, or a graph from
+another export agree with each other. :func:`check_consistency` checks that, after the
+sessions are created and before anything is decoded, so such a bundle fails at load with a
+:class:`BundleError` naming the field and both values, not deep inside a decode with an
+onnxruntime shape error (or, worse, with wrong output).
+
+Everything here is generic over the graphs' IO: tensors are recognised by their role (which
+graph, input or output, element type, rank), never by name, so the exporter can rename or
+split tensors (a stacked cache or one tensor per layer) without changing this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .bundle_schema import DTYPES, show
+from .errors import BundleError
+from .manifest import GraphSpec, Manifest, TensorSpec
+
+ADVICE = "the bundle's files do not belong together; re-run `aggdec export`."
+# The last dim of a tensor of this role must equal this manifest field:
+# (graph, side, float tensor? (None: any), rank) -> field
+LAST_DIM_FIELDS = (
+    ("encoder", "outputs", True, 3, "d_model"),  # hidden states for the drafter
+    ("drafter", "inputs", True, 3, "d_model"),
+    ("verifier", "outputs", None, 3, "top_k"),  # [batch, new_len, top_k] candidates, never full logits
+    ("drafter", "outputs", False, 2, "draft_k"),
+)
+_FIRST_NUMBER = re.compile(r"\d+")
+
+
+def _is_float(dtype: str) -> bool:
+    return "float" in dtype
+
+
+def _real(session: Any, side: str) -> list[TensorSpec]:
+    """A session's IO as TensorSpecs (dims: int where fixed, a name or None where not)."""
+    session = getattr(session, "_session", session)  # accept aggdec's OrtSession wrapper too
+    args = session.get_inputs() if side == "inputs" else session.get_outputs()
+    dtypes = {ort: ours for ours, ort in DTYPES.items()}
+    return [TensorSpec(a.name, dtypes.get(a.type, a.type), tuple(a.shape or ())) for a in args]
+
+
+def _compare_io(graph: str, spec: GraphSpec, session: Any) -> dict[str, list[TensorSpec]]:
+    """The graph's real IO must be the spec's: names, element types, ranks and fixed dims."""
+    real = {}
+    for side in ("inputs", "outputs"):
+        declared: Sequence[TensorSpec] = getattr(spec, side)
+        actual = _real(session, side)
+        real[side] = actual
+        want, have = [t.name for t in declared], [t.name for t in actual]
+        if sorted(want) != sorted(have):
+            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+            raise BundleError(
+                f"{spec.file} ({graph}) has {side} {', '.join(map(show, have))} but the manifest lists "
+                f"{', '.join(map(show, want))} (missing {missing or 'none'}, unexpected {extra or 'none'}); {ADVICE}"
+            )
+        by_name = {t.name: t for t in actual}
+        for tensor in declared:
+            found = by_name[tensor.name]
+            where = f"{spec.file} ({graph}) {side[:-1]} {tensor.name!r}"
+            if found.dtype != tensor.dtype:
+                raise BundleError(f"{where} is {found.dtype} in the graph but {tensor.dtype} in the manifest; {ADVICE}")
+            if len(found.dims) != len(tensor.dims):
+                raise BundleError(f"{where} has {len(found.dims)} dims {list(found.dims)} in the graph but "
+                                  f"{len(tensor.dims)} {list(tensor.dims)} in the manifest; {ADVICE}")
+            for axis, (mine, theirs) in enumerate(zip(tensor.dims, found.dims)):
+                if isinstance(mine, int) and isinstance(theirs, int) and mine != theirs:
+                    raise BundleError(f"{where} dim {axis} is {theirs} in the graph but {mine} in the manifest; "
+                                      f"{ADVICE}")
+                # a graph that fixes an input dim the runtime varies (batch, lengths) would fail mid-decode
+                if side == "inputs" and isinstance(mine, str) and isinstance(theirs, int):
+                    raise BundleError(f"{where} dim {axis} is fixed to {theirs} in the graph but varies ({mine!r}) "
+                                      f"in the manifest; {ADVICE}")
+    return real
+
+
+def _field_error(field: str, value: Any, where: str, axis: int, found: int) -> BundleError:
+    return BundleError(f"manifest {field} is {value} but {where} has {found} at dim {axis} "
+                       f"(where {field} belongs); {ADVICE}")
+
+
+def _check_fields(manifest: Manifest, graph: str, side: str, tensors: Iterable[TensorSpec], origin: str,
+                  seen: set[str]) -> None:
+    """Manifest sizes against the dims of tensors with a known role, wherever those dims are fixed."""
+    m = manifest
+    for tensor in tensors:
+        where = f"{graph} {side[:-1]} {tensor.name!r} in {origin}"
+        dims = tensor.dims
+        for role_graph, role_side, floating, rank, field in LAST_DIM_FIELDS:
+            if (graph, side, rank) == (role_graph, role_side, len(dims)) and \
+                    floating in (None, _is_float(tensor.dtype)) and isinstance(dims[-1], int):
+                seen.add(field)
+                if dims[-1] != getattr(m, field):
+                    raise _field_error(field, getattr(m, field), where, rank - 1, dims[-1])
+        # attention caches: [..., heads, length, head_dim], stacked ones led by [layers, 2 (key/value)]
+        if _is_float(tensor.dtype) and len(dims) >= 4:
+            for axis, field in ((len(dims) - 3, "num_heads"), (len(dims) - 1, "head_dim")):
+                if isinstance(dims[axis], int):
+                    seen.add(field)
+                    if dims[axis] != getattr(m, field):
+                        raise _field_error(field, getattr(m, field), where, axis, dims[axis])
+            if len(dims) == 6 and isinstance(dims[0], int):
+                seen.add("decoder_layers")
+                if dims[0] != m.decoder_layers:
+                    raise _field_error("decoder_layers", m.decoder_layers, where, 0, dims[0])
+
+
+def _check_layer_count(manifest: Manifest, graph: str, side: str, tensors: Iterable[TensorSpec], origin: str,
+                       seen: set[str]) -> None:
+    """Per-layer caches ("key_cache.0", "past.1.value", ...): each family of names must be numbered
+    exactly 0 .. decoder_layers - 1."""
+    families: dict[str, list[int]] = {}
+    for tensor in tensors:
+        number = _FIRST_NUMBER.search(tensor.name)
+        if number is None or not _is_float(tensor.dtype) or len(tensor.dims) != 4:
+            continue
+        pattern = tensor.name[: number.start()] + "#" + tensor.name[number.end():]
+        families.setdefault(pattern, []).append(int(number.group()))
+    for pattern, numbers in sorted(families.items()):
+        seen.add("decoder_layers")
+        if sorted(numbers) != list(range(manifest.decoder_layers)):
+            raise BundleError(
+                f"manifest decoder_layers is {manifest.decoder_layers} but {graph} in {origin} has "
+                f"{len(numbers)} {side} {pattern!r} numbered {sorted(numbers)[:8]}{'...' if len(numbers) > 8 else ''}; "
+                f"{ADVICE}"
+            )
+
+
+def _check_tokenizer(manifest: Manifest, tokenizer_vocab_size: int) -> None:
+    m = manifest
+    # the model's embedding may be larger than the tokenizer (padded rows), never smaller
+    if tokenizer_vocab_size > m.vocab_size:
+        raise BundleError(f"tokenizer.json has {tokenizer_vocab_size} tokens but manifest vocab_size is "
+                          f"{m.vocab_size}: the tokenizer belongs to another model; {ADVICE}")
+    # the ids decoding starts, stops and pads with are text the tokenizer must know
+    for field in ("decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id",
+                  "forced_eos_token_id"):
+        value = getattr(m, field)
+        if value is not None and value >= tokenizer_vocab_size:
+            raise BundleError(f"manifest {field} is {value} but tokenizer.json has only {tokenizer_vocab_size} "
+                              f"tokens; {ADVICE}")
+
+
+def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer_vocab_size: int) -> None:
+    """Raise :class:`BundleError` unless the manifest, the graphs and the tokenizer agree.
+
+    ``sessions``: graph name ("encoder", "verifier", "drafter") -> the onnxruntime
+    InferenceSession (or aggdec OrtSession) created for it; every graph of the manifest must
+    be there. ``tokenizer_vocab_size``: the tokenizer's size with added tokens.
+    Checks each graph's real IO against the manifest's spec (names, element types, ranks,
+    fixed dims), the manifest's sizes (d_model, num_heads, head_dim, top_k, draft_k,
+    decoder_layers) against the dims where they appear, and the special ids against the
+    tokenizer.
+    """
+    missing = sorted(set(manifest.graphs) - set(sessions))
+    if missing:
+        raise BundleError(f"no session for the bundle's graphs {', '.join(missing)} to check.")
+    seen: set[str] = set()
+    for graph, spec in manifest.graphs.items():
+        real = _compare_io(graph, spec, sessions[graph])
+        for side in ("inputs", "outputs"):
+            for origin, tensors in (("the manifest's graph spec", getattr(spec, side)), (spec.file, real[side])):
+                _check_fields(manifest, graph, side, tensors, origin, seen)
+                _check_layer_count(manifest, graph, side, tensors, origin, seen)
+    wanted = {"d_model", "top_k", "num_heads", "head_dim", "decoder_layers"} | (
+        {"draft_k"} if "drafter" in manifest.graphs else set())
+    unchecked = sorted(wanted - seen)
+    if unchecked:  # a size no graph shows cannot be trusted: the runtime sizes buffers from it
+        raise BundleError(f"no graph of the bundle has a fixed dim for manifest {', '.join(unchecked)}; {ADVICE}")
+    _check_tokenizer(manifest, tokenizer_vocab_size)

@@ -1,0 +1,167 @@
+"""`aggdec export` never destroys user data, leaves no temporary directory when stopped, and
+fails with one `aggdec: error:` line (exit 2), never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aggdec.cli import main
+from aggdec.export.safety import MIN_OPSET, max_opset
+from aggdec.runtime.manifest import manifest_digest
+
+
+def export(capsys, *args: str) -> tuple[int, list[str]]:
+    code = main(["export", *map(str, args)])
+    err = capsys.readouterr().err
+    return code, [line for line in err.splitlines() if line.strip()]
+
+
+def assert_refused(capsys, needle: str, *args) -> str:
+    code, lines = export(capsys, *args)
+    errors = [line for line in lines if line.startswith("aggdec:")]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("aggdec: error:"), lines
+    assert not any("Traceback" in line for line in lines)
+    assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+def leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+
+
+@pytest.fixture()
+def source(random_checkpoint, tmp_path):
+    src = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint("marian"), src)
+    return src
+
+
+def test_out_dir_and_checkpoint_must_not_overlap(source, capsys):
+    before = sorted(p.name for p in source.iterdir())
+    assert_refused(capsys, "is the checkpoint directory", source, source, "--force")
+    assert_refused(capsys, "is inside the checkpoint directory", source, source / "bundle", "--force")
+    assert_refused(capsys, "contains the checkpoint directory", source, source.parent, "--force")
+    assert_refused(capsys, "is inside the checkpoint directory", source, source / "x" / ".." / "b")
+    assert sorted(p.name for p in source.iterdir()) == before
+
+
+def test_out_dir_that_is_a_file_is_refused(source, tmp_path, capsys):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    assert_refused(capsys, "is a file, not a directory", source, target, "--force")
+    assert target.read_text() == "mine"
+
+
+def test_force_replaces_only_a_bundle_or_an_empty_directory(source, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    assert_refused(capsys, "not an aggdec bundle", source, out, "--force")
+    assert (out / "thesis.tex").read_text() == "years of work"
+
+    (out / "manifest.json").write_text(json.dumps({"name": "someone else's manifest"}))
+    assert_refused(capsys, "is not an aggdec manifest", source, out, "--force")
+    (out / "thesis.tex").unlink()
+    (out / "manifest.json").unlink()
+
+    code, lines = export(capsys, source, out, "--force")  # empty: replaced
+    assert code == 0 and (out / "manifest.json").is_file()
+    # the last line gives the digest that pins the bundle
+    assert lines[-1].endswith(f"(manifest sha256 {manifest_digest(out)})"), lines
+    first = (out / "manifest.json").read_text()
+    code, _ = export(capsys, source, out, "--force", "--top-k", "4")  # a bundle: replaced
+    assert code == 0 and (out / "manifest.json").read_text() != first
+    assert leftovers(tmp_path, "out") == []
+
+    (out / "my-notes.txt").write_text("keep me")  # a bundle with someone's file in it: refused
+    assert_refused(capsys, "my-notes.txt", source, out, "--force")
+    assert (out / "my-notes.txt").read_text() == "keep me"
+
+
+def test_force_never_follows_a_symlinked_out_dir(source, tmp_path, capsys):
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "link")
+    assert_refused(capsys, "is a symbolic link", source, tmp_path / "link", "--force")
+    assert real.is_dir()
+
+
+def test_a_checkpoint_without_weights(source, tmp_path, capsys):
+    for weights in source.glob("*.safetensors"):
+        weights.unlink()
+    assert_refused(capsys, "could not load the model weights", source, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+
+
+def test_corrupt_weights(source, tmp_path, capsys):
+    for weights in source.glob("*.safetensors"):
+        weights.write_bytes(b"\x00" * 64)
+    assert_refused(capsys, "could not load the model weights", source, tmp_path / "out")
+
+
+@pytest.mark.parametrize("opset", [MIN_OPSET - 1, max_opset() + 1, 0])
+def test_unsupported_opsets_are_refused_before_loading(source, tmp_path, capsys, opset):
+    started = time.perf_counter()
+    line = assert_refused(capsys, f"--opset {opset} is not supported", source, tmp_path / "out", "--opset", opset)
+    assert f"{MIN_OPSET}..{max_opset()}" in line
+    assert time.perf_counter() - started < 5  # refused before loading or tracing anything
+    assert list(tmp_path.iterdir()) == [source]
+
+
+@pytest.mark.parametrize("flag, value", [("--max-source-len", "70000"), ("--max-target-len", "1")])
+def test_impossible_lengths_are_refused(source, tmp_path, capsys, flag, value):
+    assert_refused(capsys, f"{flag} must be between 2 and 65536, got {value}", source, tmp_path / "out", flag, value)
+
+
+def test_an_unwritable_destination_is_one_error_line(source, tmp_path, capsys):
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        assert_refused(capsys, "export failed", source, parent / "out")
+    finally:
+        parent.chmod(0o700)
+
+
+def test_the_highest_supported_opset_exports(source, tmp_path, capsys):
+    code, lines = export(capsys, source, tmp_path / "out", "--opset", max_opset())
+    assert code == 0, lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, stage, status", [
+    (signal.SIGTERM, "[3/5]", -signal.SIGTERM),  # the default SIGTERM still ends the process...
+    (signal.SIGTERM, "[4/5]", -signal.SIGTERM),
+    (signal.SIGINT, "[3/5]", 130),  # ...and Ctrl-C is still KeyboardInterrupt: exit 130, no traceback
+])
+def test_a_signal_at_any_stage_leaves_no_temporary_directory(source, tmp_path, signum, stage, status):
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "aggdec", "export", str(source), str(out)],
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    seen = []
+    try:
+        for line in process.stderr:
+            seen.append(line)
+            if line.startswith(stage):
+                process.send_signal(signum)
+                break
+        rest = process.stderr.read()
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert any(line.startswith(stage) for line in seen), seen
+    assert process.returncode == status, (seen, rest)
+    assert "Traceback" not in rest, rest
+    assert leftovers(tmp_path, "out") == [] and not out.exists()
