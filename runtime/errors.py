@@ -37,3 +37,7 @@ class ExportError(AggdecError, RuntimeError):
 
 class ValidationError(ExportError):
     """An exported graph disagrees with the torch module it was traced from."""
+
+
+class CapacityError(AggdecError, RuntimeError):
+    """A decode needed more cache positions than its buffers hold (a bug if it ever escapes)."""

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bundle_checks import check_consistency
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
@@ -83,12 +84,14 @@ class Generator:
         self.device = device
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
         m = self.manifest
-        self.verifier = Verifier(OrtSession(self.root / m.graph("encoder").file, device, threads),
-                                 OrtSession(self.root / m.graph("verifier").file, device, threads), m)
+        sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads)
+                    for name in ("encoder", "verifier", "drafter") if name in m.graphs}
+        # the graphs must be what the manifest says they are, before any text meets them
+        check_consistency(m, sessions, self.codec.vocab_size)
+        self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
-        if "drafter" in m.graphs:
-            session = OrtSession(self.root / m.graph("drafter").file, device, threads)
-            self.drafter = Drafter(session, int(m.draft_k or 0), int(m.mask_token_id or 0))
+        if "drafter" in sessions:
+            self.drafter = Drafter(sessions["drafter"], int(m.draft_k or 0), int(m.mask_token_id or 0))
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -140,9 +143,14 @@ class Generator:
         ceiling = m.max_target_len - 1
         if max_new_tokens is None:
             max_new_tokens = ceiling
-        if max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
-        return DecodeLimits(start, m.eos_token_id, min(max_new_tokens, ceiling), m.forced_eos_token_id)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be an integer of at least 1, got {max_new_tokens!r}.")
+        if max_new_tokens > ceiling:
+            # the cache holds max_target_len positions, the decoder start token's included
+            raise InputError(f"max_new_tokens {max_new_tokens} exceeds this bundle's limit of {ceiling} "
+                             f"(max_target_len {m.max_target_len} minus the decoder start token); re-export "
+                             "with a larger --max-target-len for longer outputs.")
+        return DecodeLimits(start, m.eos_token_id, max_new_tokens, m.forced_eos_token_id)
 
     # ------------------------------------------------------------------ decoding
 

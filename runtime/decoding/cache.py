@@ -34,6 +34,8 @@ from collections.abc import Iterator
 import numpy as np
 import onnxruntime as ort
 
+from ..errors import CapacityError
+
 MIN_CAPACITY = 16
 
 
@@ -158,7 +160,8 @@ class SlotBuffers:
     def ensure_capacity(self, needed: int) -> None:
         """Make the self-attention buffers hold ``needed`` positions (at most ``max_target``)."""
         if needed > self.max_target:
-            raise ValueError(f"a row needs {needed} cache positions, more than the {self.max_target} allocated")
+            raise CapacityError(f"a row needs {needed} cache positions, more than the {self.max_target} allocated; "
+                                "this is a bug in aggdec's decode loop, please report it.")
         if needed <= self.capacity:
             return
         capacity = bucket(needed, self.max_target)

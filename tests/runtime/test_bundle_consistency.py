@@ -33,7 +33,7 @@ def test_an_exported_bundle_is_consistent(loaded, bundle):
     manifest, sessions, vocab = loaded
     check_consistency(manifest, sessions, vocab)
     root = bundle("marian")  # aggdec's own session wrapper is accepted too
-    wrapped = {name: OrtSession(root / g.file, io_binding=False) for name, g in manifest.graphs.items()}
+    wrapped = {name: OrtSession(root / g.file) for name, g in manifest.graphs.items()}
     check_consistency(manifest, wrapped, vocab)
 
 

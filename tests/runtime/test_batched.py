@@ -1,0 +1,160 @@
+"""The batched draft-then-verify loop: every mode, any batch composition, rows leaving and joining.
+
+Each row of a batch must come out exactly as that text's greedy output decoded alone (and so
+as transformers' greedy), whatever else shares its verifier calls: other rows' lengths, their
+drafts, when they finish, which slot a row is moved to when another leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from aggdec.runtime.decoding.cache import SlotBuffers, bucket
+from aggdec.runtime.decoding.iad import BlockOptions
+from aggdec.runtime.decoding.verifier import Batch
+from aggdec.runtime.errors import AggdecError, BundleError, InputError
+from aggdec.runtime.generator import Generator
+from tests.runtime.test_gad import gad_bundle  # noqa: F401 - the fixture
+from tests.runtime.test_lossless import random_texts, transformers_greedy
+from tests.support.tiny import FAMILIES, default_words
+
+MAX_NEW = 24
+MODES = (("greedy", {}), ("iad", {}), ("iad", {"block": BlockOptions(max_block=3, adaptive=False)}),
+         ("gad", {}), ("gad", {"draft_k": 2}), ("gad++", {"beta": 1, "tau": 3.0}))
+
+
+def ragged_texts(seed: int, count: int) -> list[str]:
+    """Sources from 1 to 40 words, some copies of each other, in random order."""
+    rng = random.Random(seed)
+    words = default_words()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.choice([1, 2, 5, 12, 25, 40]))) for _ in range(count)]
+    texts += rng.sample(texts, 3)  # duplicates must decode identically in any slot
+    rng.shuffle(texts)
+    return texts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_mode_batched_equals_transformers(family, gad_bundle, random_checkpoint):  # noqa: F811
+    texts = ragged_texts(seed=len(family), count=13)
+    expected = transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
+    for binding in (True, False):
+        generator = Generator(gad_bundle(family), io_binding=binding)
+        for mode, options in MODES:
+            for batch_size in (1, 4, 64):  # one row; rows leaving and joining; more slots than texts
+                got = [r.ids for r in generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW,
+                                                         batch_size=batch_size, **options)]
+                assert got == expected, f"{mode} {options} at batch {batch_size} (binding {binding})"
+
+
+def test_rows_leave_and_join_and_finished_rows_cost_nothing(bundle, monkeypatch):
+    """Each row is in exactly as many verifier calls as its own iterations: a finished row's
+    slot is freed at once, and never more rows than slots share a call."""
+    generator = Generator(bundle("marian"))
+    calls: list[int] = []
+    original = Batch.verify
+
+    def counting(self, tokens):
+        calls.append(tokens.shape[0])
+        return original(self, tokens)
+
+    monkeypatch.setattr(Batch, "verify", counting)
+    texts = ragged_texts(seed=3, count=20)
+    for mode in ("greedy", "iad"):
+        calls.clear()
+        results = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=5)
+        assert max(calls) == 5
+        assert sum(calls) == sum(r.stats.iterations for r in results)
+        assert len(calls) < sum(r.stats.iterations for r in results) / 2  # rows did share calls
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_rows_at_the_length_limit_share_a_batch_with_new_ones(family, random_checkpoint, tmp_path):
+    """A bundle with a short max_target_len: rows hit the limit (and the cache's end) while
+    others start, so padded blocks reach past a long row's last position."""
+    from aggdec.export import export_bundle
+
+    root = tmp_path / "short"
+    export_bundle(random_checkpoint(family), root, max_target_len=10, max_source_len=48, progress=None)
+    generator = Generator(root)
+    texts = ragged_texts(seed=8, count=10)
+    alone = [r.ids for r in generator.generate(texts, mode="greedy", batch_size=1)]
+    assert any(len(ids) == 9 for ids in alone)  # some rows run to the limit (max_target_len - 1)
+    for mode in ("greedy", "iad"):
+        for batch_size in (2, 3, 16):
+            assert [r.ids for r in generator.generate(texts, mode=mode, batch_size=batch_size)] == alone
+
+
+def test_a_bad_text_among_good_ones_is_refused_by_index_and_loses_nothing(bundle):
+    generator = Generator(bundle("marian"))
+    good = random_texts(seed=2, count=5)
+    expected = [r.ids for r in generator.generate(good, mode="iad", batch_size=3)]
+    for bad, reason in (("   ", "empty"), (" ".join(["w1"] * 600), "tokens long")):
+        with pytest.raises(InputError, match=rf"text 2 .*{reason}"):
+            generator.generate(good[:2] + [bad] + good[2:], mode="iad", batch_size=3)
+    assert [r.ids for r in generator.generate(good, mode="iad", batch_size=3)] == expected
+    assert generator.generate([], mode="iad") == []
+    # any iterable of strings: a generator expression decodes like the list
+    assert [r.ids for r in generator.generate((t for t in good), mode="iad", batch_size=3)] == expected
+
+
+@pytest.mark.parametrize("binding", [True, False])
+def test_eight_threads_share_one_generator(bundle, binding):
+    generator = Generator(bundle("t5"), io_binding=binding)
+    jobs = [(random_texts(seed=s, count=6), mode, size) for s in range(8)
+            for mode, size in (("greedy", 3), ("iad", 2))]
+    expected = [[r.ids for r in generator.generate(t, mode=m, max_new_tokens=MAX_NEW, batch_size=b)]
+                for t, m, b in jobs]
+    got: list = [None] * len(jobs)
+    errors: list = []
+
+    def work(i: int) -> None:
+        try:
+            texts, mode, size = jobs[i]
+            got[i] = [r.ids for r in generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=size)]
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for thread in threads[:8]:  # eight at once, then the rest
+        thread.start()
+    for thread in threads[8:]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert got == expected
+
+
+def test_cache_capacity_edges(bundle):
+    generator = Generator(bundle("marian"))
+    m = generator.manifest
+    buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots=2, max_target=40,
+                          max_source=8, device="cpu", bound=True, keep_hidden=False)
+    with pytest.raises(AggdecError, match="cache positions"):
+        buffers.ensure_capacity(41)
+    assert bucket(1, 40) == 16 and bucket(17, 40) == 32 and bucket(33, 40) == 40
+    batch = generator.verifier.batch(1, bound=True)
+    batch.admit(generator.encode(["w1 w2"]), m.pad_token_id)
+    with pytest.raises(AggdecError, match="cache positions"):
+        batch.verify(np.full((1, m.max_target_len + 3), 5, dtype=np.int64))
+    with pytest.raises(InputError, match="max_new_tokens"):
+        generator.generate(["w1"], max_new_tokens=m.max_target_len)
+    with pytest.raises(InputError, match="batch_size"):
+        generator.generate(["w1"], batch_size=0)
+
+
+def test_a_format_1_bundle_is_refused_with_advice_to_re_export(bundle, tmp_path):
+    import shutil
+
+    root = tmp_path / "old"
+    shutil.copytree(bundle("marian"), root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="(?s)format_version 1.*[Rr]e-export"):
+        Generator(root)
