@@ -30,17 +30,18 @@ def _ids(row: Measured) -> list[tuple[int, ...]]:
 
 
 def _time_split(row: Measured) -> dict | None:
-    """aggdec only: seconds in each graph and outside them (batch times shared out per text)."""
+    """aggdec only: seconds in each graph and outside them. A batched call's time is already
+    shared out among the rows it served (DecodeStats), so the rows' figures add up."""
     stats = [o.get("stats") for o in row.outputs]
     if not stats or stats[0] is None:
         return None
 
     def total(key: str) -> float:
-        return sum(s[key] / s["batch_size"] for s in stats)
+        return sum(s[key] for s in stats)
 
     wall = total("total_seconds")
     graphs = {key: total(f"{key}_seconds") for key in ("encoder", "verifier", "drafter")}
-    iterations = sum(s["iterations"] / s["batch_size"] for s in stats)  # a batch's calls, shared out
+    iterations = sum(s["iterations"] for s in stats)  # each row's own verifier calls
     tokens = sum(len(o["ids"]) + 1 for o in row.outputs)  # + EOS: one more accepted token a sentence
     drafted = sum(s["drafted"] for s in stats)
     return {

@@ -27,6 +27,8 @@ import numpy as np
 from .common import DecodeLimits, RowTrace, Verification
 from .verifier import Batch, Verifier
 
+WIDTH_QUANTILE = 0.5
+
 
 @dataclass
 class Row:
@@ -115,7 +117,15 @@ def decode(verifier: Verifier, sources: Sequence[list[int]], limits: DecodeLimit
         limit = batch.block_limit()
         rooms = [max(0, min(row.trace.draft_room(limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
         proposed = drafts.propose(batch, rows, rooms)
-        width = max(len(pend) + len(draft) for pend, draft in zip(pendings, proposed))
+        widths = [len(pend) + len(draft) for pend, draft in zip(pendings, proposed)]
+        if len(rows) > 1 and WIDTH_QUANTILE < 1.0:
+            # Blocks are padded to the widest: one row's long draft would make every row pay for
+            # it. The width is capped at a quantile of the rows' wishes; longer drafts are cut
+            # (a shorter draft changes speed, never the output).
+            cap = max(2, int(np.quantile(widths, WIDTH_QUANTILE)))
+            proposed = [draft[: max(0, cap - len(pend))] for pend, draft in zip(pendings, proposed)]
+            widths = [min(w, max(cap, len(pend))) for w, pend in zip(widths, pendings)]
+        width = max(widths)
         tokens = np.full((len(rows), width), pad_id, dtype=np.int64)
         for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
             tokens[slot, : len(pend)] = pend

@@ -52,7 +52,7 @@ def transformers_greedy(checkpoint_dir, texts, max_new_tokens):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_and_iad_equal_transformers(family, random_checkpoint, bundle):
-    texts = random_texts(seed=hash(family) % 1000, count=24)
+    texts = random_texts(seed=FAMILIES.index(family), count=24)  # hash() of a str differs per process
     expected = transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
     generator = Generator(bundle(family))
     greedy_single = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW, batch_size=1)]
