@@ -7,12 +7,33 @@ tokenizers); `export` needs the [export] extra and says so if it is missing.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
 from typing import TextIO
 
 from aggdec.runtime.errors import AggdecError, InputError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _finite_non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -49,14 +70,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
     gen.add_argument("--mode", choices=("greedy", "iad", "gad", "gad++"), default="greedy",
                      help="decoding mode (greedy)")
-    gen.add_argument("--beta", type=int, help="gad++: accept drafts among the verifier's top-beta (3)")
-    gen.add_argument("--tau", type=float, help="gad++: ... within tau log-prob of its best (1.0)")
-    gen.add_argument("--draft-k", type=int, help="gad: tokens drafted per iteration (default: the drafter's k)")
+    gen.add_argument("--beta", type=_positive_int, help="gad++: accept drafts among the verifier's top-beta (3)")
+    gen.add_argument("--tau", type=_finite_non_negative, help="gad++: ... within tau log-prob of its best (1.0)")
+    gen.add_argument("--draft-k", type=_positive_int,
+                     help="gad: tokens drafted per iteration (default: the drafter's k)")
     gen.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
-    gen.add_argument("--max-new-tokens", type=int, help="tokens to generate at most (default: the bundle's limit)")
+    gen.add_argument("--max-new-tokens", type=_positive_int,
+                     help="tokens to generate at most (default: the bundle's limit)")
     gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
-    gen.add_argument("--threads", type=int, help="intra-op threads (default: onnxruntime's choice)")
-    gen.add_argument("--batch-size", type=int, default=16, help="texts per greedy batch (16)")
+    gen.add_argument("--threads", type=_positive_int, help="intra-op threads (default: onnxruntime's choice)")
+    gen.add_argument("--batch-size", type=_positive_int, default=16,
+                     help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
     gen.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
                      help="onnxruntime IO binding: auto = on for cuda, off for cpu")
     gen.add_argument("--stats", action="store_true", help="print a summary of iterations and time to stderr")
@@ -122,14 +146,30 @@ def _train_drafter(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
-def _read_lines(path: str | None) -> list[str]:
-    if path is None:
-        return sys.stdin.read().splitlines()
+def _read_lines(path: str | None) -> list[str | UnicodeDecodeError]:
+    """Input lines, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028 inside a line is
+    part of it, so that output line N always answers input line N. A line that is not UTF-8
+    comes back as its decode error, to be reported for that line alone."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read().splitlines()
+        if path is None:
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read()
     except FileNotFoundError:
         raise InputError(f"input file {path!r} does not exist.") from None
+    except IsADirectoryError:
+        raise InputError(f"input {path!r} is a directory; give a file with one input per line.") from None
+    except OSError as exc:
+        raise InputError(f"cannot read input {path!r}: {exc.strerror or exc}.") from None
+    lines: list[str | UnicodeDecodeError] = []
+    for raw in data.split(b"\n")[: -1 if data.endswith(b"\n") else None] if data else []:
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            lines.append(exc)
+    return lines
 
 
 def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO) -> None:
@@ -153,22 +193,33 @@ def _generate(args: argparse.Namespace) -> int:
     lines = _read_lines(args.input)
     refused = {}
     for number, line in enumerate(lines, start=1):
-        reason = generator.check(line)
+        if isinstance(line, UnicodeDecodeError):
+            reason = f"input is not valid UTF-8 (byte 0x{line.object[line.start]:02x} at offset {line.start})"
+        else:
+            reason = generator.check(line)
         if reason is not None:
             refused[number] = reason
             print(f"aggdec: line {number}: {reason}", file=sys.stderr)
-    valid = [line for number, line in enumerate(lines, start=1) if number not in refused]
+    valid = [number for number in range(1, len(lines) + 1) if number not in refused]
     started, graphs_before = time.perf_counter(), generator.graph_seconds
-    results = generator.generate(valid, mode=args.mode, max_new_tokens=args.max_new_tokens,
-                                 batch_size=args.batch_size, beta=args.beta, tau=args.tau,
-                                 draft_k=args.draft_k) if valid else []
+    results: list = []
+    written = 0  # input lines answered so far
+    # Decode in chunks of a few batches (rows still leave and join inside a chunk) and write each
+    # chunk's lines, in input order with the refused lines' empty ones, as soon as it is done.
+    chunk = 4 * args.batch_size
+    for first in range(0, max(len(valid), 1), chunk):
+        numbers = valid[first : first + chunk]
+        done = generator.generate([lines[n - 1] for n in numbers], mode=args.mode,
+                                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta,
+                                  tau=args.tau, draft_k=args.draft_k) if numbers else []
+        results += done
+        texts = dict(zip(numbers, (r.text for r in done)))
+        last = numbers[-1] if numbers and first + chunk < len(valid) else len(lines)
+        for number in range(written + 1, last + 1):
+            sys.stdout.write(texts.get(number, "").replace("\n", " ") + "\n")
+        written = last
+        sys.stdout.flush()
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
-    outputs = iter(results)
-    for number in range(1, len(lines) + 1):
-        # one output line per input line, in order; a refused input gets an empty line
-        text = "" if number in refused else next(outputs).text
-        sys.stdout.write(text.replace("\n", " ") + "\n")
-    sys.stdout.flush()
     if args.stats:
         _print_stats(results, args.mode, wall, graphs, sys.stderr)
     return 1 if refused else 0
@@ -214,6 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`| head -1`): what it wanted was written; leave quietly, and keep
+        # Python from complaining again when it flushes stdout at exit
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -118,6 +118,11 @@ class Generator:
                 raise InputError(f"text {index} is a {type(text).__name__}, not a string.")
             if not text.strip():
                 raise InputError(f"text {index} is empty; give at least one non-space character.")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer can take it
+                raise InputError(f"text {index} holds {text[exc.start]!r} at character {exc.start}, which is not "
+                                 "a Unicode scalar value (a lone surrogate).") from None
         encoded = self.codec.encode(list(texts))
         limit = self.manifest.max_source_len
         for index, ids in enumerate(encoded):

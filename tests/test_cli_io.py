@@ -1,0 +1,78 @@
+"""`aggdec generate`'s input and output as a careless user and a script meet them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggdec.runtime.errors import InputError
+from aggdec.runtime.generator import Generator
+from tests.test_cli import assert_one_clean_error, cli_bundle  # noqa: F401 - the fixture
+
+SEPARATORS = ["\x0c", "\x0b", "\x85", "\u2028", "\u2029", "\x1c", "\x1d", "\x1e"]
+
+
+def run(bundle, data: bytes, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aggdec", "generate", str(bundle), "--max-new-tokens", "4", *args],
+                          input=data, capture_output=True, timeout=300)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["w1", "w2 w3", "w4 w5 w6", ""]), st.sampled_from(SEPARATORS + [" "]),
+                          st.sampled_from(["w7", "w8 w9"])), min_size=1, max_size=6),
+       st.booleans())
+def test_one_output_line_per_input_line_whatever_the_line_holds(cli_bundle, parts, crlf):  # noqa: F811
+    lines = [f"{a}{sep}{b}" for a, sep, b in parts]
+    end = "\r\n" if crlf else "\n"
+    result = run(cli_bundle, (end.join(lines) + end).encode())
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.decode().split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines)
+
+
+def test_invalid_utf8_is_that_lines_error_only(cli_bundle, tmp_path):  # noqa: F811
+    data = b"w1 w2\nw3 \xff\xfe w4\nw5\n"
+    for args, stdin in (((), data), (("--input", str(tmp_path / "in.txt")), b"")):
+        (tmp_path / "in.txt").write_bytes(data)
+        result = run(cli_bundle, stdin, *args)
+        assert result.returncode == 1
+        out = result.stdout.decode().split("\n")
+        assert len(out) == 4 and out[1] == "" and out[0] and out[2]
+        assert b"line 2: input is not valid UTF-8" in result.stderr and b"Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("option", [["--tau", "nan"], ["--tau", "inf"], ["--tau", "-1"], ["--max-new-tokens", "0"],
+                                    ["--batch-size", "0"], ["--threads", "0"], ["--beta", "0"], ["--draft-k", "-2"]])
+def test_bad_options_are_refused_before_reading_input(cli_bundle, option):  # noqa: F811
+    for stdin in (b"", b"\n\n"):
+        result = subprocess.run([sys.executable, "-m", "aggdec", "generate", str(cli_bundle), *option],
+                                input=stdin, capture_output=True, timeout=300)
+        assert result.returncode == 2 and b"Traceback" not in result.stderr
+        assert option[0].encode() in result.stderr
+
+
+def test_unreadable_inputs_and_a_closed_stdout_exit_quietly(cli_bundle, tmp_path):  # noqa: F811
+    result = subprocess.run([sys.executable, "-m", "aggdec", "generate", str(cli_bundle), "--input", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert_one_clean_error(result, "is a directory")
+    pipeline = subprocess.run(f"yes 'w1 w2' | head -400 | {sys.executable} -m aggdec generate {cli_bundle} "
+                              "--max-new-tokens 3 --batch-size 2 | head -1", shell=True, capture_output=True,
+                              text=True, timeout=300)
+    assert len(pipeline.stdout.splitlines()) == 1
+    assert "Traceback" not in pipeline.stderr and "Exception ignored" not in pipeline.stderr
+
+
+def test_api_takes_any_iterable_and_refuses_what_no_tokenizer_can_take(cli_bundle):  # noqa: F811
+    generator = Generator(cli_bundle)
+    texts = ["w1 w2", "w3"]
+    assert [r.ids for r in generator.generate(t for t in texts)] == [r.ids for r in generator.generate(texts)]
+    with pytest.raises(InputError, match="text 1 .*surrogate"):
+        generator.generate(["w1", "w2 \ud800"])
+    vocab = generator.manifest.vocab_size
+    for bad in (-1, vocab):
+        with pytest.raises(InputError, match="outside this bundle's vocabulary"):
+            generator.generate_ids([5, bad, 1])
