@@ -108,7 +108,7 @@ def test_gad_modes_through_the_cli(random_checkpoint, tmp_path):
     assert len(relaxed.stdout.splitlines()) == 3
     assert_one_clean_error(aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad++", "--beta", "99",
                                   stdin=lines), "beta")
-    assert_one_clean_error(aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad", "--draft-k", "0",
+    assert_one_clean_error(aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad", "--draft-k", "999",
                                   stdin=lines), "draft_k")
 
 
