@@ -7,11 +7,12 @@ tokenizers); `export` needs the [export] extra and says so if it is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
 
 from aggdec.runtime.errors import AggdecError, InputError
 
@@ -84,6 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
                      help="onnxruntime IO binding: auto = on for cuda, off for cpu")
     gen.add_argument("--stats", action="store_true", help="print a summary of iterations and time to stderr")
+    gen.add_argument("--format", choices=("text", "jsonl"), default="text",
+                     help="text: one output per line; jsonl: one JSON object per line with text, ids, error, stats")
+    gen.add_argument("--output", metavar="FILE", help="write to FILE (atomically, at the end) instead of stdout")
 
     bench = commands.add_parser(
         "bench", help="benchmark aggdec's modes against transformers, optimum and CTranslate2",
@@ -172,6 +176,64 @@ def _read_lines(path: str | None) -> list[str | UnicodeDecodeError]:
     return lines
 
 
+def _render(form: str, number: int, result, error: str | None) -> str:
+    """One output line: the text (a refused input: empty), or a JSON object with ids, error, stats."""
+    if form == "text":
+        return ("" if result is None else result.text.replace("\n", " ")) + "\n"
+    import dataclasses
+    import json
+
+    record = {"line": number, "text": None if result is None else result.text,
+              "ids": None if result is None else list(result.ids), "error": error,
+              "stats": None if result is None else dataclasses.asdict(result.stats)}
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+@contextlib.contextmanager
+def _output(path: str | None) -> Iterator[TextIO]:
+    """stdout, or FILE written atomically: a temporary file beside it, renamed over it at the
+    end; on any failure or Ctrl-C the temporary file is removed and FILE is left as it was."""
+    if path is None:
+        yield sys.stdout
+        return
+    import os
+    import tempfile
+
+    target = os.path.abspath(path)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".aggdec-", dir=os.path.dirname(target))
+    except OSError as exc:
+        raise InputError(f"cannot write output {path!r}: {exc.strerror or exc}.") from None
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(temporary, 0o666 & ~mask)  # mkstemp makes it private; the output is an ordinary file
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Any]:
+    """A progress bar on stderr when it is a terminal and tqdm is installed; otherwise None."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        yield None
+        return
+    with tqdm(total=total, unit="line", file=sys.stderr, leave=False) as bar:
+        yield bar
+
+
 def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO) -> None:
     tokens = sum(len(r.ids) for r in results)
     iterations = sum(r.stats.iterations for r in results)
@@ -203,22 +265,25 @@ def _generate(args: argparse.Namespace) -> int:
     valid = [number for number in range(1, len(lines) + 1) if number not in refused]
     started, graphs_before = time.perf_counter(), generator.graph_seconds
     results: list = []
-    written = 0  # input lines answered so far
-    # Decode in chunks of a few batches (rows still leave and join inside a chunk) and write each
-    # chunk's lines, in input order with the refused lines' empty ones, as soon as it is done.
-    chunk = 4 * args.batch_size
-    for first in range(0, max(len(valid), 1), chunk):
-        numbers = valid[first : first + chunk]
-        done = generator.generate([lines[n - 1] for n in numbers], mode=args.mode,
-                                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta,
-                                  tau=args.tau, draft_k=args.draft_k) if numbers else []
-        results += done
-        texts = dict(zip(numbers, (r.text for r in done)))
-        last = numbers[-1] if numbers and first + chunk < len(valid) else len(lines)
-        for number in range(written + 1, last + 1):
-            sys.stdout.write(texts.get(number, "").replace("\n", " ") + "\n")
-        written = last
-        sys.stdout.flush()
+    with _output(args.output) as out, _progress(len(valid)) as bar:
+        written = 0  # input lines answered so far
+        # Decode in chunks of a few batches (rows still leave and join inside a chunk) and write
+        # each chunk's lines, in input order with the refused lines' empty ones, as soon as it is done.
+        chunk = 4 * args.batch_size
+        for first in range(0, max(len(valid), 1), chunk):
+            numbers = valid[first : first + chunk]
+            done = generator.generate([lines[n - 1] for n in numbers], mode=args.mode,
+                                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta,
+                                      tau=args.tau, draft_k=args.draft_k) if numbers else []
+            results += done
+            by_number = dict(zip(numbers, done))
+            last = numbers[-1] if numbers and first + chunk < len(valid) else len(lines)
+            for number in range(written + 1, last + 1):
+                out.write(_render(args.format, number, by_number.get(number), refused.get(number)))
+            written = last
+            out.flush()
+            if bar is not None:
+                bar.update(len(numbers))
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     if args.stats:
         _print_stats(results, args.mode, wall, graphs, sys.stderr)

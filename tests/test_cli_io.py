@@ -76,3 +76,38 @@ def test_api_takes_any_iterable_and_refuses_what_no_tokenizer_can_take(cli_bundl
     for bad in (-1, vocab):
         with pytest.raises(InputError, match="outside this bundle's vocabulary"):
             generator.generate_ids([5, bad, 1])
+
+
+def test_jsonl_gives_one_object_per_input_line(cli_bundle):  # noqa: F811
+    import json
+
+    result = run(cli_bundle, b"w1 w2\n\nw3\n", "--format", "jsonl")
+    assert result.returncode == 1
+    records = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3]
+    assert records[1]["error"] and records[1]["text"] is None and records[1]["ids"] is None
+    for record in (records[0], records[2]):
+        assert record["error"] is None and record["ids"] and record["stats"]["iterations"] >= 1
+    text = run(cli_bundle, b"w1 w2\n\nw3\n").stdout.decode().splitlines()
+    assert [r["text"] or "" for r in records] == text
+
+
+def test_output_file_is_written_whole_or_not_at_all(cli_bundle, tmp_path):  # noqa: F811
+    import signal
+    import time
+
+    target = tmp_path / "out.txt"
+    result = run(cli_bundle, b"w1 w2\nw3\n", "--output", str(target))
+    assert result.returncode == 0 and result.stdout == b""
+    assert len(target.read_text().splitlines()) == 2
+    target.write_text("previous\n")
+    source = tmp_path / "many.txt"
+    source.write_text("w1 w2 w3 w4 w5\n" * 20000)
+    process = subprocess.Popen([sys.executable, "-m", "aggdec", "generate", str(cli_bundle), "--input", str(source),
+                                "--batch-size", "1", "--output", str(target)], stderr=subprocess.PIPE)
+    time.sleep(6)  # loaded and decoding
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert target.read_text() == "previous\n"  # untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.txt", "out.txt"]  # no temporary file left
