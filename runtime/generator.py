@@ -179,10 +179,15 @@ class Generator:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
         limits = self._limits(max_new_tokens)
+        if not isinstance(texts, (str, bytes)):
+            try:
+                texts = list(texts)
+            except TypeError:
+                raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
         encoded = self.encode(texts)
         results: list[GenerationResult | None] = [None] * len(encoded)
         for done in self._decode(encoded, limits, drafts, verification, batch_size):
-            results[done.index] = self._result(done, batch_size)
+            results[done.index] = self._result(done, batch_size, texts[done.index])
         return results  # type: ignore[return-value]
 
     def generate_ids(self, source_ids: Sequence[int], mode: str = "greedy", max_new_tokens: int | None = None,
@@ -261,11 +266,12 @@ class Generator:
             return block
         return BlockOptions(max_block=DEFAULT_MAX_BLOCK[self.device], cost_ratio=DEFAULT_COST_RATIO[self.device])
 
-    def _result(self, done: Finished, batch: int) -> GenerationResult:
+    def _result(self, done: Finished, batch: int, source: str | None = None) -> GenerationResult:
         trace = done.trace
         ids = tuple(trace.tokens[1:])
         started = time.perf_counter()
-        text = self.codec.decode(list(ids))
+        # characters the vocabulary lacks come back from the source instead of being dropped
+        text = self.codec.decode(list(ids)) if source is None else self.codec.decode_restoring(list(ids), source)
         seconds = done.seconds
         stats = DecodeStats(
             iterations=len(trace.accepted),

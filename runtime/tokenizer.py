@@ -17,6 +17,15 @@ class TextCodec:
             raise BundleError(f"could not read the tokenizer {str(path)!r}: {exc}") from exc
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
+        unk = self._tokenizer.token_to_id("<unk>")
+        self._unk_id: int | None = unk
+        # the word-start marker of Metaspace tokenizers (SentencePiece style), if any
+        self._word_marker = "\u2581"
+        self._special_ids = [i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special]
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._unk_id
 
     @property
     def vocab_size(self) -> int:
@@ -29,3 +38,37 @@ class TextCodec:
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decode_restoring(self, ids: list[int], source: str) -> str:
+        """``decode``, with each ``<unk>`` of the output given back the source text it stands for.
+
+        A tokenizer without byte fallback maps characters outside its vocabulary to ``<unk>``,
+        and decoding drops it: ``км³`` would come out as ``км``. A correction tool must not
+        damage what it cannot represent, so the k-th ``<unk>`` of the output takes the text of
+        the k-th ``<unk>`` of the source (found by the tokenizer's own offsets) when both hold
+        the same number; when they do not, every output ``<unk>`` takes the source's only
+        unknown text if there is just one, and otherwise the output is decoded as is (no
+        alignment is certain). Spacing follows the source: a restored text that began a word
+        there begins one here.
+        """
+        unk = self._unk_id
+        if unk is None or unk not in ids:
+            return self.decode(ids)
+        encoding = self._tokenizer.encode(source, add_special_tokens=False)
+        spans = []
+        for index, (token, (start, end)) in enumerate(zip(encoding.ids, encoding.offsets)):
+            if token == unk:
+                word_start = start == 0 or source[start - 1].isspace()
+                after_marker = index > 0 and encoding.tokens[index - 1] == self._word_marker
+                spans.append((self._word_marker if word_start and not after_marker else "") + source[start:end])
+        wanted = ids.count(unk)
+        if len(spans) != wanted:
+            if len(set(spans)) != 1:
+                return self.decode(ids)
+            spans = spans[:1] * wanted
+        restored = iter(spans)
+        special = set(self._special_ids)
+        tokens = [next(restored) if token == unk else self._tokenizer.id_to_token(token)
+                  for token in ids if token == unk or token not in special]
+        decoder = self._tokenizer.decoder
+        return decoder.decode(tokens) if decoder is not None else "".join(tokens)
