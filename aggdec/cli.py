@@ -57,6 +57,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     train.add_argument("--out", required=True, metavar="DIR", help="where the drafter and checkpoints go")
     train.add_argument("--k", type=int, default=25, help="tokens drafted per call (25)")
     train.add_argument("--layers", type=int, default=2, help="drafter decoder layers (2)")
+    train.add_argument("--window", type=int, default=16,
+                       help="output tokens the drafter reads before its slots, 0 = all (16): a bounded window "
+                            "keeps a drafter call's cost flat as the output grows")
     length = train.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps")
     length.add_argument("--epochs", type=int, help="passes over the sources (default 1)")

@@ -122,7 +122,8 @@ class Generator:
         self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
         if "drafter" in sessions:
-            self.drafter = Drafter(sessions["drafter"], int(m.draft_k or 0), int(m.mask_token_id or 0))
+            self.drafter = Drafter(sessions["drafter"], int(m.draft_k or 0), int(m.mask_token_id or 0),
+                                   int(m.draft_window or 0))
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -193,7 +194,8 @@ class Generator:
         its own draft; a finished row's slot goes to the next text at once.
         ``max_new_tokens``: tokens to generate at most (default: the bundle's limit).
         ``block``: IAD draft-block options (default: tuned for the device).
-        ``draft_k``: GAD draft tokens per iteration, at most the drafter's k (default: its k).
+        ``draft_k``: the most GAD draft tokens a verifier call checks, at most the drafter's k
+        (default: its k); each row checks fewer while its drafts are being rejected.
         A text that cannot be decoded (empty, too long) raises InputError naming its index,
         before anything is decoded (`check` tells in advance).
         """
@@ -355,7 +357,7 @@ class Generator:
                                     or not 1 <= draft_k <= drafter.k):
             raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({drafter.k}), "
                              f"got {draft_k!r}.")
-        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k)
+        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k, cost_ratio=DEFAULT_COST_RATIO[self.device])
         if mode == "gad":
             return drafts, GREEDY
         beta = GAD_PLUS_BETA if beta is None else beta
