@@ -26,6 +26,11 @@ class Work:
     limits: DecodeLimits | None = None
 
 
+# takes a queued source may be passed over for shorter ones before it goes first: without it,
+# a long text could wait forever behind a stream of short ones (and hold up in-order output)
+PATIENCE = 4
+
+
 class Closed(Exception):
     """Raised by :meth:`Arrivals.put` once the queue is closed."""
 
@@ -34,8 +39,8 @@ class Arrivals:
     """A thread-safe queue of :class:`Work`, taken shortest source first within a window.
 
     ``lookahead``: how many of the oldest queued sources the loop picks the shortest among
-    (similar lengths in a batch waste less padding; a bounded window keeps a long text from
-    waiting forever behind a stream of short ones). None: every queued source.
+    (similar lengths in a batch waste less padding). None: every queued source. A source
+    passed over :data:`PATIENCE` times goes before any shorter one.
     ``capacity``: :meth:`put` blocks while this many sources wait (a producer faster than the
     decoder, such as a large file on stdin, is held back instead of filling memory). None: no
     bound.
@@ -50,6 +55,7 @@ class Arrivals:
         self.capacity = capacity
         self._queue: deque[Work] = deque()
         self._cancelled: set[int] = set()
+        self._passed: dict[int, int] = {}  # index -> takes that chose shorter sources over it
         self._closed = False
         self._abandoned = False
         self._ascending = True  # queued in order of length: the shortest are simply the oldest
@@ -89,6 +95,7 @@ class Arrivals:
         with self._changed:
             self._closed = self._abandoned = True
             self._queue.clear()
+            self._passed.clear()
             self._changed.notify_all()
 
     @property
@@ -146,9 +153,16 @@ class Arrivals:
             else:
                 window = list(self._queue) if self.lookahead is None else [
                     self._queue[i] for i in range(min(self.lookahead, len(self._queue)))]
-                chosen = sorted(window, key=lambda work: len(work.source))[:count]
+                overdue = [work for work in window if self._passed.get(work.index, 0) >= PATIENCE]
+                chosen = (overdue + sorted((work for work in window if self._passed.get(work.index, 0) < PATIENCE),
+                                           key=lambda work: len(work.source)))[:count]
                 picked = {id(work) for work in chosen}
                 self._queue = deque(work for work in self._queue if id(work) not in picked)
+                for work in window:
+                    if id(work) in picked:
+                        self._passed.pop(work.index, None)
+                    else:
+                        self._passed[work.index] = self._passed.get(work.index, 0) + 1
             if not self._queue:
                 self._ascending = True
             if chosen:
@@ -161,4 +175,5 @@ class Arrivals:
             for work in self._queue:
                 if work.index in self._cancelled:
                     self._cancelled.discard(work.index)
+                    self._passed.pop(work.index, None)
             self._queue = kept

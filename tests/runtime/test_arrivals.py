@@ -152,3 +152,15 @@ def test_a_cancelled_row_is_dropped_and_the_others_are_untouched(bundle):
     assert len(finished) < len(texts) - 1  # rows that were decoding were dropped too
     for index, ids in finished.items():
         assert ids == list(expected[index])
+
+
+def test_a_long_source_is_not_passed_over_forever():
+    from aggdec.runtime.decoding.arrivals import PATIENCE
+
+    queue = Arrivals(lookahead=4)
+    queue.put(Work(0, [7] * 50))
+    taken: list[int] = []
+    for index in range(1, 40):  # a stream of short sources, one taken per arrival
+        queue.put(Work(index, [7]))
+        taken += [w.index for w in queue.take(1, wait=False)]
+    assert 0 in taken and taken.index(0) <= PATIENCE
