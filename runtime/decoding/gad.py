@@ -80,20 +80,30 @@ class DrafterDraft:
         if self._verifier_seen is not None:  # the verifier call since the last proposal
             self._verifier_call = _mean(self._verifier_call, batch.verifier_seconds - self._verifier_seen)
         self._verifier_seen = batch.verifier_seconds
-        if not any(rooms):
+        fixed = self._drafter_call / self._verifier_call if self._verifier_call > 0 else 0.0
+        # rows whose drafts keep failing take plain greedy steps: a drafter call is not free
+        sizes = [min(row.state.size(fixed, allow_none=True), room) for row, room in zip(rows, rooms)]
+        drafting = [slot for slot, size in enumerate(sizes) if size > 0]
+        if not drafting:
             return [empty] * len(rows)
         started = time.perf_counter()
-        drafted = self.drafter.draft([row.trace.tokens for row in rows], batch.buffers.hidden(),
-                                     batch.buffers.source_mask(), self.pad_id)
+        hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
+        if len(drafting) < len(rows):
+            hidden, mask = hidden[drafting], mask[drafting]
+        drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting], hidden, mask, self.pad_id)
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
         self._drafter_call = _mean(self._drafter_call, elapsed)
-        fixed = self._drafter_call / self._verifier_call if self._verifier_call > 0 else 0.0
-        return [drafted[slot, : min(row.state.size(fixed), room)] for slot, (row, room) in enumerate(zip(rows, rooms))]
+        drafts = [empty] * len(rows)
+        for place, slot in enumerate(drafting):
+            drafts[slot] = drafted[place, : sizes[slot]]
+        return drafts
 
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         if drafted:
             row.state.observe(drafted, accepted)
+        else:
+            row.state.skipped()
 
 
 def _mean(mean: float, value: float, weight: float = 0.2) -> float:

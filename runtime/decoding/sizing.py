@@ -47,15 +47,27 @@ class BlockSizer:
         self._ks = ks
         self._cost = 1.0 + options.cost_ratio * ks
 
-    def size(self, fixed_cost: float = 0.0) -> int:
-        """The draft length to check next. ``fixed_cost``: what an iteration costs besides the
+    def size(self, fixed_cost: float = 0.0, allow_none: bool = False) -> int:
+        """The draft length to check next. ``fixed_cost``: what drafting costs besides the
         verifier call, relative to a one-token call (GAD's drafter call), which favours longer
-        drafts."""
+        drafts. ``allow_none``: 0 (a plain greedy step, without that cost) is a choice too, for
+        a row whose drafts keep failing."""
         if not self.options.adaptive:
             return self.options.max_block
         p = min(self._accepted / (self._accepted + self._rejected), 0.999)
         gain = (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
-        return int(self._ks[int(np.argmax(gain / (self._cost + fixed_cost)))])
+        value = gain / (self._cost + fixed_cost)
+        best = int(np.argmax(value))
+        if allow_none and value[best] < 1.0:  # one token for one plain call beats drafting
+            return 0
+        return int(self._ks[best])
+
+    def skipped(self) -> None:
+        """An iteration without a draft: the estimate relaxes toward the prior, so that a row
+        that stopped drafting tries again later (its text may have become easy again)."""
+        decay = self.options.decay
+        self._accepted = decay * self._accepted + (1 - decay) * self.options.prior_accepted
+        self._rejected = decay * self._rejected + (1 - decay) * self.options.prior_rejected
 
     def observe(self, drafted: int, accepted: int) -> None:
         decay = self.options.decay

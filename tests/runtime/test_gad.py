@@ -68,35 +68,42 @@ def test_gad_equals_greedy_at_every_drafter_window(family, gad_bundle):
 
 def test_a_drafter_call_costs_the_same_however_long_the_output(gad_bundle):
     """Counts the positions fed to the drafter graph per call (no timing): with a window they
-    are bounded by rows x (window + k), at every output length; without, they grow."""
+    stay at window + k for outputs of any length; reading the whole output, they grow."""
     generator = Generator(gad_bundle("marian"))
-    widths: list[tuple[int, int]] = []  # (longest prefix, input width) per drafter call
+    batch = generator.verifier.batch(2, generator.io_binding, keep_hidden=True)
+    batch.admit(generator.encode(["w1 w2 w3", "w4 w5"]), generator.manifest.pad_token_id)
+    widths: list[int] = []
     session = generator.drafter.session
     original = session.run
-
-    def counting(feeds):
-        widths.append((int((feeds["slot_start"] + feeds["position_offset"]).max()), feeds["input_ids"].shape[1]))
-        return original(feeds)
-
-    session.run = counting
-    long_texts = [" ".join(["w1 w2 w3"] * 12)] * 2
-    for window in (4, 0):
+    session.run = lambda feeds: widths.append(feeds["input_ids"].shape[1]) or original(feeds)
+    for window, grows in ((4, False), (0, True)):
         generator.drafter.window = window
         widths.clear()
-        generator.generate(long_texts, mode="gad", max_new_tokens=60, batch_size=2)
-        assert max(prefix for prefix, _ in widths) > 30  # the outputs did grow long
-        if window:
-            assert all(width <= window + K for _, width in widths)
+        for length in (1, 10, 60, 200):
+            prefixes = [[0] + [5] * length, [0] + [6] * (length // 2)]
+            drafts = generator.drafter.draft(prefixes, batch.buffers.hidden(), batch.buffers.source_mask(),
+                                             generator.manifest.pad_token_id)
+            assert drafts.shape == (2, K)
+        if grows:
+            assert widths == [2 + K, 11 + K, 61 + K, 201 + K]
         else:
-            assert max(width for _, width in widths) > 30 + K
+            assert widths == [2 + K, 4 + K, 4 + K, 4 + K]
 
 
-def test_gad_checks_fewer_drafts_in_a_row_whose_drafts_fail(gad_bundle):
-    """An untrained drafter's drafts are mostly rejected: the per-row sizer shortens them below k."""
+def test_a_row_whose_drafts_fail_stops_paying_for_the_drafter(gad_bundle):
+    """An untrained drafter's drafts are mostly rejected: the row's sizer shortens them, then
+    takes plain greedy steps without a drafter call (trying again now and then)."""
     generator = Generator(gad_bundle("marian"))
-    results = generator.generate(random_texts(seed=3, count=8), mode="gad", max_new_tokens=MAX_NEW)
-    drafted = [d for r in results for d in r.stats.drafted[2:] if d]
-    assert drafted and min(drafted) < K
+    calls = []
+    session = generator.drafter.session
+    original = session.run
+    session.run = lambda feeds: calls.append(feeds["input_ids"].shape[0]) or original(feeds)
+    texts = random_texts(seed=3, count=6)
+    results = generator.generate(texts, mode="gad", max_new_tokens=MAX_NEW, batch_size=1)
+    assert [r.ids for r in results] == [r.ids for r in generator.generate(texts, max_new_tokens=MAX_NEW)]
+    iterations = sum(r.stats.iterations for r in results)
+    assert len(calls) < iterations  # some iterations drafted nothing and did not call the drafter
+    assert sum(1 for r in results for d in r.stats.drafted if d == 0) == iterations - len(calls)
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 5, 8])
