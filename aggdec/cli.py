@@ -83,8 +83,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--batch-size", type=_positive_int, default=16,
                      help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
     gen.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
-                     help="onnxruntime IO binding: auto = on for cuda, off for cpu")
-    gen.add_argument("--stats", action="store_true", help="print a summary of iterations and time to stderr")
+                     help="onnxruntime IO binding: auto = on (the cache buffers are bound by pointer)")
+    gen.add_argument("--tf32", action="store_true",
+                     help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
+    gen.add_argument("--stats", action="store_true",
+                     help="print load, warm-up and decoding time, iterations and tokens to stderr")
     gen.add_argument("--format", choices=("text", "jsonl"), default="text",
                      help="text: one output per line; jsonl: one JSON object per line with text, ids, error, stats")
     gen.add_argument("--output", metavar="FILE", help="write to FILE (atomically, at the end) instead of stdout")
@@ -105,6 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bench.add_argument("--device", nargs="+", choices=("cpu", "cuda"), default=["cpu"],
                        help="devices to run on; cuda is skipped with a note where there is no GPU (cpu)")
     bench.add_argument("--threads", type=int, default=1, help="threads per system (1)")
+    bench.add_argument("--tf32", action="store_true", help="aggdec on cuda: allow TF32 matrix products (off)")
     bench.add_argument("--batch-size", "--batch-sizes", dest="batch_sizes", type=int, nargs="+", metavar="N",
                        help="batch sizes (default: 1 8 32; batch 1 always runs)")
     bench.add_argument("--limit", type=int, metavar="N", help="only the first N sentences")
@@ -234,14 +238,16 @@ def _progress(total: int) -> Iterator[Any]:
         yield bar
 
 
-def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO) -> None:
+def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO, load: float = 0.0,
+                 warm_up: float = 0.0) -> None:
     tokens = sum(len(r.ids) for r in results)
     iterations = sum(r.stats.iterations for r in results)
     outside = max(wall - graphs, 0.0)
     print(
         f"aggdec: {mode}: {len(results)} inputs, {tokens} tokens in {iterations} iterations "
-        f"({tokens / max(iterations, 1):.2f} tokens/iteration); {wall:.3f}s total, {graphs:.3f}s in graphs, "
-        f"{outside:.3f}s outside ({100 * outside / max(wall, 1e-9):.1f}%); {tokens / max(wall, 1e-9):.1f} tokens/s",
+        f"({tokens / max(iterations, 1):.2f} tokens/iteration); decoding {wall:.3f}s, {graphs:.3f}s in graphs, "
+        f"{outside:.3f}s outside ({100 * outside / max(wall, 1e-9):.1f}%); {tokens / max(wall, 1e-9):.1f} tokens/s; "
+        f"not counted: load {load:.3f}s, warm-up {warm_up:.3f}s",
         file=out,
     )
 
@@ -249,9 +255,11 @@ def _print_stats(results: list, mode: str, wall: float, graphs: float, out: Text
 def _generate(args: argparse.Namespace) -> int:
     from aggdec.runtime.generator import Generator
 
+    loading = time.perf_counter()
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
-                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding])
+                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32)
     generator.check_options(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
+    load = time.perf_counter() - loading
     lines = _read_lines(args.input)
     refused = {}
     for number, line in enumerate(lines, start=1):
@@ -263,6 +271,9 @@ def _generate(args: argparse.Namespace) -> int:
             refused[number] = reason
             print(f"aggdec: line {number}: {reason}", file=sys.stderr)
     valid = [number for number in range(1, len(lines) + 1) if number not in refused]
+    # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):
+    # done here on a short made-up input, so that neither the first lines nor --stats pay for it
+    warm_up = generator.warm_up(args.mode, min(args.batch_size, len(valid))) if valid else 0.0
     started, graphs_before = time.perf_counter(), generator.graph_seconds
     results: list = []
     with _output(args.output) as out, _progress(len(valid)) as bar:
@@ -286,7 +297,7 @@ def _generate(args: argparse.Namespace) -> int:
                 bar.update(len(numbers))
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     if args.stats:
-        _print_stats(results, args.mode, wall, graphs, sys.stderr)
+        _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up)
     return 1 if refused else 0
 
 
@@ -299,7 +310,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = BenchOptions(
         bundle=Path(args.bundle) if args.bundle else None,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
-        data=args.data, devices=tuple(args.device), threads=args.threads,
+        data=args.data, devices=tuple(args.device), threads=args.threads, tf32=args.tf32,
         batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None, limit=args.limit,
         out=Path(args.out), work=Path(args.work), quick=args.quick,
         optimum_python=args.optimum_python or os.environ.get("AGGDEC_OPTIMUM_PYTHON") or sys.executable,

@@ -68,26 +68,32 @@ class Generator:
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool | None = None, verify: bool = True) -> None:
+                 io_binding: bool | None = None, verify: bool = True, tf32: bool = False) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
         and out of every call: identical outputs, slower, kept for debugging and comparison.
         ``verify``: check every bundle file's sha256 against the manifest.
+        ``tf32``: on ``device="cuda"``, let onnxruntime run float32 matrix products on TF32
+        tensor cores: faster on Ampere and newer GPUs, but no longer transformers' float32
+        arithmetic, so outputs may differ from greedy on the CPU where two candidates are close.
+        Off by default; refused on the CPU.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
-        check_device(device)  # fail before reading any file
+        check_device(device, tf32)  # fail before reading any file
         self.io_binding = True if io_binding is None else bool(io_binding)
         self.root = Path(bundle_dir)
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
         self.device = device
+        self.tf32 = tf32
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
         m = self.manifest
-        sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads)
+        sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32)
                     for name in ("encoder", "verifier", "drafter") if name in m.graphs}
         # the graphs must be what the manifest says they are, before any text meets them
         check_consistency(m, sessions, self.codec.vocab_size)
+        self._sessions = sessions
         self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
         if "drafter" in sessions:
@@ -97,6 +103,52 @@ class Generator:
         seconds = dict(self.verifier.seconds)
         seconds["drafter"] = self.drafter.session.seconds if self.drafter is not None else 0.0
         return seconds
+
+    @property
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """The options onnxruntime applied to the verifier's session, per execution provider."""
+        return dict(self.verifier.verifier.provider_options)
+
+    def warm_up(self, max_new_tokens: int = 4) -> float:
+        """Run every graph once on a short input so that onnxruntime's first-call work (memory
+        arenas, CUDA kernels and cuBLAS handles) is not counted in the next decode's time.
+        Returns the seconds it took; the graphs' time counters are left as they were."""
+        started = time.perf_counter()
+        before = {name: getattr(s, "seconds", 0.0) for name, s in self._sessions.items()}
+        text = self.codec.decode([i for i in range(self.manifest.vocab_size) if i not in self._special][:3]) or "a"
+        mode = "gad" if self.drafter is not None else "iad"
+        try:
+            self.generate([text, text + " " + text], mode=mode, max_new_tokens=min(max_new_tokens,
+                          self.manifest.max_target_len - 1), batch_size=2)
+        except InputError:  # a tokenizer that cannot encode the probe: nothing to warm with
+            pass
+        for name, session in self._sessions.items():
+            session.seconds = before[name]
+        return time.perf_counter() - started
+
+    @property
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """The options onnxruntime applied to the verifier's session, per execution provider."""
+        return dict(self.verifier.verifier.provider_options)
+
+    def warm_up(self, mode: str = "greedy", batch_size: int = 1, max_new_tokens: int = 8) -> float:
+        """Decode a few short sources once with ``mode`` so that onnxruntime's first-call work
+        (memory arenas, CUDA kernel selection, cuBLAS handles) is not counted in the next
+        decode's time. Returns the seconds it took; the graphs' time counters are restored."""
+        drafts, verification = self._strategy(mode, None, None, None, None)
+        started = time.perf_counter()
+        before = {name: session.seconds for name, session in self._sessions.items()}
+        m = self.manifest
+        special = {m.pad_token_id, m.eos_token_id, m.decoder_start_token_id}
+        words = [i for i in range(m.vocab_size) if i not in special][: max(1, min(8, m.max_source_len - 1))]
+        source = (words + [m.eos_token_id])[: m.max_source_len]
+        limits = self._limits(min(max_new_tokens, m.max_target_len - 1))
+        rows = max(1, min(int(batch_size), 2))
+        for _ in self._decode([list(source) for _ in range(rows)], limits, drafts, verification, rows):
+            pass
+        for name, session in self._sessions.items():
+            session.seconds = before[name]
+        return time.perf_counter() - started
 
     @property
     def graph_seconds(self) -> float:
