@@ -78,7 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
     gen.add_argument("--max-new-tokens", type=_positive_int,
                      help="tokens to generate at most (default: the bundle's limit)")
-    gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
+    gen.add_argument("--device", choices=("cpu", "cuda", "tensorrt"), default="cpu",
+                     help="where to run (cpu); tensorrt: engines from `aggdec build-engines` (not yet run on a GPU)")
+    gen.add_argument("--engines", metavar="DIR", help="tensorrt: the engines directory (default: BUNDLE.engines)")
     gen.add_argument("--threads", type=_positive_int, help="intra-op threads (default: onnxruntime's choice)")
     gen.add_argument("--batch-size", type=_positive_int, default=16,
                      help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
@@ -91,6 +93,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--format", choices=("text", "jsonl"), default="text",
                      help="text: one output per line; jsonl: one JSON object per line with text, ids, error, stats")
     gen.add_argument("--output", metavar="FILE", help="write to FILE (atomically, at the end) instead of stdout")
+
+    engines = commands.add_parser(
+        "build-engines", help="build TensorRT engines for a bundle (needs TensorRT and a GPU; not yet run on one)",
+        description="Build a TensorRT engine per graph of BUNDLE, with optimization profiles derived from its "
+                    "manifest, into a directory beside it (engines.json, *.engine, timing.cache). Engines are "
+                    "keyed by bundle, GPU, TensorRT version, precision and profile; an up-to-date one is reused.")
+    engines.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
+    engines.add_argument("--out", metavar="DIR", help="where the engines go (default: BUNDLE.engines)")
+    engines.add_argument("--fp16", action="store_true", help="allow fp16 kernels (faster; outputs may differ from fp32)")
+    engines.add_argument("--tf32", action="store_true", help="allow TF32 kernels (off: TensorRT's default is on)")
+    engines.add_argument("--max-batch", type=_positive_int, default=16, help="most rows per call (16)")
+    engines.add_argument("--opt-batch", type=_positive_int, default=1, help="the batch size tuned for (1)")
+    engines.add_argument("--max-block", type=_positive_int, default=64,
+                         help="longest IAD draft block the verifier engine takes (64, the CUDA default)")
+    engines.add_argument("--workspace", type=_positive_int, default=4096, metavar="MB",
+                         help="TensorRT workspace memory pool, MiB (4096)")
+    engines.add_argument("--force", action="store_true", help="rebuild engines that are up to date")
+    engines.add_argument("--dry-run", action="store_true",
+                         help="print the profiles that would be built, as JSON, and stop (no TensorRT needed)")
 
     bench = commands.add_parser(
         "bench", help="benchmark aggdec's modes against transformers, optimum and CTranslate2",
@@ -255,9 +276,12 @@ def _print_stats(results: list, mode: str, wall: float, graphs: float, out: Text
 def _generate(args: argparse.Namespace) -> int:
     from aggdec.runtime.generator import Generator
 
+    if args.engines is not None and args.device != "tensorrt":
+        raise InputError("--engines applies to --device tensorrt only.")
     loading = time.perf_counter()
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
-                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32)
+                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
+                          engines=args.engines)
     generator.check_options(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
     load = time.perf_counter() - loading
     lines = _read_lines(args.input)
@@ -321,7 +345,31 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(options)
 
 
+def _build_engines(args: argparse.Namespace) -> int:
+    import json
+
+    from aggdec.engines import BuildOptions, ProfileOptions, build_engines, plan
+
+    options = BuildOptions(profile=ProfileOptions(max_batch=args.max_batch, opt_batch=args.opt_batch,
+                                                  max_block=args.max_block),
+                           fp16=args.fp16, tf32=args.tf32, workspace_mib=args.workspace, force=args.force)
+    planned = plan(args.bundle, args.out, options)  # bundle and options checked before TensorRT is needed
+    if args.dry_run:  # one line per input: {"min": "1x1", "opt": "1x16", "max": "16x66"}
+        print(json.dumps({"out": str(planned.out)}))
+        for graph, profile in planned.profiles.items():
+            for name, shapes in profile.items():
+                print(json.dumps({"graph": graph, "input": name,
+                                  **{k: "x".join(map(str, v)) for k, v in shapes.items()}}))
+        return 0
+    out = build_engines(args.bundle, args.out, options,
+                        progress=lambda message: print(f"aggdec build-engines: {message}", file=sys.stderr, flush=True))
+    print(out)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.command == "build-engines":
+        return _build_engines(args)
     if args.command == "export":
         return _export(args)
     if args.command == "train-drafter":

@@ -13,17 +13,21 @@ from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
-from .decoding.verifier import Verifier
-from .errors import BundleError, InputError
+from .decoding.verifier import SLACK, Verifier
+from .errors import BundleError, InputError, ProviderError
 from .manifest import TOKENIZER_FILE, Manifest, load_manifest
-from .session import OrtSession, check_device
+from .session import OrtSession, check_device, ort
+
+
+def _ort_cuda_available() -> bool:
+    return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 from .tokenizer import TextCodec
 
 MODES = ("greedy", "iad", "gad", "gad++")
 GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verification)
 # per extra block position, relative to a one-token call (see BlockOptions)
-DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005}
-DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64}
+DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005, "tensorrt": 0.005}
+DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64, "tensorrt": 64}
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,8 @@ class Generator:
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool | None = None, verify: bool = True, tf32: bool = False) -> None:
+                 io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
+                 engines: str | Path | None = None) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
@@ -78,10 +83,26 @@ class Generator:
         tensor cores: faster on Ampere and newer GPUs, but no longer transformers' float32
         arithmetic, so outputs may differ from greedy on the CPU where two candidates are close.
         Off by default; refused on the CPU.
+        ``device="tensorrt"``: run TensorRT engines built by ``aggdec build-engines`` (from
+        ``engines``, default ``BUNDLE.engines``) instead of onnxruntime; needs the [tensorrt]
+        extra. NOT RUN YET on a TensorRT machine (README, TensorRT). IO binding there needs
+        onnxruntime's CUDA provider too (it allocates the cache on the device); without it the
+        cache goes through the host every call.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
-        check_device(device, tf32)  # fail before reading any file
+        if device == "tensorrt":  # fail before reading any file
+            from aggdec.engines.runtime import check_tensorrt
+
+            check_tensorrt()
+            if io_binding is None:
+                io_binding = _ort_cuda_available()
+            elif io_binding:
+                check_device("cuda")  # the bound cache buffers are onnxruntime CUDA allocations
+        else:
+            check_device(device, tf32)
+            if engines is not None:
+                raise ProviderError("engines applies to device 'tensorrt' only.")
         self.io_binding = True if io_binding is None else bool(io_binding)
         self.root = Path(bundle_dir)
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
@@ -89,8 +110,13 @@ class Generator:
         self.tf32 = tf32
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
         m = self.manifest
-        sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32)
-                    for name in ("encoder", "verifier", "drafter") if name in m.graphs}
+        if device == "tensorrt":
+            from aggdec.engines.runtime import engine_sessions
+
+            sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
+        else:
+            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32)
+                        for name in ("encoder", "verifier", "drafter") if name in m.graphs}
         # the graphs must be what the manifest says they are, before any text meets them
         check_consistency(m, sessions, self.codec.vocab_size)
         self._sessions = sessions
@@ -106,8 +132,9 @@ class Generator:
 
     @property
     def provider_options(self) -> dict[str, dict[str, str]]:
-        """The options onnxruntime applied to the verifier's session, per execution provider."""
-        return dict(self.verifier.verifier.provider_options)
+        """The options onnxruntime applied to the verifier's session, per execution provider
+        (empty for TensorRT engines, which onnxruntime does not run)."""
+        return dict(getattr(self.verifier.verifier, "provider_options", {}))
 
     def warm_up(self, max_new_tokens: int = 4) -> float:
         """Run every graph once on a short input so that onnxruntime's first-call work (memory
@@ -128,8 +155,9 @@ class Generator:
 
     @property
     def provider_options(self) -> dict[str, dict[str, str]]:
-        """The options onnxruntime applied to the verifier's session, per execution provider."""
-        return dict(self.verifier.verifier.provider_options)
+        """The options onnxruntime applied to the verifier's session, per execution provider
+        (empty for TensorRT engines, which onnxruntime does not run)."""
+        return dict(getattr(self.verifier.verifier, "provider_options", {}))
 
     def warm_up(self, mode: str = "greedy", batch_size: int = 1, max_new_tokens: int = 8) -> float:
         """Decode a few short sources once with ``mode`` so that onnxruntime's first-call work
@@ -316,7 +344,11 @@ class Generator:
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
             return block
-        return BlockOptions(max_block=DEFAULT_MAX_BLOCK[self.device], cost_ratio=DEFAULT_COST_RATIO[self.device])
+        longest = DEFAULT_MAX_BLOCK[self.device]
+        limit = getattr(self.verifier.verifier, "max_dim", None)
+        if limit is not None:  # a TensorRT engine: blocks (plus a row's missing tokens) within its profile
+            longest = max(1, min(longest, limit("input_ids", 1) - SLACK))
+        return BlockOptions(max_block=longest, cost_ratio=DEFAULT_COST_RATIO[self.device])
 
     def _result(self, done: Finished, batch: int, source: str | None = None) -> GenerationResult:
         trace = done.trace
