@@ -238,7 +238,8 @@ class TrtSession:
             problem = shape_error(name, tuple(shape), low, high)
             if problem is not None:
                 raise ProviderError(problem)
-            self._context.set_input_shape(name, tuple(int(d) for d in shape))
+            if not self._context.set_input_shape(name, tuple(int(d) for d in shape)):
+                raise ProviderError(f"TensorRT refused shape {list(shape)} for input {name!r}.")
 
     def _execute(self, host_inputs: Mapping[str, np.ndarray], device_inputs: Mapping[str, tuple[int, tuple]],
                  device_outputs: Mapping[str, int], host_outputs: list[str]) -> dict[str, np.ndarray]:
@@ -272,7 +273,7 @@ class TrtSession:
                 self._context.set_tensor_address(name, target)
             else:
                 self._context.set_tensor_address(name, self._buffers[name].ensure(nbytes))
-        if not self._context.execute_async_v3(self._stream):
+        if not self._context.execute_async_v3(int(self._stream)):  # TensorRT takes the stream as an integer handle
             raise ProviderError("TensorRT's execute_async_v3 failed (its log above says why).")
         for target, scratch, nbytes in copy_back:
             _check(cudart.cudaMemcpyAsync(target, scratch, nbytes, on_device, self._stream))
