@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from aggdec.runtime.errors import AggdecError, InputError
 
@@ -57,6 +57,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     train.add_argument("--out", required=True, metavar="DIR", help="where the drafter and checkpoints go")
     train.add_argument("--k", type=int, default=25, help="tokens drafted per call (25)")
     train.add_argument("--layers", type=int, default=2, help="drafter decoder layers (2)")
+    train.add_argument("--window", type=int, default=16,
+                       help="output tokens the drafter reads before its slots, 0 = all (16): a bounded window "
+                            "keeps a drafter call's cost flat as the output grows")
     length = train.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps")
     length.add_argument("--epochs", type=int, help="passes over the sources (default 1)")
@@ -175,30 +178,45 @@ def _train_drafter(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
-def _read_lines(path: str | None) -> list[str | UnicodeDecodeError]:
-    """Input lines, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028 inside a line is
-    part of it, so that output line N always answers input line N. A line that is not UTF-8
-    comes back as its decode error, to be reported for that line alone."""
+def _open_input(path: str | None) -> BinaryIO:
+    """The input, unbuffered (stdin, or the file ``path``), refused at once if unreadable.
+
+    Unbuffered, because a reader thread blocked on a buffered stdin holds its lock, and Python
+    aborts at exit when Ctrl-C leaves it so; a raw read has no lock."""
+    if path is None:
+        return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
     try:
-        if path is None:
-            data = sys.stdin.buffer.read()
-        else:
-            with open(path, "rb") as handle:
-                data = handle.read()
+        return open(path, "rb", buffering=0)
     except FileNotFoundError:
         raise InputError(f"input file {path!r} does not exist.") from None
     except IsADirectoryError:
         raise InputError(f"input {path!r} is a directory; give a file with one input per line.") from None
     except OSError as exc:
         raise InputError(f"cannot read input {path!r}: {exc.strerror or exc}.") from None
-    lines: list[str | UnicodeDecodeError] = []
-    for raw in data.split(b"\n")[: -1 if data.endswith(b"\n") else None] if data else []:
-        raw = raw[:-1] if raw.endswith(b"\r") else raw
+
+
+def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
+    """Input lines as they arrive, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028
+    inside a line is part of it, so that output line N always answers input line N. Lines stay
+    bytes: one that is not UTF-8 is refused on its own by the generator."""
+    pending: list[bytes] = []  # the current line's pieces, so that a long line costs linear time
+    while True:
         try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            lines.append(exc)
-    return lines
+            chunk = stream.read(1 << 16)  # returns what has arrived, up to this much
+        except OSError as exc:
+            raise InputError(f"cannot read input {name}: {exc.strerror or exc}.") from None
+        if not chunk:
+            break
+        *complete, rest = chunk.split(b"\n")
+        for raw in complete:
+            if pending:
+                raw, pending = b"".join([*pending, raw]), []
+            yield raw[:-1] if raw.endswith(b"\r") else raw
+        if rest:
+            pending.append(rest)
+    if pending:  # a last line without "\n"
+        raw = b"".join(pending)
+        yield raw[:-1] if raw.endswith(b"\r") else raw
 
 
 def _render(form: str, number: int, result, error: str | None) -> str:
@@ -245,7 +263,7 @@ def _output(path: str | None) -> Iterator[TextIO]:
 
 
 @contextlib.contextmanager
-def _progress(total: int) -> Iterator[Any]:
+def _progress(total: int | None) -> Iterator[Any]:
     """A progress bar on stderr when it is a terminal and tqdm is installed; otherwise None."""
     if not sys.stderr.isatty():
         yield None
@@ -284,41 +302,37 @@ def _generate(args: argparse.Namespace) -> int:
                           engines=args.engines)
     generator.check_options(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
     load = time.perf_counter() - loading
-    lines = _read_lines(args.input)
-    refused = {}
-    for number, line in enumerate(lines, start=1):
-        if isinstance(line, UnicodeDecodeError):
-            reason = f"input is not valid UTF-8 (byte 0x{line.object[line.start]:02x} at offset {line.start})"
-        else:
-            reason = generator.check(line)
-        if reason is not None:
-            refused[number] = reason
-            print(f"aggdec: line {number}: {reason}", file=sys.stderr)
-    valid = [number for number in range(1, len(lines) + 1) if number not in refused]
     # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):
     # done here on a short made-up input, so that neither the first lines nor --stats pay for it
-    warm_up = generator.warm_up(args.mode, min(args.batch_size, len(valid))) if valid else 0.0
+    warm_up = generator.warm_up(args.mode, args.batch_size)
+    source = _open_input(args.input)
+    name = "stdin" if args.input is None else repr(args.input)
     started, graphs_before = time.perf_counter(), generator.graph_seconds
     results: list = []
-    with _output(args.output) as out, _progress(len(valid)) as bar:
+    refused = 0
+    with contextlib.closing(source), _output(args.output) as out, _progress(None) as bar:
+        # Lines are decoded while input still arrives; output line N is written (and flushed)
+        # as soon as it and every line before it are done.
+        done: dict[int, tuple[Any, str | None]] = {}
         written = 0  # input lines answered so far
-        # Decode in chunks of a few batches (rows still leave and join inside a chunk) and write
-        # each chunk's lines, in input order with the refused lines' empty ones, as soon as it is done.
-        chunk = 4 * args.batch_size
-        for first in range(0, max(len(valid), 1), chunk):
-            numbers = valid[first : first + chunk]
-            done = generator.generate([lines[n - 1] for n in numbers], mode=args.mode,
-                                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta,
-                                      tau=args.tau, draft_k=args.draft_k) if numbers else []
-            results += done
-            by_number = dict(zip(numbers, done))
-            last = numbers[-1] if numbers and first + chunk < len(valid) else len(lines)
-            for number in range(written + 1, last + 1):
-                out.write(_render(args.format, number, by_number.get(number), refused.get(number)))
-            written = last
-            out.flush()
+        for index, result in generator.stream(_lines(source, name), mode=args.mode,
+                                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                              beta=args.beta, tau=args.tau, draft_k=args.draft_k):
+            if isinstance(result, InputError):
+                refused += 1
+                reason = str(result).replace(f"text {index} ", "input ", 1)
+                print(f"aggdec: line {index + 1}: {reason}", file=sys.stderr, flush=True)
+                done[index] = (None, reason)
+            else:
+                results.append(result)
+                done[index] = (result, None)
+            if written in done:
+                while written in done:
+                    out.write(_render(args.format, written + 1, *done.pop(written)))
+                    written += 1
+                out.flush()
             if bar is not None:
-                bar.update(len(numbers))
+                bar.update(1)
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     if args.stats:
         _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up)

@@ -13,8 +13,8 @@ derived from the manifest alone:
   than the cache holds;
 - ``capacity``: the self-attention buffers' current capacity, a power of two from
   ``MIN_CAPACITY`` up to ``max_target_len + SLACK`` (format 2's fixed allocation);
-- ``draft_len``: the drafter's input, every output token so far plus k [MASK] slots,
-  k + 1 .. ``max_target_len + SLACK + k``.
+- ``draft_len``: the drafter's input, the output tokens it reads (the last ``draft_window``
+  of them, or all) plus k [MASK] slots, k + 1 .. ``min(draft_window, max_target_len + SLACK) + k``.
 
 Fixed dims (heads, head_dim, d_model, top-k) are the manifest's integers. A dim name this
 module does not know is refused: an engine with a guessed range would fail at run time.
@@ -83,7 +83,10 @@ def dim_ranges(manifest: Manifest, options: ProfileOptions) -> dict[str, Range]:
     }
     if manifest.draft_k:
         k = int(manifest.draft_k)
-        ranges["draft_len"] = (k + 1, k + min(32, capacity_max), capacity_max + k)
+        # the drafter reads the last draft_window output tokens (format 3; 0 or None: all of them)
+        window = int(getattr(manifest, "draft_window", 0) or 0)
+        prefix_max = min(window, capacity_max) if window else capacity_max
+        ranges["draft_len"] = (k + 1, k + min(32, prefix_max), prefix_max + k)
     return ranges
 
 

@@ -35,6 +35,9 @@ class DrafterConfig:
     layers: int = 2
     k: int = 25  # [MASK] slots drafted per call
     max_positions: int = 1024  # prefix + slots
+    # The drafter reads only the last ``window`` output tokens (0: all of them), so that a call
+    # costs O(window + k) however long the output grows; positions stay absolute.
+    window: int = 0
     pad_token_id: int = 0
     eos_token_id: int = 1
     family: str = ""
@@ -105,21 +108,26 @@ class Drafter(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, encoder_hidden: Tensor,
-                encoder_attention_mask: Tensor) -> Tensor:
+                encoder_attention_mask: Tensor, position_offset: Tensor | None = None) -> Tensor:
         """Logits [B, L, V] for every position of ``input_ids`` (prefix, slots, padding)."""
-        return self.head(self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask))
+        return self.head(self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask,
+                                      position_offset))
 
     def slot_logits(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, encoder_hidden: Tensor,
-                    encoder_attention_mask: Tensor) -> Tensor:
-        """Logits [B, k, V] of the k [MASK] slots that start at ``slot_start[b]`` in each row."""
-        hidden = self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask)
+                    encoder_attention_mask: Tensor, position_offset: Tensor | None = None) -> Tensor:
+        """Logits [B, k, V] of the k [MASK] slots that start at ``slot_start[b]`` in each row;
+        ``position_offset[b]``: the output position of the row's first input token (its window's)."""
+        hidden = self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask, position_offset)
         index = slot_start.unsqueeze(1) + torch.arange(self.config.k, dtype=torch.int64, device=slot_start.device)[None]
         slots = torch.gather(hidden, 1, index.unsqueeze(2).expand(-1, -1, hidden.shape[2]))
         return self.head(slots)
 
     def _hidden(self, input_ids: Tensor, attention_mask: Tensor, encoder_hidden: Tensor,
-                encoder_attention_mask: Tensor) -> Tensor:
+                encoder_attention_mask: Tensor, position_offset: Tensor | None = None) -> Tensor:
         positions = torch.arange(input_ids.shape[1], dtype=torch.int64, device=input_ids.device).unsqueeze(0)
+        if position_offset is not None:
+            # clamped: a padded position past the table must not index out of it
+            positions = torch.clamp(positions + position_offset.unsqueeze(1), max=self.config.max_positions - 1)
         x = self.embed(input_ids) + self.positions(positions)
         self_bias, cross_bias = _mask_bias(attention_mask), _mask_bias(encoder_attention_mask)
         for layer in self.layers:
@@ -153,19 +161,25 @@ class Drafter(nn.Module):
         return drafter.eval()
 
 
-def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Batch ``prefix + [MASK] * k`` rows, right-padded: (input_ids, attention_mask, slot_start)."""
-    width = max(len(p) for p in prefixes) + k
-    ids = torch.full((len(prefixes), width), pad_id, dtype=torch.int64)
-    mask = torch.zeros((len(prefixes), width), dtype=torch.int64)
-    for row, prefix in enumerate(prefixes):
+def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int, window: int = 0
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Batch ``prefix[-window:] + [MASK] * k`` rows, right-padded (window 0: the whole prefix):
+    (input_ids, attention_mask, slot_start, position_offset). The runtime's Drafter.draft
+    builds the same arrays with numpy."""
+    seen = [prefix[-window:] if window else prefix for prefix in prefixes]
+    width = max(len(p) for p in seen) + k
+    ids = torch.full((len(seen), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(seen), width), dtype=torch.int64)
+    for row, prefix in enumerate(seen):
         ids[row, : len(prefix)] = torch.tensor(prefix, dtype=torch.int64)
         ids[row, len(prefix) : len(prefix) + k] = mask_id
         mask[row, : len(prefix) + k] = 1
-    return ids, mask, torch.tensor([len(p) for p in prefixes], dtype=torch.int64)
+    return (ids, mask, torch.tensor([len(p) for p in seen], dtype=torch.int64),
+            torch.tensor([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=torch.int64))
 
 
-def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0) -> Drafter:
+def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0, window: int = 0
+                              ) -> Drafter:
     """A drafter shaped after ``model`` and initialised from it where shapes allow.
 
     Copied: the token embeddings, the output head (and BART/Marian's final_logits_bias), and
@@ -185,7 +199,7 @@ def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, se
         vocab_size=vocab, d_model=int(model.config.d_model), num_heads=parts.num_heads, head_dim=parts.head_dim,
         ffn_dim=ffn_dim, layers=layers, k=k, max_positions=max_positions,
         pad_token_id=int(model.config.pad_token_id), eos_token_id=int(model.config.eos_token_id),
-        family=family.name,
+        family=family.name, window=window,
     )
     torch.manual_seed(seed)
     drafter = Drafter(config)
@@ -212,8 +226,8 @@ class DrafterGraph(nn.Module):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, encoder_hidden_states: Tensor,
-                encoder_attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, position_offset: Tensor,
+                encoder_hidden_states: Tensor, encoder_attention_mask: Tensor) -> Tensor:
         logits = self.drafter.slot_logits(input_ids, attention_mask, slot_start, encoder_hidden_states,
-                                          encoder_attention_mask)
+                                          encoder_attention_mask, position_offset)
         return torch.argmax(logits, dim=-1)

@@ -229,6 +229,7 @@ def export_bundle(
             graphs=graphs,
             draft_k=drafter.config.k if drafter is not None else None,
             mask_token_id=drafter.config.mask_token_id if drafter is not None else None,
+            draft_window=drafter.config.window if drafter is not None else None,
             files=files,
             exporter={"torch": torch.__version__, "transformers": transformers.__version__,
                       "onnxruntime": ort.__version__},
@@ -263,8 +264,8 @@ def _drafter_dummy(drafter, d_model: int):
 
     from .drafter import drafter_inputs
 
-    ids, mask, start = drafter_inputs([[0, 5, 6], [0]], drafter.config.k, drafter.config.mask_token_id, 1)
-    return (ids, mask, start, torch.randn(2, 5, d_model), torch.ones(2, 5, dtype=torch.int64))
+    ids, mask, start, offset = drafter_inputs([[0, 5, 6], [0]], drafter.config.k, drafter.config.mask_token_id, 1)
+    return (ids, mask, start, offset, torch.randn(2, 5, d_model), torch.ones(2, 5, dtype=torch.int64))
 
 
 def _encoder_dummy():

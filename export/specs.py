@@ -52,10 +52,12 @@ def drafter_spec(d_model: int, k: int) -> GraphSpec:
     return GraphSpec(
         file="drafter.onnx",
         inputs=(
-            # every output token so far (decoder start included), then k [MASK] ids, right-padded
+            # the last draft_window output tokens (decoder start included while the output is
+            # shorter), then k [MASK] ids, right-padded
             TensorSpec("input_ids", "int64", ("batch", "draft_len")),
             TensorSpec("attention_mask", "int64", ("batch", "draft_len")),
             TensorSpec("slot_start", "int64", ("batch",)),  # where each row's [MASK] slots begin
+            TensorSpec("position_offset", "int64", ("batch",)),  # the output position of input_ids[:, 0]
             TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
         ),

@@ -59,6 +59,7 @@ _RESUMABLE_CHANGES = frozenset({"steps", "epochs", "checkpoint_every", "device"}
 class TrainOptions:
     k: int = 25  # [MASK] slots drafted per call
     layers: int = 2  # drafter decoder layers
+    window: int = 16  # output tokens the drafter reads before its slots (0: all of them)
     steps: int | None = None  # optimizer steps; exclusive with epochs (default: 1 epoch)
     epochs: int | None = None
     batch_tokens: int = 4096  # padded source + prefix + k tokens per batch
@@ -88,6 +89,11 @@ class _Layout:
     mask_id: int
     pad_id: int
     source_pad_id: int
+    window: int  # the drafter reads the last ``window`` prefix tokens (0: all)
+
+    def inputs(self, prefixes: list[list[int]], device: torch.device) -> tuple[Tensor, ...]:
+        """(input_ids, attention_mask, slot_start, position_offset) for ``prefixes``, on ``device``."""
+        return tuple(t.to(device) for t in drafter_inputs(prefixes, self.k, self.mask_id, self.pad_id, self.window))
 
     def prefix(self, example: _Example, p: int) -> list[int]:
         return self.start + example.target[:p]
@@ -129,7 +135,8 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
     out.mkdir(parents=True, exist_ok=True)
     targets = _distill(model, tokenizer, sources, src, out / DISTILL_FILE, options.max_new_tokens, device, progress)
 
-    drafter = new_drafter_from_verifier(model, layers=options.layers, k=options.k, seed=options.seed).to(device)
+    drafter = new_drafter_from_verifier(model, layers=options.layers, k=options.k, seed=options.seed,
+                                        window=options.window).to(device)
     layout = _layout(model, tokenizer, drafter)
     examples = _examples(tokenizer, sources, targets, layout, drafter.config.max_positions, _position_limit(model))
     cut = len(examples) - options.heldout
@@ -193,6 +200,8 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"k must be at least 1 (tokens drafted per call), got {options.k}.")
     if options.layers < 1:
         raise ExportError(f"layers must be at least 1, got {options.layers}.")
+    if options.window < 0:
+        raise ExportError(f"window must be 0 (the whole output) or a number of tokens, got {options.window}.")
     if options.steps is not None and options.epochs is not None:
         raise ExportError("give either steps or epochs, not both.")
     for name in ("steps", "epochs"):
@@ -355,6 +364,7 @@ def _layout(model: nn.Module, tokenizer: Any, drafter: Drafter) -> _Layout:
         mask_id=drafter.config.mask_token_id,
         pad_id=drafter.config.pad_token_id,
         source_pad_id=int(tokenizer.pad_token_id),
+        window=drafter.config.window,
     )
 
 
@@ -462,11 +472,13 @@ def _learning_rate(options: TrainOptions, step: int) -> float:
     return options.learning_rate * min(n / warmup, math.sqrt(warmup / n))
 
 
-def _glance(drafter: Drafter, ids: Tensor, mask: Tensor, slot_start: Tensor, memory: Tensor, memory_mask: Tensor,
-            labels: Tensor, real: Tensor, ratio: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def _glance(drafter: Drafter, ids: Tensor, mask: Tensor, slot_start: Tensor, offset: Tensor, memory: Tensor,
+            memory_mask: Tensor, labels: Tensor, real: Tensor, ratio: float, generator: torch.Generator
+            ) -> tuple[Tensor, Tensor]:
     """GLAT: reveal ``ratio`` x (wrong slots) random real slots as inputs; they leave the loss."""
     with torch.no_grad(), labels.device:
-        wrong = ((drafter.slot_logits(ids, mask, slot_start, memory, memory_mask).argmax(-1) != labels) & real)
+        wrong = ((drafter.slot_logits(ids, mask, slot_start, memory, memory_mask, offset).argmax(-1) != labels)
+                 & real)
     reveal_count = (wrong.sum(1).to(torch.float32) * ratio).floor().to(torch.int64)  # [B]
     # Random order among real slots: rank < count is revealed (non-real slots rank last).
     noise = torch.rand(labels.shape, generator=generator).to(labels.device).masked_fill(~real, 2.0)
@@ -487,14 +499,14 @@ def _train_step(drafter: Drafter, model: nn.Module, optimizer: torch.optim.Optim
     rows = [layout.labels(ex, p) for ex, (_, p) in zip(examples, batch)]
     labels = torch.tensor([r[0] for r in rows], dtype=torch.int64, device=device)
     real = torch.arange(layout.k, device=device).unsqueeze(0) < torch.tensor([[r[1]] for r in rows], device=device)
-    ids, mask, slot_start = (t.to(device) for t in drafter_inputs(
-        [layout.prefix(ex, p) for ex, (_, p) in zip(examples, batch)], layout.k, layout.mask_id, layout.pad_id))
+    ids, mask, slot_start, offset = layout.inputs([layout.prefix(ex, p) for ex, (_, p) in zip(examples, batch)],
+                                                  device)
     drafter.train()
     if options.glancing > 0:
         generator = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
-        ids, labels = _glance(drafter, ids, mask, slot_start, memory, memory_mask, labels, real, options.glancing,
-                              generator)
-    logits = drafter.slot_logits(ids, mask, slot_start, memory, memory_mask)
+        ids, labels = _glance(drafter, ids, mask, slot_start, offset, memory, memory_mask, labels, real,
+                              options.glancing, generator)
+    logits = drafter.slot_logits(ids, mask, slot_start, memory, memory_mask, offset)
     loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                        ignore_index=_IGNORE)
     for group in optimizer.param_groups:
@@ -590,11 +602,11 @@ def _evaluate(drafter: Drafter, model: nn.Module, examples: list[_Example], layo
         p = [layout.first_p] * len(chunk)
         tokens += sum(len(ex.target) - layout.first_p for ex in chunk)
         while active := [row for row, ex in enumerate(chunk) if p[row] < len(ex.target)]:
-            ids, mask, slot_start = (t.to(device) for t in drafter_inputs(
-                [layout.prefix(chunk[row], p[row]) for row in active], layout.k, layout.mask_id, layout.pad_id))
+            ids, mask, slot_start, offset = layout.inputs([layout.prefix(chunk[row], p[row]) for row in active],
+                                                          device)
             index = torch.tensor(active, device=device)
             drafts = drafter.slot_logits(ids, mask, slot_start, memory.index_select(0, index),
-                                         memory_mask.index_select(0, index)).argmax(-1).tolist()
+                                         memory_mask.index_select(0, index), offset).argmax(-1).tolist()
             for row, draft in zip(active, drafts):
                 expected = chunk[row].target[p[row] : p[row] + layout.k]
                 hits = [d == e for d, e in zip(draft, expected)]

@@ -228,6 +228,7 @@ class DrafterCase:
     input_ids: np.ndarray
     attention_mask: np.ndarray
     slot_start: np.ndarray
+    position_offset: np.ndarray
     encoder_hidden: np.ndarray
     encoder_attention_mask: np.ndarray
     logits: np.ndarray  # torch's slot logits [B, k, V]
@@ -236,23 +237,25 @@ class DrafterCase:
 @torch.no_grad()
 def drafter_cases(drafter: torch.nn.Module, model: torch.nn.Module, vocab: int, pad_id: int, start_id: int,
                   seed: int = 1) -> list[DrafterCase]:
-    """The drafter's torch slot logits at B in {1, 3} and prefixes of 1 to 9 tokens."""
+    """The drafter's torch slot logits at B in {1, 3} and prefixes of 1 to 9 tokens, and past its
+    window (prefixes it reads only the end of, at an offset)."""
     from .drafter import drafter_inputs
 
     rng = np.random.default_rng(seed)
     cases = []
     for batch in BATCHES:
-        for longest in (1, 6, 9):
+        window = drafter.config.window
+        for longest in (1, 6, 9, *((window + 3,) if window else ())):
             ids, mask = _random_source(rng, batch, vocab, pad_id)
             hidden = model.get_encoder()(input_ids=torch.from_numpy(ids),
                                          attention_mask=torch.from_numpy(mask)).last_hidden_state
             lengths = [longest] + [int(rng.integers(1, longest + 1)) for _ in range(batch - 1)]
             prefixes = [[start_id] + rng.integers(3, vocab, size=n - 1).tolist() for n in lengths]
-            draft_ids, draft_mask, slot_start = drafter_inputs(prefixes, drafter.config.k,
-                                                               drafter.config.mask_token_id, pad_id)
-            logits = drafter.slot_logits(draft_ids, draft_mask, slot_start, hidden, torch.from_numpy(mask))
-            cases.append(DrafterCase(draft_ids.numpy(), draft_mask.numpy(), slot_start.numpy(), hidden.numpy(), mask,
-                                     logits.numpy()))
+            draft_ids, draft_mask, slot_start, offset = drafter_inputs(prefixes, drafter.config.k,
+                                                                       drafter.config.mask_token_id, pad_id, window)
+            logits = drafter.slot_logits(draft_ids, draft_mask, slot_start, hidden, torch.from_numpy(mask), offset)
+            cases.append(DrafterCase(draft_ids.numpy(), draft_mask.numpy(), slot_start.numpy(), offset.numpy(),
+                                     hidden.numpy(), mask, logits.numpy()))
     return cases
 
 
@@ -261,9 +264,10 @@ def validate_drafter(session, cases: list[DrafterCase], atol: float, rtol: float
     for case in cases:
         (draft_ids,) = session.run(None, {
             "input_ids": case.input_ids, "attention_mask": case.attention_mask, "slot_start": case.slot_start,
-            "encoder_hidden_states": case.encoder_hidden, "encoder_attention_mask": case.encoder_attention_mask,
+            "position_offset": case.position_offset, "encoder_hidden_states": case.encoder_hidden, "encoder_attention_mask": case.encoder_attention_mask,
         })
-        label = f"drafter (batch {len(case.slot_start)}, prefix up to {int(case.slot_start.max())})"
+        label = (f"drafter (batch {len(case.slot_start)}, prefix up to "
+                 f"{int((case.slot_start + case.position_offset).max())})")
         if draft_ids.shape != case.logits.shape[:2]:
             raise ValidationError(f"{label}: draft ids have shape {draft_ids.shape}, expected {case.logits.shape[:2]}.")
         best = case.logits.max(axis=-1)

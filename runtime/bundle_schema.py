@@ -253,10 +253,11 @@ FIELDS: dict[str, Rule] = {
     "draft_k": optional(integer(1, MAX_SEQUENCE_LEN)),
     # the drafter's [MASK] is an extra embedding row: id vocab_size itself is allowed
     "mask_token_id": optional(integer(0, "vocab_size")),
+    "draft_window": optional(integer(0, MAX_SEQUENCE_LEN)),
     "exporter": dict_of(text, text),
 }
 # fields with a dataclass default: an older manifest may leave them out
-OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "exporter"})
+OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "exporter"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 
@@ -273,7 +274,7 @@ def _cross_field(data: dict) -> None:
             # an unlisted file would be loaded without a hash check
             raise Invalid(f"graphs.{name}.file {show(graph['file'])} is not listed in files")
     has_drafter = "drafter" in graphs
-    for name in ("draft_k", "mask_token_id"):
+    for name in ("draft_k", "mask_token_id", "draft_window"):
         if (data.get(name) is not None) != has_drafter:
             raise Invalid(f"{name} must be set exactly when the bundle has a drafter graph "
                           f"(drafter graph: {'yes' if has_drafter else 'no'}, {name}: {show(data.get(name))})")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .bundle_checks import check_consistency
+from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
@@ -24,6 +27,14 @@ def _ort_cuda_available() -> bool:
 from .tokenizer import TextCodec
 
 MODES = ("greedy", "iad", "gad", "gad++")
+_END = object()  # the end of a stream's results
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """An exception from a stream's reader or decoder thread, to raise in the consumer's."""
+
+    error: BaseException
 GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verification)
 # per extra block position, relative to a one-token call (see BlockOptions)
 DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005, "tensorrt": 0.005}
@@ -62,6 +73,26 @@ class GenerationResult:
     text: str
     ids: tuple[int, ...]  # generated ids after the decoder start token (EOS included if produced)
     stats: DecodeStats
+
+
+def _as_text(item: object, index: int) -> str:
+    """``item`` as a text the tokenizer can take (UTF-8 bytes are decoded), or InputError naming ``index``."""
+    if isinstance(item, (bytes, bytearray)):
+        try:
+            item = bytes(item).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"text {index} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start}).") from None
+    if not isinstance(item, str):
+        raise InputError(f"text {index} is a {type(item).__name__}, not a string.")
+    if not item.strip():
+        raise InputError(f"text {index} is empty; give at least one non-space character.")
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer can take it
+        raise InputError(f"text {index} holds {item[exc.start]!r} at character {exc.start}, which is not "
+                         "a Unicode scalar value (a lone surrogate).") from None
+    return item
 
 
 class Generator:
@@ -123,7 +154,8 @@ class Generator:
         self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
         if "drafter" in sessions:
-            self.drafter = Drafter(sessions["drafter"], int(m.draft_k or 0), int(m.mask_token_id or 0))
+            self.drafter = Drafter(sessions["drafter"], int(m.draft_k or 0), int(m.mask_token_id or 0),
+                                   int(m.draft_window or 0))
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -172,7 +204,7 @@ class Generator:
         source = (words + [m.eos_token_id])[: m.max_source_len]
         limits = self._limits(min(max_new_tokens, m.max_target_len - 1))
         rows = max(1, min(int(batch_size), 2))
-        for _ in self._decode([list(source) for _ in range(rows)], limits, drafts, verification, rows):
+        for _ in self._decode(Arrivals.of([list(source) for _ in range(rows)]), limits, drafts, verification, rows):
             pass
         for name, session in self._sessions.items():
             session.seconds = before[name]
@@ -190,28 +222,19 @@ class Generator:
         if isinstance(texts, (str, bytes)):
             raise InputError("texts must be a list of strings, not one string; wrap it: [text].")
         try:
-            texts = list(texts)
+            texts = [_as_text(text, index) for index, text in enumerate(texts)]
         except TypeError:
             raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
-        for index, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InputError(f"text {index} is a {type(text).__name__}, not a string.")
-            if not text.strip():
-                raise InputError(f"text {index} is empty; give at least one non-space character.")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer can take it
-                raise InputError(f"text {index} holds {text[exc.start]!r} at character {exc.start}, which is not "
-                                 "a Unicode scalar value (a lone surrogate).") from None
-        encoded = self.codec.encode(list(texts))
-        limit = self.manifest.max_source_len
+        encoded = self.codec.encode(texts)
         for index, ids in enumerate(encoded):
-            if len(ids) > limit:
-                raise InputError(
-                    f"text {index} is {len(ids)} tokens long; this bundle accepts at most {limit} "
-                    "(split the text, or re-export with a larger --max-source-len)."
-                )
+            self._check_length(ids, index)
         return encoded
+
+    def _check_length(self, ids: list[int], index: int) -> None:
+        limit = self.manifest.max_source_len
+        if len(ids) > limit:
+            raise InputError(f"text {index} is {len(ids)} tokens long; this bundle accepts at most {limit} "
+                             "(split the text, or re-export with a larger --max-source-len).")
 
     def check(self, text: str) -> str | None:
         """Why ``text`` would be refused, or None if it can be decoded."""
@@ -251,7 +274,8 @@ class Generator:
         its own draft; a finished row's slot goes to the next text at once.
         ``max_new_tokens``: tokens to generate at most (default: the bundle's limit).
         ``block``: IAD draft-block options (default: tuned for the device).
-        ``draft_k``: GAD draft tokens per iteration, at most the drafter's k (default: its k).
+        ``draft_k``: the most GAD draft tokens a verifier call checks, at most the drafter's k
+        (default: its k); each row checks fewer while its drafts are being rejected.
         A text that cannot be decoded (empty, too long) raises InputError naming its index,
         before anything is decoded (`check` tells in advance).
         """
@@ -266,9 +290,93 @@ class Generator:
                 raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
         encoded = self.encode(texts)
         results: list[GenerationResult | None] = [None] * len(encoded)
-        for done in self._decode(encoded, limits, drafts, verification, batch_size):
+        for done in self._decode(Arrivals.of(encoded), limits, drafts, verification, batch_size):
             results[done.index] = self._result(done, batch_size, texts[done.index])
         return results  # type: ignore[return-value]
+
+    def stream(self, texts: Iterable[str | bytes], mode: str = "greedy", max_new_tokens: int | None = None,
+               batch_size: int = 16, block: BlockOptions | None = None, beta: int | None = None,
+               tau: float | None = None, draft_k: int | None = None, lookahead: int | None = None
+               ) -> Iterator[tuple[int, GenerationResult | InputError]]:
+        """Decode ``texts`` while they are still arriving; yields ``(index, result)`` as each
+        text finishes, which is not input order.
+
+        ``texts`` is read by a thread of its own, at most ``lookahead`` texts (default
+        4 x ``batch_size``) ahead of decoding, so it may be a slow producer (stdin, a socket): a
+        text joins the running batch as soon as a slot is free, and a lone text is decoded at
+        once. Items are strings, or UTF-8 bytes. A text that cannot be decoded (empty, too long,
+        not UTF-8) yields its ``InputError`` in place of a result and the others go on; the
+        same options as :meth:`generate` are refused before anything is read. An error raised
+        by the iterable itself is re-raised here after the texts before it are done. Stopping
+        the iteration early (``break``, an exception) stops reading and decoding.
+        """
+        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
+        if lookahead is not None and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1):
+            raise InputError(f"lookahead must be an integer of at least 1, got {lookahead!r}.")
+        limits = self._limits(max_new_tokens)
+        if isinstance(texts, (str, bytes)):
+            raise InputError("texts must be an iterable of strings, not one string; wrap it: [text].")
+        try:
+            items = iter(texts)
+        except TypeError:
+            raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
+        return self._stream(items, limits, drafts, verification, batch_size, lookahead or 4 * batch_size)
+
+    def _stream(self, items: Iterator, limits: DecodeLimits, drafts: DraftSource, verification: Verification,
+                batch_size: int, window: int) -> Iterator[tuple[int, GenerationResult | InputError]]:
+        work = Arrivals(lookahead=window, capacity=window)
+        sources: dict[int, str] = {}  # the texts being decoded, for restoring <unk> in their results
+        out: queue.Queue = queue.Queue()  # (index, result | InputError), or _Failed, or _END
+
+        def read() -> None:
+            try:
+                for index, item in enumerate(items):
+                    try:
+                        text = _as_text(item, index)
+                        ids = self.codec.encode([text])[0]
+                        self._check_length(ids, index)
+                    except InputError as exc:
+                        out.put((index, exc))
+                        continue
+                    sources[index] = text
+                    work.put(Work(index, ids))
+            except Closed:  # the consumer stopped
+                return
+            except BaseException as exc:  # the iterable's own error: raised to the consumer in turn
+                out.put(_Failed(exc))
+            finally:
+                work.close()
+
+        def run() -> None:
+            try:
+                for done in self._decode(work, limits, drafts, verification, batch_size):
+                    out.put((done.index, self._result(done, batch_size, sources.pop(done.index))))
+            except BaseException as exc:
+                out.put(_Failed(exc))
+            finally:
+                out.put(_END)
+
+        reader = threading.Thread(target=read, name="aggdec-stream-reader", daemon=True)
+        decoder = threading.Thread(target=run, name="aggdec-stream-decoder", daemon=True)
+        reader.start()
+        decoder.start()
+        failure: BaseException | None = None
+        try:
+            while True:
+                item = out.get()
+                if item is _END:
+                    break
+                if isinstance(item, _Failed):
+                    failure = failure or item.error
+                    continue
+                yield item
+            if failure is not None:
+                raise failure
+        finally:
+            work.abandon()  # a consumer that stopped early stops the reader and the decoder
+            decoder.join()
 
     def generate_ids(self, source_ids: Sequence[int], mode: str = "greedy", max_new_tokens: int | None = None,
                      block: BlockOptions | None = None, beta: int | None = None, tau: float | None = None,
@@ -277,7 +385,7 @@ class Generator:
         drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
         ids = self._checked_ids(source_ids)
         limits = self._limits(max_new_tokens)
-        (done,) = self._decode([ids], limits, drafts, verification, 1)
+        (done,) = self._decode(Arrivals.of([ids]), limits, drafts, verification, 1)
         return self._result(done, 1)
 
     def _checked_ids(self, source_ids: Sequence[int]) -> list[int]:
@@ -296,9 +404,9 @@ class Generator:
             raise InputError(f"source_ids holds {bad[0]}, outside this bundle's vocabulary [0, {vocab}).")
         return ids
 
-    def _decode(self, encoded: list[list[int]], limits: DecodeLimits, drafts: DraftSource,
+    def _decode(self, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
                 verification: Verification, batch_size: int):
-        return decode(self.verifier, encoded, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
+        return decode(self.verifier, work, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
                       self.io_binding, keep_hidden=isinstance(drafts, DrafterDraft))
 
     def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
@@ -329,7 +437,7 @@ class Generator:
                                     or not 1 <= draft_k <= drafter.k):
             raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({drafter.k}), "
                              f"got {draft_k!r}.")
-        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k)
+        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k, cost_ratio=DEFAULT_COST_RATIO[self.device])
         if mode == "gad":
             return drafts, GREEDY
         beta = GAD_PLUS_BETA if beta is None else beta

@@ -38,7 +38,9 @@ from typing import Any
 from .bundle_schema import show, validate_manifest
 from .errors import BundleError, BundleNotFoundError
 
-FORMAT_VERSION = 2  # 2: fixed-capacity self-attention buffers written in place, per-layer cross K/V
+# 2: fixed-capacity self-attention buffers written in place, per-layer cross K/V
+# 3: the drafter reads a window of the output at an offset (position_offset, draft_window)
+FORMAT_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 MAX_MANIFEST_BYTES = 16 << 20  # far above any real manifest; bounds what a hostile one costs to parse
@@ -116,6 +118,8 @@ class Manifest:
     # extra embedding row of the drafter, outside the tokenizer's vocabulary)
     draft_k: int | None = None
     mask_token_id: int | None = None
+    # the last output tokens the drafter reads before its slots (0: the whole output), as trained
+    draft_window: int | None = None
     exporter: dict[str, str] = field(default_factory=dict)  # versions used at export
     format_version: int = FORMAT_VERSION
 

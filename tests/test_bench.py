@@ -90,6 +90,8 @@ def test_bench_markdown_plots_and_acceptance(bench_run):
     iad = report["summary"]["acceptance"]["aggdec-iad@cpu"]
     assert sum(b["sentences"] for b in iad["buckets"]) == SENTENCES == len(iad["points"])
     assert all(p["speedup"] > 0 and p["edit_ratio"] >= 0 for p in iad["points"])
+    assert sum(b["sentences"] for b in iad["length_buckets"]) == SENTENCES
+    assert "by output length" in table
     if _has("matplotlib"):
         assert set(report["plots"]) == {"speedup_vs_edit_ratio.png", "latency_cpu.png"}
         for name in report["plots"]:

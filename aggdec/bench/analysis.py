@@ -13,6 +13,9 @@ from aggdec.bench.systems import BY_NAME, REFERENCE
 # edit-ratio buckets for the acceptance table: (label, low exclusive, high inclusive)
 EDIT_BUCKETS = (("0 (unchanged)", -1.0, 0.0), ("(0, 0.1]", 0.0, 0.1), ("(0.1, 0.2]", 0.1, 0.2),
                 ("(0.2, 0.4]", 0.2, 0.4), ("> 0.4", 0.4, float("inf")))
+# greedy output-length buckets (tokens): a drafter whose cost grows with the output shows here
+LENGTH_BUCKETS = (("1-16", 0, 16), ("17-32", 16, 32), ("33-64", 32, 64), ("65-128", 64, 128),
+                  ("> 128", 128, float("inf")))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -103,7 +106,8 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
 
 
 def acceptance(measured: list[Measured], sources: list[str]) -> dict:
-    """Per aggdec draft mode at batch 1: per-sentence speedup over greedy against the edit ratio."""
+    """Per aggdec draft mode at batch 1: per-sentence speedup over greedy against the edit ratio
+    and against greedy's output length."""
     by_key = {(m.system, m.device, m.batch_size): m for m in measured}
     out = {}
     for m in measured:
@@ -115,20 +119,28 @@ def acceptance(measured: list[Measured], sources: list[str]) -> dict:
         for source, mine, base, t_mine, t_base in zip(sources, m.outputs, greedy.outputs, m.latencies, greedy.latencies):
             stats = mine["stats"]
             points.append({"edit_ratio": round(edit_ratio(source, mine["text"]), 4),
-                           "speedup": round(t_base / t_mine, 4),
+                           "speedup": round(t_base / t_mine, 4), "output_tokens": len(base["ids"]),
                            "iterations": stats["iterations"], "greedy_iterations": base["stats"]["iterations"],
                            "tokens_per_iteration": round((len(mine["ids"]) + 1) / stats["iterations"], 3)})
-        buckets = []
-        for label, low, high in EDIT_BUCKETS:
-            members = [i for i, p in enumerate(points) if low < p["edit_ratio"] <= high]
-            if not members:
-                continue
-            mine_s = sum(m.latencies[i] for i in members)
-            base_s = sum(greedy.latencies[i] for i in members)
-            iterations = sum(points[i]["iterations"] for i in members)
-            buckets.append({"edit_ratio": label, "sentences": len(members), "speedup": round(base_s / mine_s, 3),
-                            "iterations_per_sentence": round(iterations / len(members), 3),
-                            "tokens_per_iteration": round(sum(len(m.outputs[i]["ids"]) + 1 for i in members)
-                                                          / iterations, 3)})
-        out[f"{m.system}@{m.device}"] = {"system": m.system, "device": m.device, "buckets": buckets, "points": points}
+        out[f"{m.system}@{m.device}"] = {
+            "system": m.system, "device": m.device, "points": points,
+            "buckets": _buckets(m, greedy, points, "edit_ratio", EDIT_BUCKETS),
+            "length_buckets": _buckets(m, greedy, points, "output_tokens", LENGTH_BUCKETS)}
     return out
+
+
+def _buckets(m: Measured, greedy: Measured, points: list[dict], key: str, edges: tuple) -> list[dict]:
+    """Speedup over greedy of the sentences whose ``key`` falls in each (low, high] bucket."""
+    buckets = []
+    for label, low, high in edges:
+        members = [i for i, p in enumerate(points) if low < p[key] <= high]
+        if not members:
+            continue
+        mine_s = sum(m.latencies[i] for i in members)
+        base_s = sum(greedy.latencies[i] for i in members)
+        iterations = sum(points[i]["iterations"] for i in members)
+        buckets.append({key: label, "sentences": len(members), "speedup": round(base_s / mine_s, 3),
+                        "iterations_per_sentence": round(iterations / len(members), 3),
+                        "tokens_per_iteration": round(sum(len(m.outputs[i]["ids"]) + 1 for i in members)
+                                                      / iterations, 3)})
+    return buckets

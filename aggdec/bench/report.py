@@ -161,6 +161,15 @@ def markdown(report: dict) -> str:
             for b in entry["buckets"]:
                 lines.append(f"| {label} ({entry['device']}) | {b['edit_ratio']} | {b['sentences']} | {b['speedup']:.2f}x "
                              f"| {b['iterations_per_sentence']:.2f} | {b['tokens_per_iteration']:.2f} |")
+        lines += ["", "## Speedup over greedy by output length (batch 1; greedy's output tokens)", "",
+                  "| system | output tokens | sentences | speedup | iterations/sentence | tokens/iteration |",
+                  "|---|---|---|---|---|---|"]
+        for key, entry in acceptance.items():
+            label = next(r["label"] for r in rows if r["system"] == entry["system"])
+            for b in entry.get("length_buckets", []):
+                lines.append(f"| {label} ({entry['device']}) | {b['output_tokens']} | {b['sentences']} "
+                             f"| {b['speedup']:.2f}x | {b['iterations_per_sentence']:.2f} "
+                             f"| {b['tokens_per_iteration']:.2f} |")
     if report["summary"].get("copy_gec"):
         lines += ["", f"Copying the source scores F0.5 {report['summary']['copy_gec']['f0.5']:.3f} "
                   f"(exact match with the human target {report['summary']['copy_gec']['exact_match']:.3f})."]

@@ -20,58 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .common import DecodeLimits
+from .sizing import BlockOptions, BlockSizer
 from .loop import Row
 from .verifier import Batch
 
 _SENTINEL = -1  # stands for the decoder start token and the position before the source
-
-
-@dataclass(frozen=True)
-class BlockOptions:
-    """How many draft tokens one verifier call checks.
-
-    ``max_block`` caps the draft. With ``adaptive``, each iteration picks the draft length k
-    that maximises expected tokens gained per unit of cost, ``E[k] / (1 + cost_ratio * k)``,
-    where ``E[k] = (1 - p^(k+1)) / (1 - p)`` for a per-token acceptance rate p estimated from
-    the row's own history, and ``cost_ratio`` is how much one more block position costs
-    relative to a single-token call (a device property: a block of 50 costs about 3x a step
-    on a CPU, about 1x on a GPU). The choice changes speed only, never the output.
-    """
-
-    max_block: int = 32
-    adaptive: bool = True
-    cost_ratio: float = 0.05
-    prior_accepted: float = 9.0  # prior pseudo-counts: an optimistic p of 0.9 to start
-    prior_rejected: float = 1.0
-    decay: float = 0.8  # weight of older iterations in the estimate of p
-
-    def __post_init__(self) -> None:
-        if self.max_block < 1:
-            raise ValueError(f"max_block must be at least 1, got {self.max_block}.")
-        if self.cost_ratio < 0:
-            raise ValueError(f"cost_ratio must be >= 0, got {self.cost_ratio}.")
-
-
-class BlockSizer:
-    def __init__(self, options: BlockOptions) -> None:
-        self.options = options
-        self._accepted = options.prior_accepted
-        self._rejected = options.prior_rejected
-        ks = np.arange(1, options.max_block + 1, dtype=np.float64)
-        self._ks = ks
-        self._cost = 1.0 + options.cost_ratio * ks
-
-    def size(self) -> int:
-        if not self.options.adaptive:
-            return self.options.max_block
-        p = min(self._accepted / (self._accepted + self._rejected), 0.999)
-        gain = (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
-        return int(self._ks[int(np.argmax(gain / self._cost))])
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        decay = self.options.decay
-        self._accepted = decay * self._accepted + accepted
-        self._rejected = decay * self._rejected + (1.0 if accepted < drafted else 0.0)
 
 
 def align(output: np.ndarray, source: np.ndarray, expected: int | None = None) -> int | None:

@@ -9,21 +9,22 @@ verifier's argmax after the row's true prefix: the row's greedy output, whatever
 rows, the draft or its length.
 
 Rows leave and join (continuous batching): a finished row frees its slot at once (the last
-row moves into it, so the verifier always runs on exactly the live rows) and pending texts
-take free slots. Texts are taken shortest source first, so that rows of a batch have similar
-lengths; results are yielded as rows finish, with the caller's index.
+row moves into it, so the verifier always runs on exactly the live rows) and queued sources
+take free slots, including sources that arrive while the batch runs (:class:`Arrivals`).
+Sources are taken shortest first, so that rows of a batch have similar lengths; results are
+yielded as rows finish, with the caller's index.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from .arrivals import Arrivals, Work
 from .common import DecodeLimits, RowTrace, Verification
 from .verifier import Batch, Verifier
 
@@ -37,6 +38,7 @@ class Row:
     index: int  # position in the caller's list
     source: list[int]
     trace: RowTrace
+    limits: DecodeLimits
     state: Any = None  # the draft source's per-row state
     # this row's share of each cost: a call's time is split evenly among the rows it served
     seconds: dict[str, float] = field(default_factory=lambda: {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0,
@@ -82,32 +84,33 @@ class Finished:
     seconds: dict[str, float]
 
 
-def decode(verifier: Verifier, sources: Sequence[list[int]], limits: DecodeLimits, drafts: DraftSource,
-           verification: Verification, slots: int, pad_id: int, bound: bool, keep_hidden: bool = False
-           ) -> Iterator[Finished]:
-    """Decode every source with at most ``slots`` rows per verifier call; yields rows as they finish."""
-    if not sources:
-        return
-    pending = deque(sorted(range(len(sources)), key=lambda i: len(sources[i])))
-    batch = verifier.batch(min(slots, len(sources)), bound, keep_hidden)
+def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
+           verification: Verification, slots: int, pad_id: int, bound: bool, keep_hidden: bool = False,
+           linger: float = 0.0) -> Iterator[Finished]:
+    """Decode the sources of ``work`` as they arrive, at most ``slots`` rows per verifier call;
+    yields rows as they finish, and returns once ``work`` is closed and done. A row's own
+    limits (``Work.limits``) replace ``limits``; a cancelled row is dropped without a result.
+    ``linger``: when the batch is empty, seconds to wait for more sources after the first."""
     rows: list[Row] = []  # rows[slot]
-    start_ids = list(limits.start_ids)
-    while pending or rows:
+    arrived = work.take(slots, wait=True, linger=linger)
+    if not arrived:
+        return
+    # a closed queue's size is known: no more buffer rows than it can ever fill
+    batch = verifier.batch(min(slots, len(arrived) + len(work)) if work.closed else slots, bound, keep_hidden)
+    while True:
         free = batch.slots - len(rows)
-        # refill in groups, one encoder call each: a quarter of the slots, or whatever is left
-        if pending and free and (not rows or free >= max(1, batch.slots // 4) or free >= len(pending)):
-            joining = [pending.popleft() for _ in range(min(free, len(pending)))]
-            before = batch.encoder_seconds
-            started = time.perf_counter()
-            batch.admit([sources[i] for i in joining], pad_id)
-            share = (batch.encoder_seconds - before) / len(joining)
-            wall = (time.perf_counter() - started) / len(joining)
-            for i in joining:
-                row = Row(index=i, source=sources[i], trace=RowTrace(tokens=list(start_ids)))
-                row.seconds["encoder"] += share
-                row.seconds["total"] += wall
-                drafts.start(row)
-                rows.append(row)
+        if not arrived and free and len(work) and (
+                free >= max(1, batch.slots // 4) or (work.closed and len(work) <= free)):
+            # refill in groups, one encoder call each: a quarter of the slots, or whatever is left
+            arrived = work.take(free, wait=False)
+        if not rows and not arrived:
+            if work.finished:
+                return
+            arrived = work.take(batch.slots, wait=True, linger=linger)
+            continue
+        if arrived:
+            _admit(batch, arrived, rows, limits, drafts, pad_id)
+            arrived = []
 
         started = time.perf_counter()
         verifier_before, drafter_before = batch.verifier_seconds, drafts.seconds
@@ -115,7 +118,7 @@ def decode(verifier: Verifier, sources: Sequence[list[int]], limits: DecodeLimit
         pendings = [row.trace.tokens[int(lengths[slot]):] for slot, row in enumerate(rows)]
         # a row's block is its pending tokens plus its draft; every padded block must fit the cache
         limit = batch.block_limit()
-        rooms = [max(0, min(row.trace.draft_room(limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
+        rooms = [max(0, min(row.trace.draft_room(row.limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
         proposed = drafts.propose(batch, rows, rooms)
         widths = [len(pend) + len(draft) for pend, draft in zip(pendings, proposed)]
         if len(rows) > 1 and WIDTH_QUANTILE < 1.0:
@@ -138,7 +141,8 @@ def decode(verifier: Verifier, sources: Sequence[list[int]], limits: DecodeLimit
             end = first + len(draft) + 1
             accepted = verification.accepted(draft, top_ids[slot, first:end], top_logprobs[slot, first:end])
             kept[slot] = len(pend) + accepted
-            appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[slot, first + accepted, 0])], limits)
+            appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[slot, first + accepted, 0])],
+                                        row.limits)
             row.trace.drafted.append(len(draft))
             row.trace.accepted.append(appended)
             drafts.observe(row, len(draft), accepted, appended)
@@ -150,10 +154,35 @@ def decode(verifier: Verifier, sources: Sequence[list[int]], limits: DecodeLimit
         for row in rows:
             for name, value in shares.items():
                 row.seconds[name] += value
+        if work.abandoned:
+            return
+        cancelled = work.cancelled()
         for slot in reversed(range(len(rows))):  # from the end: a moved row is never one still to check
             row = rows[slot]
-            if row.trace.done:
+            if row.index in cancelled:
+                work.forget(row.index)
+            elif row.trace.done:
                 yield Finished(row.index, row.trace, row.seconds)
-                if batch.remove(slot) is not None:
-                    rows[slot] = rows[-1]
-                rows.pop()
+            else:
+                continue
+            if batch.remove(slot) is not None:
+                rows[slot] = rows[-1]
+            rows.pop()
+
+
+def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLimits, drafts: DraftSource,
+           pad_id: int) -> None:
+    """Encode the arrived sources in one call and give each a free slot."""
+    before = batch.encoder_seconds
+    started = time.perf_counter()
+    batch.admit([work.source for work in arrived], pad_id)
+    share = (batch.encoder_seconds - before) / len(arrived)
+    wall = (time.perf_counter() - started) / len(arrived)
+    for work in arrived:
+        row_limits = work.limits or limits
+        row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
+                  limits=row_limits)
+        row.seconds["encoder"] += share
+        row.seconds["total"] += wall
+        drafts.start(row)
+        rows.append(row)

@@ -26,7 +26,7 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
     verifier = manifest.graph("verifier")
     layers = manifest.decoder_layers
     assert [t.name for t in verifier.outputs] == ["top_logprobs", "top_ids", *self_cache_out_names(layers)]
-    assert manifest.format_version == 2
+    assert manifest.format_version == 3
     assert verifier.outputs[0].dims == ("batch", "new_len", manifest.top_k)  # never full logits
     assert manifest.family == ("t5" if family == "mt5" else family)
 

@@ -90,12 +90,12 @@ def test_glancing_reveals_a_share_of_the_wrong_slots():
     config = DrafterConfig(vocab_size=20, d_model=16, num_heads=2, head_dim=8, ffn_dim=32, layers=1, k=6,
                            max_positions=32)
     drafter = Drafter(config)
-    ids, mask, slot_start = drafter_inputs([[0, 5, 6], [0]], config.k, config.mask_token_id, 0)
+    ids, mask, slot_start, offset = drafter_inputs([[0, 5, 6], [0]], config.k, config.mask_token_id, 0)
     labels = torch.tensor([[7, 8, 9, 10, 11, _IGNORE], [3, 4, 5, 6, 7, 8]])
     real = labels != _IGNORE
     memory, memory_mask = torch.randn(2, 4, 16), torch.ones(2, 4, dtype=torch.int64)
-    wrong = (drafter.slot_logits(ids, mask, slot_start, memory, memory_mask).argmax(-1) != labels) & real
-    glanced, left = _glance(drafter, ids, mask, slot_start, memory, memory_mask, labels, real, 1.0,
+    wrong = (drafter.slot_logits(ids, mask, slot_start, memory, memory_mask, offset).argmax(-1) != labels) & real
+    glanced, left = _glance(drafter, ids, mask, slot_start, offset, memory, memory_mask, labels, real, 1.0,
                             torch.Generator().manual_seed(0))
     revealed = (left == _IGNORE) & real
     # ratio 1: as many slots revealed as were wrong, all of them real; they become inputs, not labels
@@ -105,7 +105,7 @@ def test_glancing_reveals_a_share_of_the_wrong_slots():
         assert torch.equal(glanced[row, slots][revealed[row]], labels[row][revealed[row]])
         assert (glanced[row, slots][~revealed[row]] == config.mask_token_id).all()
     assert torch.equal(glanced[:, :1], ids[:, :1])  # the prefix is untouched
-    none, kept = _glance(drafter, ids, mask, slot_start, memory, memory_mask, labels, real, 0.0,
+    none, kept = _glance(drafter, ids, mask, slot_start, offset, memory, memory_mask, labels, real, 0.0,
                          torch.Generator().manual_seed(0))
     assert torch.equal(none, ids) and torch.equal(kept, labels)
 

@@ -52,6 +52,53 @@ def test_gad_equals_greedy_for_every_draft_length(family, gad_bundle, random_che
         == expected
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gad_equals_greedy_at_every_drafter_window(family, gad_bundle):
+    """The drafter reads the last W output tokens: W = 1, a few, about the output's length, all.
+    The window changes the drafts only; every output is greedy's."""
+    texts = random_texts(seed=31, count=12)
+    generator = Generator(gad_bundle(family))
+    expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
+    for window in (1, 3, MAX_NEW, 0):
+        generator.drafter.window = window
+        for batch_size in (1, 5):
+            got = generator.generate(texts, mode="gad", max_new_tokens=MAX_NEW, batch_size=batch_size, draft_k=4)
+            assert [r.ids for r in got] == expected, f"window {window}, batch {batch_size}"
+
+
+def test_a_drafter_call_costs_the_same_however_long_the_output(gad_bundle):
+    """Counts the positions fed to the drafter graph per call (no timing): with a window they
+    are bounded by rows x (window + k), at every output length; without, they grow."""
+    generator = Generator(gad_bundle("marian"))
+    widths: list[tuple[int, int]] = []  # (longest prefix, input width) per drafter call
+    session = generator.drafter.session
+    original = session.run
+
+    def counting(feeds):
+        widths.append((int((feeds["slot_start"] + feeds["position_offset"]).max()), feeds["input_ids"].shape[1]))
+        return original(feeds)
+
+    session.run = counting
+    long_texts = [" ".join(["w1 w2 w3"] * 12)] * 2
+    for window in (4, 0):
+        generator.drafter.window = window
+        widths.clear()
+        generator.generate(long_texts, mode="gad", max_new_tokens=60, batch_size=2)
+        assert max(prefix for prefix, _ in widths) > 30  # the outputs did grow long
+        if window:
+            assert all(width <= window + K for _, width in widths)
+        else:
+            assert max(width for _, width in widths) > 30 + K
+
+
+def test_gad_checks_fewer_drafts_in_a_row_whose_drafts_fail(gad_bundle):
+    """An untrained drafter's drafts are mostly rejected: the per-row sizer shortens them below k."""
+    generator = Generator(gad_bundle("marian"))
+    results = generator.generate(random_texts(seed=3, count=8), mode="gad", max_new_tokens=MAX_NEW)
+    drafted = [d for r in results for d in r.stats.drafted[2:] if d]
+    assert drafted and min(drafted) < K
+
+
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 5, 8])
 def test_drafts_past_the_length_limit(max_new_tokens, gad_bundle):
     texts = random_texts(seed=4, count=6)
@@ -142,16 +189,17 @@ def test_trained_drafter_on_the_editing_model(tmp_path, editing_marian_dir, trai
     model = AutoModelForSeq2SeqLM.from_pretrained(editing_marian_dir).eval()
     drafter = Drafter.load(trained_drafter_dir)
     start = generator.manifest.decoder_start_token_id
+    assert generator.drafter.window == drafter.config.window > 0
     for text, output in zip(texts[:10], expected):
         source = generator.encode([text])
         batch = generator.verifier.batch(1, generator.io_binding, keep_hidden=True)
         batch.admit(source, generator.manifest.pad_token_id)
-        prefix = [start, *output[: len(output) // 2]]
+        prefix = [start, *output[: max(len(output) // 2, drafter.config.window + 2)]]  # past the window
         with torch.no_grad():
             hidden = model.get_encoder()(input_ids=torch.tensor(source)).last_hidden_state
-            ids, mask, slot = drafter_inputs([prefix], drafter.config.k, drafter.config.mask_token_id,
-                                             drafter.config.pad_token_id)
-            torch_draft = drafter.slot_logits(ids, mask, slot, hidden, torch.ones_like(torch.tensor(source)))
+            ids, mask, slot, offset = drafter_inputs([prefix], drafter.config.k, drafter.config.mask_token_id,
+                                                     drafter.config.pad_token_id, drafter.config.window)
+            torch_draft = drafter.slot_logits(ids, mask, slot, hidden, torch.ones_like(torch.tensor(source)), offset)
         drafted = generator.drafter.draft([prefix], batch.buffers.hidden(), batch.buffers.source_mask(),
                                           generator.manifest.pad_token_id)
         assert drafted[0].tolist() == torch_draft.argmax(-1)[0].tolist()
