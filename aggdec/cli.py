@@ -81,16 +81,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
     gen.add_argument("--max-new-tokens", type=_positive_int,
                      help="tokens to generate at most (default: the bundle's limit)")
-    gen.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
+    gen.add_argument("--device", choices=("cpu", "cuda", "tensorrt"), default="cpu",
+                     help="where to run (cpu); tensorrt: engines from `aggdec build-engines` (not yet run on a GPU)")
+    gen.add_argument("--engines", metavar="DIR", help="tensorrt: the engines directory (default: BUNDLE.engines)")
     gen.add_argument("--threads", type=_positive_int, help="intra-op threads (default: onnxruntime's choice)")
     gen.add_argument("--batch-size", type=_positive_int, default=16,
                      help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
     gen.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
-                     help="onnxruntime IO binding: auto = on for cuda, off for cpu")
-    gen.add_argument("--stats", action="store_true", help="print a summary of iterations and time to stderr")
+                     help="onnxruntime IO binding: auto = on (the cache buffers are bound by pointer)")
+    gen.add_argument("--tf32", action="store_true",
+                     help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
+    gen.add_argument("--stats", action="store_true",
+                     help="print load, warm-up and decoding time, iterations and tokens to stderr")
     gen.add_argument("--format", choices=("text", "jsonl"), default="text",
                      help="text: one output per line; jsonl: one JSON object per line with text, ids, error, stats")
     gen.add_argument("--output", metavar="FILE", help="write to FILE (atomically, at the end) instead of stdout")
+
+    engines = commands.add_parser(
+        "build-engines", help="build TensorRT engines for a bundle (needs TensorRT and a GPU; not yet run on one)",
+        description="Build a TensorRT engine per graph of BUNDLE, with optimization profiles derived from its "
+                    "manifest, into a directory beside it (engines.json, *.engine, timing.cache). Engines are "
+                    "keyed by bundle, GPU, TensorRT version, precision and profile; an up-to-date one is reused.")
+    engines.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
+    engines.add_argument("--out", metavar="DIR", help="where the engines go (default: BUNDLE.engines)")
+    engines.add_argument("--fp16", action="store_true", help="allow fp16 kernels (faster; outputs may differ from fp32)")
+    engines.add_argument("--tf32", action="store_true", help="allow TF32 kernels (off: TensorRT's default is on)")
+    engines.add_argument("--max-batch", type=_positive_int, default=16, help="most rows per call (16)")
+    engines.add_argument("--opt-batch", type=_positive_int, default=1, help="the batch size tuned for (1)")
+    engines.add_argument("--max-block", type=_positive_int, default=64,
+                         help="longest IAD draft block the verifier engine takes (64, the CUDA default)")
+    engines.add_argument("--workspace", type=_positive_int, default=4096, metavar="MB",
+                         help="TensorRT workspace memory pool, MiB (4096)")
+    engines.add_argument("--force", action="store_true", help="rebuild engines that are up to date")
+    engines.add_argument("--dry-run", action="store_true",
+                         help="print the profiles that would be built, as JSON, and stop (no TensorRT needed)")
 
     bench = commands.add_parser(
         "bench", help="benchmark aggdec's modes against transformers, optimum and CTranslate2",
@@ -108,6 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bench.add_argument("--device", nargs="+", choices=("cpu", "cuda"), default=["cpu"],
                        help="devices to run on; cuda is skipped with a note where there is no GPU (cpu)")
     bench.add_argument("--threads", type=int, default=1, help="threads per system (1)")
+    bench.add_argument("--tf32", action="store_true", help="aggdec on cuda: allow TF32 matrix products (off)")
     bench.add_argument("--batch-size", "--batch-sizes", dest="batch_sizes", type=int, nargs="+", metavar="N",
                        help="batch sizes (default: 1 8 32; batch 1 always runs)")
     bench.add_argument("--limit", type=int, metavar="N", help="only the first N sentences")
@@ -252,14 +277,16 @@ def _progress(total: int | None) -> Iterator[Any]:
         yield bar
 
 
-def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO) -> None:
+def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO, load: float = 0.0,
+                 warm_up: float = 0.0) -> None:
     tokens = sum(len(r.ids) for r in results)
     iterations = sum(r.stats.iterations for r in results)
     outside = max(wall - graphs, 0.0)
     print(
         f"aggdec: {mode}: {len(results)} inputs, {tokens} tokens in {iterations} iterations "
-        f"({tokens / max(iterations, 1):.2f} tokens/iteration); {wall:.3f}s total, {graphs:.3f}s in graphs, "
-        f"{outside:.3f}s outside ({100 * outside / max(wall, 1e-9):.1f}%); {tokens / max(wall, 1e-9):.1f} tokens/s",
+        f"({tokens / max(iterations, 1):.2f} tokens/iteration); decoding {wall:.3f}s, {graphs:.3f}s in graphs, "
+        f"{outside:.3f}s outside ({100 * outside / max(wall, 1e-9):.1f}%); {tokens / max(wall, 1e-9):.1f} tokens/s; "
+        f"not counted: load {load:.3f}s, warm-up {warm_up:.3f}s",
         file=out,
     )
 
@@ -267,9 +294,17 @@ def _print_stats(results: list, mode: str, wall: float, graphs: float, out: Text
 def _generate(args: argparse.Namespace) -> int:
     from aggdec.runtime.generator import Generator
 
+    if args.engines is not None and args.device != "tensorrt":
+        raise InputError("--engines applies to --device tensorrt only.")
+    loading = time.perf_counter()
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
-                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding])
+                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
+                          engines=args.engines)
     generator.check_options(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
+    load = time.perf_counter() - loading
+    # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):
+    # done here on a short made-up input, so that neither the first lines nor --stats pay for it
+    warm_up = generator.warm_up(args.mode, args.batch_size)
     source = _open_input(args.input)
     name = "stdin" if args.input is None else repr(args.input)
     started, graphs_before = time.perf_counter(), generator.graph_seconds
@@ -300,7 +335,7 @@ def _generate(args: argparse.Namespace) -> int:
                 bar.update(1)
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     if args.stats:
-        _print_stats(results, args.mode, wall, graphs, sys.stderr)
+        _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up)
     return 1 if refused else 0
 
 
@@ -313,7 +348,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = BenchOptions(
         bundle=Path(args.bundle) if args.bundle else None,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
-        data=args.data, devices=tuple(args.device), threads=args.threads,
+        data=args.data, devices=tuple(args.device), threads=args.threads, tf32=args.tf32,
         batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None, limit=args.limit,
         out=Path(args.out), work=Path(args.work), quick=args.quick,
         optimum_python=args.optimum_python or os.environ.get("AGGDEC_OPTIMUM_PYTHON") or sys.executable,
@@ -324,7 +359,31 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(options)
 
 
+def _build_engines(args: argparse.Namespace) -> int:
+    import json
+
+    from aggdec.engines import BuildOptions, ProfileOptions, build_engines, plan
+
+    options = BuildOptions(profile=ProfileOptions(max_batch=args.max_batch, opt_batch=args.opt_batch,
+                                                  max_block=args.max_block),
+                           fp16=args.fp16, tf32=args.tf32, workspace_mib=args.workspace, force=args.force)
+    planned = plan(args.bundle, args.out, options)  # bundle and options checked before TensorRT is needed
+    if args.dry_run:  # one line per input: {"min": "1x1", "opt": "1x16", "max": "16x66"}
+        print(json.dumps({"out": str(planned.out)}))
+        for graph, profile in planned.profiles.items():
+            for name, shapes in profile.items():
+                print(json.dumps({"graph": graph, "input": name,
+                                  **{k: "x".join(map(str, v)) for k, v in shapes.items()}}))
+        return 0
+    out = build_engines(args.bundle, args.out, options,
+                        progress=lambda message: print(f"aggdec build-engines: {message}", file=sys.stderr, flush=True))
+    print(out)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.command == "build-engines":
+        return _build_engines(args)
     if args.command == "export":
         return _export(args)
     if args.command == "train-drafter":

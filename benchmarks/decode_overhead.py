@@ -2,12 +2,13 @@
 
 Builds a Transformer-base-sized random Marian (d_model 512, 6+6 layers, 8 heads, FFN 2048,
 vocabulary 32k), exports it with aggdec, and decodes exactly 64 tokens per sentence (EOS is
-suppressed so every run has the same length) at batch 1 on the CPU. Reports medians over
+suppressed so every run has the same length) at batch 1 on the CPU or, with ``--device cuda``,
+on onnxruntime's CUDA provider (TF32 off unless ``--tf32``). Reports medians over
 repeats of: wall time, time inside ONNX Runtime calls, time outside them (the Python decode
 loop, tokenization, IO binding), and the verifier's cost for a block of T tokens relative to
 one token, the curve that IAD's block-size rule (`BlockOptions.cost_ratio`) is tuned on.
 
-    python benchmarks/decode_overhead.py [--threads 2] [--repeats 5] [--out results.json]
+    python benchmarks/decode_overhead.py [--device cpu|cuda] [--tf32] [--threads 2] [--repeats 5] [--out results.json]
 
 Needs the [export] extra (torch, transformers) to build the model; decoding is torch-free.
 """
@@ -76,6 +77,9 @@ def block_cost_curve(generator, source_ids: list[int], sizes: list[int], repeats
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="onnxruntime's CPU or CUDA execution provider (cpu)")
+    parser.add_argument("--tf32", action="store_true", help="cuda: allow TF32 matrix products (off)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sentences", type=int, default=8)
@@ -84,23 +88,39 @@ def main() -> int:
     args = parser.parse_args()
 
     from aggdec.export import export_bundle
+    from aggdec.runtime.errors import AggdecError
     from aggdec.runtime.generator import Generator
+    from aggdec.runtime.session import check_device
+
+    try:
+        check_device(args.device, args.tf32)  # before minutes of building and exporting
+    except AggdecError as exc:
+        print(f"decode_overhead: error: {exc}", file=sys.stderr)
+        return 2
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint, bundle = Path(tmp) / "ckpt", Path(tmp) / "bundle"
         print("building and exporting a Transformer-base-sized Marian ...", file=sys.stderr)
         build_checkpoint(checkpoint, args.vocab, seed=0)
         export_bundle(checkpoint, bundle, progress=lambda m: print("  " + m, file=sys.stderr))
-        generator = Generator(bundle, threads=args.threads, io_binding=True)
+        generator = Generator(bundle, device=args.device, threads=args.threads, io_binding=True, tf32=args.tf32)
         # the same graphs with every input and output going through numpy each call (the CPU
         # default): what binding costs or saves on this device
-        unbound = Generator(bundle, threads=args.threads, io_binding=False)
+        unbound = Generator(bundle, device=args.device, threads=args.threads, io_binding=False, tf32=args.tf32)
         rng = np.random.default_rng(0)
         texts = [" ".join(f"w{i}" for i in rng.integers(0, args.vocab - 3, size=20)) for _ in range(args.sentences)]
-        generator.generate(texts[:2], mode="greedy", max_new_tokens=8)  # warm-up
+        for runner in (generator, unbound):  # onnxruntime's first-call work, not measured
+            for mode in ("greedy", "iad"):
+                runner.warm_up(mode)
 
         report: dict = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-                        "threads": args.threads, "new_tokens": NEW_TOKENS, "modes": {}}
+                        "device": args.device, "threads": args.threads, "new_tokens": NEW_TOKENS, "modes": {}}
+        if args.device == "cuda":
+            from aggdec.bench.report import gpu_environment
+
+            report["gpu"] = gpu_environment()
+            report["tf32"] = args.tf32
+            report["provider_options"] = generator.provider_options
         runs = (("greedy, IO binding", generator, "greedy"), ("iad, IO binding", generator, "iad"),
                 ("greedy, no IO binding", unbound, "greedy"), ("iad, no IO binding", unbound, "iad"))
         samples: dict[str, dict[str, list[float]]] = {

@@ -1,6 +1,18 @@
-"""TensorRT engines for aggdec bundles: not implemented yet.
+"""TensorRT engines for aggdec bundles (``aggdec build-engines``, ``Generator(device="tensorrt")``).
 
-This package is reserved by the design (``aggdec.engines`` builds TensorRT engines from the
-same graph contracts as the ONNX bundle). Nothing here is functional in this release, and
-no CLI command exposes it.
+- :mod:`.profiles`: optimization profiles derived from the bundle's manifest, engine keys
+  (bundle, graph, profile, GPU, TensorRT version, precision) and ``engines.json``; plain
+  Python, tested without TensorRT.
+- :mod:`.build`: ``build_engines(bundle, out, BuildOptions(...))``, with a timing cache.
+- :mod:`.trt`: TensorRT and cuda-python, imported only when called; ``TrtSession`` runs an
+  engine behind the runtime's Session protocol with cudaMalloc'd device buffers, no torch.
+
+NOT RUN YET: written against TensorRT's documented Python API on a machine without TensorRT
+or a GPU; the README (TensorRT) gives the commands that verify it on a TensorRT machine.
 """
+
+from .build import BuildOptions, build_engines, plan
+from .profiles import ProfileOptions, Target, default_engines_dir, dim_ranges, engine_key, graph_profile, profiles
+
+__all__ = ["BuildOptions", "ProfileOptions", "Target", "build_engines", "default_engines_dir", "dim_ranges",
+           "engine_key", "graph_profile", "plan", "profiles"]

@@ -123,10 +123,12 @@ def export_bundle(
     With ``drafter_dir`` (written by ``aggdec train-drafter``), the bundle also gets
     ``drafter.onnx`` for GAD.
     """
-    import onnxruntime as ort
     import torch
     import transformers
 
+    from ..runtime.session import require_onnxruntime
+
+    ort = require_onnxruntime()  # validation runs the graphs: [cpu] or [gpu] brings onnxruntime
     src, out = Path(src_dir), Path(out_dir)
     check_options(opset, top_k, max_source_len, max_target_len)
     check_destination(src, out, force)

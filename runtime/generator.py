@@ -16,10 +16,14 @@ from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
-from .decoding.verifier import Verifier
-from .errors import BundleError, InputError
+from .decoding.verifier import SLACK, Verifier
+from .errors import BundleError, InputError, ProviderError
 from .manifest import TOKENIZER_FILE, Manifest, load_manifest
-from .session import OrtSession, check_device
+from .session import OrtSession, check_device, ort
+
+
+def _ort_cuda_available() -> bool:
+    return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 from .tokenizer import TextCodec
 
 MODES = ("greedy", "iad", "gad", "gad++")
@@ -33,8 +37,8 @@ class _Failed:
     error: BaseException
 GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verification)
 # per extra block position, relative to a one-token call (see BlockOptions)
-DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005}
-DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64}
+DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005, "tensorrt": 0.005}
+DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64, "tensorrt": 64}
 
 
 @dataclass(frozen=True)
@@ -99,26 +103,54 @@ class Generator:
     """
 
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool | None = None, verify: bool = True) -> None:
+                 io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
+                 engines: str | Path | None = None) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
         and out of every call: identical outputs, slower, kept for debugging and comparison.
         ``verify``: check every bundle file's sha256 against the manifest.
+        ``tf32``: on ``device="cuda"``, let onnxruntime run float32 matrix products on TF32
+        tensor cores: faster on Ampere and newer GPUs, but no longer transformers' float32
+        arithmetic, so outputs may differ from greedy on the CPU where two candidates are close.
+        Off by default; refused on the CPU.
+        ``device="tensorrt"``: run TensorRT engines built by ``aggdec build-engines`` (from
+        ``engines``, default ``BUNDLE.engines``) instead of onnxruntime; needs the [tensorrt]
+        extra. NOT RUN YET on a TensorRT machine (README, TensorRT). IO binding there needs
+        onnxruntime's CUDA provider too (it allocates the cache on the device); without it the
+        cache goes through the host every call.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
-        check_device(device)  # fail before reading any file
+        if device == "tensorrt":  # fail before reading any file
+            from aggdec.engines.runtime import check_tensorrt
+
+            check_tensorrt()
+            if io_binding is None:
+                io_binding = _ort_cuda_available()
+            elif io_binding:
+                check_device("cuda")  # the bound cache buffers are onnxruntime CUDA allocations
+        else:
+            check_device(device, tf32)
+            if engines is not None:
+                raise ProviderError("engines applies to device 'tensorrt' only.")
         self.io_binding = True if io_binding is None else bool(io_binding)
         self.root = Path(bundle_dir)
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
         self.device = device
+        self.tf32 = tf32
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
         m = self.manifest
-        sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads)
-                    for name in ("encoder", "verifier", "drafter") if name in m.graphs}
+        if device == "tensorrt":
+            from aggdec.engines.runtime import engine_sessions
+
+            sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
+        else:
+            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32)
+                        for name in ("encoder", "verifier", "drafter") if name in m.graphs}
         # the graphs must be what the manifest says they are, before any text meets them
         check_consistency(m, sessions, self.codec.vocab_size)
+        self._sessions = sessions
         self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
         if "drafter" in sessions:
@@ -129,6 +161,54 @@ class Generator:
         seconds = dict(self.verifier.seconds)
         seconds["drafter"] = self.drafter.session.seconds if self.drafter is not None else 0.0
         return seconds
+
+    @property
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """The options onnxruntime applied to the verifier's session, per execution provider
+        (empty for TensorRT engines, which onnxruntime does not run)."""
+        return dict(getattr(self.verifier.verifier, "provider_options", {}))
+
+    def warm_up(self, max_new_tokens: int = 4) -> float:
+        """Run every graph once on a short input so that onnxruntime's first-call work (memory
+        arenas, CUDA kernels and cuBLAS handles) is not counted in the next decode's time.
+        Returns the seconds it took; the graphs' time counters are left as they were."""
+        started = time.perf_counter()
+        before = {name: getattr(s, "seconds", 0.0) for name, s in self._sessions.items()}
+        text = self.codec.decode([i for i in range(self.manifest.vocab_size) if i not in self._special][:3]) or "a"
+        mode = "gad" if self.drafter is not None else "iad"
+        try:
+            self.generate([text, text + " " + text], mode=mode, max_new_tokens=min(max_new_tokens,
+                          self.manifest.max_target_len - 1), batch_size=2)
+        except InputError:  # a tokenizer that cannot encode the probe: nothing to warm with
+            pass
+        for name, session in self._sessions.items():
+            session.seconds = before[name]
+        return time.perf_counter() - started
+
+    @property
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """The options onnxruntime applied to the verifier's session, per execution provider
+        (empty for TensorRT engines, which onnxruntime does not run)."""
+        return dict(getattr(self.verifier.verifier, "provider_options", {}))
+
+    def warm_up(self, mode: str = "greedy", batch_size: int = 1, max_new_tokens: int = 8) -> float:
+        """Decode a few short sources once with ``mode`` so that onnxruntime's first-call work
+        (memory arenas, CUDA kernel selection, cuBLAS handles) is not counted in the next
+        decode's time. Returns the seconds it took; the graphs' time counters are restored."""
+        drafts, verification = self._strategy(mode, None, None, None, None)
+        started = time.perf_counter()
+        before = {name: session.seconds for name, session in self._sessions.items()}
+        m = self.manifest
+        special = {m.pad_token_id, m.eos_token_id, m.decoder_start_token_id}
+        words = [i for i in range(m.vocab_size) if i not in special][: max(1, min(8, m.max_source_len - 1))]
+        source = (words + [m.eos_token_id])[: m.max_source_len]
+        limits = self._limits(min(max_new_tokens, m.max_target_len - 1))
+        rows = max(1, min(int(batch_size), 2))
+        for _ in self._decode(Arrivals.of([list(source) for _ in range(rows)]), limits, drafts, verification, rows):
+            pass
+        for name, session in self._sessions.items():
+            session.seconds = before[name]
+        return time.perf_counter() - started
 
     @property
     def graph_seconds(self) -> float:
@@ -372,7 +452,11 @@ class Generator:
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
             return block
-        return BlockOptions(max_block=DEFAULT_MAX_BLOCK[self.device], cost_ratio=DEFAULT_COST_RATIO[self.device])
+        longest = DEFAULT_MAX_BLOCK[self.device]
+        limit = getattr(self.verifier.verifier, "max_dim", None)
+        if limit is not None:  # a TensorRT engine: blocks (plus a row's missing tokens) within its profile
+            longest = max(1, min(longest, limit("input_ids", 1) - SLACK))
+        return BlockOptions(max_block=longest, cost_ratio=DEFAULT_COST_RATIO[self.device])
 
     def _result(self, done: Finished, batch: int, source: str | None = None) -> GenerationResult:
         trace = done.trace

@@ -3,7 +3,16 @@
 The loops see only the :class:`Session` protocol: run a graph with named numpy inputs and get
 named numpy outputs, or, for the buffers that stay put between calls, run it through an IO
 binding that the caller fills (see ``decoding/cache.py``). :class:`OrtSession` implements it
-with onnxruntime on the CPU or CUDA execution provider.
+with onnxruntime on the CPU or CUDA execution provider; ``aggdec.engines.TrtSession`` with
+TensorRT engines.
+
+CUDA options (:func:`cuda_provider_options`): TF32 is off unless asked for. onnxruntime's CUDA
+provider otherwise runs float32 matrix products on TF32 tensor cores (10-bit mantissa), and
+aggdec promises transformers' float32 greedy output; ``tf32=True`` trades that for speed.
+``device_id`` is not passed (0 is the provider's default): since onnxruntime 1.26, a
+``device_id`` provider option makes the Python binding first look for a registered plugin EP
+device and, finding none for the built-in CUDA provider, log "No registered plugin EP device
+found for 'CUDAExecutionProvider' with device_id=0" for every session.
 
 Thread safety: one session serves many threads. onnxruntime's ``run`` is thread-safe, and
 every batch makes its own IO binding (a binding is per call sequence, never shared), so
@@ -12,6 +21,9 @@ concurrent ``Generator.generate`` calls never see each other's buffers.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
+import io
 import threading
 import time
 from collections.abc import Mapping
@@ -19,11 +31,24 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import onnxruntime as ort
 
 from .errors import BundleError, ProviderError
 
+try:
+    import onnxruntime as ort
+except ImportError:  # aggdec[cpu] or aggdec[gpu] brings it; the error says which when a session is made
+    ort = None  # type: ignore[assignment]
+
 DEVICES = ("cpu", "cuda")
+INSTALL_HINT = ("install aggdec[cpu] (onnxruntime) or, on a machine with an NVIDIA GPU and CUDA 13 driver, "
+                "aggdec[gpu] (onnxruntime-gpu with its CUDA and cuDNN wheels), never both")
+
+
+def require_onnxruntime() -> Any:
+    """The onnxruntime module, or a ProviderError saying which extra brings it."""
+    if ort is None:
+        raise ProviderError(f"aggdec's runtime needs onnxruntime, which is not installed: {INSTALL_HINT}.")
+    return ort
 
 
 class Session(Protocol):
@@ -39,27 +64,97 @@ class Session(Protocol):
     def run_bound(self, binding: Any) -> list[Any]: ...
 
 
-def check_device(device: str) -> list[Any]:
-    """The onnxruntime providers for a device, or a ProviderError saying how to get them."""
+def cuda_provider_options(tf32: bool = False) -> dict[str, str]:
+    """onnxruntime CUDAExecutionProvider options: TF32 off unless asked for; no ``device_id``
+    (see the module docstring for both)."""
+    if not isinstance(tf32, bool):
+        raise ProviderError(f"tf32 must be True or False, got {tf32!r}.")
+    return {"use_tf32": "1" if tf32 else "0"}
+
+
+def providers_for(device: str, tf32: bool = False) -> list[Any]:
+    """The providers list passed to onnxruntime for ``device`` (availability not checked)."""
     if device not in DEVICES:
         raise ProviderError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}.")
+    if tf32 and device != "cuda":
+        raise ProviderError(f"tf32 applies to device 'cuda' only (TF32 is a GPU math mode), not {device!r}.")
     if device == "cpu":
         return ["CPUExecutionProvider"]
-    available = ort.get_available_providers()
+    return [("CUDAExecutionProvider", cuda_provider_options(tf32)), "CPUExecutionProvider"]
+
+
+def installed_onnxruntime_distributions() -> list[str]:
+    """The onnxruntime distributions installed here (they all provide the same module)."""
+    found = []
+    for name in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"):
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def missing_cuda_message(available: list[str], distributions: list[str]) -> str:
+    """Why there is no CUDA provider, and the fix, from what is installed."""
+    message = (f"device 'cuda' needs onnxruntime's CUDAExecutionProvider, but this onnxruntime offers only "
+               f"{', '.join(available)}.")
+    names = [d.split()[0] for d in distributions]
+    if "onnxruntime-gpu" in names and len(names) > 1:
+        return (message + f" {' and '.join(distributions)} are installed side by side and provide the same "
+                "module, so one shadows the other; reinstall just one: pip uninstall -y "
+                + " ".join(names) + " && pip install 'aggdec[gpu]'.")
+    return message + " Install aggdec[gpu] (onnxruntime-gpu) on a machine with an NVIDIA GPU, or use device 'cpu'."
+
+
+_CUDA_PRELOAD: list[str] | None = None  # what onnxruntime.preload_dlls said, once per process
+_PRELOAD_LOCK = threading.Lock()
+
+
+def preload_cuda_libraries() -> list[str]:
+    """Load the CUDA and cuDNN libraries that aggdec[gpu] installs as nvidia-* wheels.
+
+    onnxruntime-gpu's CUDA provider links against libcudart, libcublas(Lt), libcurand and
+    (lazily) cuDNN, but the wheels put them under site-packages/nvidia/, where the dynamic
+    loader does not look; ``onnxruntime.preload_dlls()`` (onnxruntime-gpu >= 1.21) loads them
+    from there, falling back to the system's library path (a system CUDA works as before).
+    Its complaints are printed to stdout, which would corrupt ``aggdec generate``'s output, so
+    they are captured and returned (the lines that say what failed to load)."""
+    global _CUDA_PRELOAD
+    with _PRELOAD_LOCK:
+        if _CUDA_PRELOAD is None:
+            module = require_onnxruntime()
+            captured = io.StringIO()
+            preload = getattr(module, "preload_dlls", None)
+            if preload is not None:
+                with contextlib.redirect_stdout(captured):
+                    try:
+                        preload()
+                    except Exception as exc:  # a failed preload only means the system's paths are used
+                        print(f"onnxruntime.preload_dlls failed: {exc}")
+            _CUDA_PRELOAD = [line for line in captured.getvalue().splitlines() if line.strip()]
+        return _CUDA_PRELOAD
+
+
+def check_device(device: str, tf32: bool = False) -> list[Any]:
+    """The onnxruntime providers for a device, or a ProviderError saying how to get them."""
+    providers = providers_for(device, tf32)
+    if device == "cpu":
+        return providers
+    module = require_onnxruntime()
+    available = module.get_available_providers()
     if "CUDAExecutionProvider" not in available:
-        raise ProviderError(
-            "device 'cuda' needs onnxruntime's CUDAExecutionProvider, but this onnxruntime offers only "
-            f"{', '.join(available)}. Install aggdec[gpu] (onnxruntime-gpu) on a machine with an NVIDIA GPU, "
-            "or use device 'cpu'."
-        )
-    return [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+        raise ProviderError(missing_cuda_message(available, installed_onnxruntime_distributions()))
+    preload_cuda_libraries()
+    return providers
 
 
 class OrtSession:
     """An ONNX graph run by onnxruntime on one device."""
 
-    def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None) -> None:
-        providers = check_device(device)
+    def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
+                 tf32: bool = False) -> None:
+        providers = check_device(device, tf32)
+        ort = require_onnxruntime()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -74,11 +169,16 @@ class OrtSession:
         except Exception as exc:  # onnxruntime raises its own untyped errors for a corrupt file
             raise BundleError(f"onnxruntime could not load {str(path)!r}: {exc}") from exc
         if device == "cuda" and "CUDAExecutionProvider" not in self._session.get_providers():
+            failed = [line for line in preload_cuda_libraries() if "ailed" in line]
             raise ProviderError(
                 "onnxruntime could not start its CUDA provider (is a GPU visible, and do the CUDA libraries "
                 "match onnxruntime-gpu?); use device 'cpu' or fix the CUDA installation."
+                + (f" Loading the CUDA libraries said: {'; '.join(failed)}" if failed else "")
             )
         self.device = device
+        self.tf32 = tf32
+        # what onnxruntime actually applied, per provider (recorded by aggdec bench)
+        self.provider_options = {name: dict(values) for name, values in self._session.get_provider_options().items()}
         self.seconds = 0.0
         self._lock = threading.Lock()
         self.input_names = tuple(i.name for i in self._session.get_inputs())
@@ -95,11 +195,11 @@ class OrtSession:
         self._count(time.perf_counter() - started)
         return dict(zip(self.output_names, values))
 
-    def binding(self) -> ort.IOBinding:
+    def binding(self) -> Any:
         """A fresh IO binding: one per batch, so that threads never share one."""
         return self._session.io_binding()
 
-    def run_bound(self, binding: ort.IOBinding) -> list[ort.OrtValue]:
+    def run_bound(self, binding: Any) -> list[Any]:
         started = time.perf_counter()
         self._session.run_with_iobinding(binding)
         self._count(time.perf_counter() - started)

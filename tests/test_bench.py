@@ -133,6 +133,7 @@ def test_peers_need_the_checkpoint(reference_bundle, tmp_path):
     (["--data", "/no/such/file"], "does not exist"),
     (["--threads", "0"], "--threads must be at least 1"),
     (["--limit", "0"], "--limit must be at least 1"),
+    (["--tf32"], "--tf32 applies to --device cuda only"),
 ])
 def test_bad_bench_arguments_are_one_clean_error(reference_bundle, tmp_path, args, needle):
     result = aggdec("bench", str(reference_bundle), *args, "--out", str(tmp_path / "out"), "--no-progress")
@@ -177,3 +178,37 @@ def test_a_data_file_with_an_empty_source_is_refused(tmp_path):
     data.write_text("a b\tA b\tA B\nc d\n", encoding="utf-8")
     first, second = load_examples(str(data))
     assert (first.target, first.target2, second.target) == ("A b", "A B", None)
+
+
+def test_a_cpu_run_records_how_aggdec_ran_and_no_gpu(bench_run):
+    _, root, _ = bench_run
+    report = json.loads((root / "out" / "bench.json").read_text())
+    assert report["environment"]["gpu"] is None and report["config"]["tf32"] is False
+    for row in report["summary"]["rows"]:
+        assert row["tf32"] is None  # TF32 is a GPU setting
+        if row["system"].startswith("aggdec"):
+            assert "CPUExecutionProvider" in row["provider_options"]
+
+
+def test_nvidia_smi_fields_are_parsed_and_missing_ones_are_null():
+    from aggdec.bench.report import GPU_FIELDS, parse_nvidia_smi
+
+    banner = ("+-----------------------------------------------------------------------------------------+\n"
+              "| NVIDIA-SMI 580.159.04             Driver Version: 580.159.04     CUDA Version: 13.0     |\n")
+    info = parse_nvidia_smi("NVIDIA H100 80GB HBM3, 580.159.04, 81559, 9.0\n", banner)
+    assert info == {"name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda_version": "13.0",
+                    "memory_mib": 81559, "compute_capability": "9.0"}
+    assert parse_nvidia_smi("", "") == dict.fromkeys(GPU_FIELDS)
+    older = parse_nvidia_smi("Tesla T4, 470.82.01, 15109, [N/A]\n", "")
+    assert older["compute_capability"] is None and older["cuda_version"] is None and older["name"] == "Tesla T4"
+
+
+def test_every_heading_of_a_two_device_report_follows_a_blank_line():
+    """The committed H100 report (CUDA then CPU): each `## ` heading starts its own block."""
+    from aggdec.bench.report import markdown
+
+    report = json.loads((ROOT / "benchmarks" / "results" / "uagec-h100" / "bench.json").read_text())
+    lines = markdown(report).splitlines()
+    headings = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    assert len(headings) >= 6 and any(lines[i].startswith("## CPU, batch 1") for i in headings)
+    assert all(lines[i - 1] == "" for i in headings), [lines[i - 1] for i in headings]

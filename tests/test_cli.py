@@ -139,3 +139,17 @@ def test_train_drafter_then_export_and_gad(random_checkpoint, tmp_path):
     gad = aggdec("generate", str(tmp_path / "bundle"), "--mode", "gad", "--max-new-tokens", "12", stdin=lines)
     greedy = aggdec("generate", str(tmp_path / "bundle"), "--max-new-tokens", "12", stdin=lines)
     assert gad.returncode == 0 and gad.stdout == greedy.stdout
+
+
+def test_tf32_without_cuda_is_one_error_line(cli_bundle):
+    assert_one_clean_error(aggdec("generate", str(cli_bundle), "--tf32", stdin="w1\n"), "tf32 applies to device 'cuda'")
+
+
+def test_stats_keep_load_and_warm_up_out_of_the_decoding_time(cli_bundle):
+    result = aggdec("generate", str(cli_bundle), "--mode", "iad", "--max-new-tokens", "12", "--stats",
+                    stdin="w1 w2 w3\nw4 w5\n")
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("aggdec: iad:")]
+    assert "decoding " in line and "not counted: load " in line and "warm-up " in line
+    warm = float(line.split("warm-up ")[1].rstrip("s"))
+    assert warm > 0  # the sessions really ran before the timed part

@@ -29,6 +29,7 @@ class BenchOptions:
     systems: tuple[str, ...] = tuple(spec.name for spec in SYSTEMS)
     devices: tuple[str, ...] = ("cpu",)
     threads: int = 1
+    tf32: bool = False  # aggdec on cuda: TF32 matrix products allowed
     batch_sizes: tuple[int, ...] | None = None  # None: 1, 8, 32 (1, 8 with quick)
     limit: int | None = None
     out: Path = Path("bench-out")
@@ -53,6 +54,8 @@ def _check(options: BenchOptions) -> None:
     for device in options.devices:
         if device not in ("cpu", "cuda"):
             raise InputError(f"unknown device {device!r}: cpu or cuda.")
+    if options.tf32 and "cuda" not in options.devices:
+        raise InputError("--tf32 applies to --device cuda only (TF32 is a GPU math mode).")
     if options.bundle is not None and not (options.bundle / "manifest.json").is_file():
         raise InputError(f"{str(options.bundle)!r} is not an aggdec bundle (no manifest.json); "
                          "make one with `aggdec export`.")
@@ -79,11 +82,11 @@ def _reference_bundle(work: Path) -> tuple[Path, Path]:
 
 
 def _usable_devices(devices: tuple[str, ...], notes: list[str]) -> list[str]:
-    import onnxruntime
+    from aggdec.runtime.session import ort as onnxruntime
 
     usable = []
     for device in devices:
-        if device == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        if device == "cuda" and (onnxruntime is None or "CUDAExecutionProvider" not in onnxruntime.get_available_providers()):
             notes.append("cuda skipped: onnxruntime has no CUDAExecutionProvider here (pip install 'aggdec[gpu]' "
                          "on a machine with a GPU)")
             continue
@@ -128,7 +131,7 @@ def run_bench(options: BenchOptions) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plan = RunPlan(bundle=bundle.resolve(), checkpoint=checkpoint.resolve() if checkpoint else None,
                    examples=examples, systems=systems, devices=devices, batch_sizes=batch_sizes,
-                   threads=options.threads, work=work, logs=out.resolve() / "logs", max_new_tokens=max_new_tokens,
+                   threads=options.threads, tf32=options.tf32, work=work, logs=out.resolve() / "logs", max_new_tokens=max_new_tokens,
                    optimum_python=options.optimum_python, chunk=8 if options.quick else 16,
                    progress=options.progress)
     bench = Bench(plan)
@@ -150,8 +153,9 @@ def run_bench(options: BenchOptions) -> int:
         "config": {"command": options.command, "data": options.data, "sentences": len(examples),
                    "bundle": str(plan.bundle), "checkpoint": str(plan.checkpoint) if plan.checkpoint else None,
                    "systems": systems, "devices": devices, "batch_sizes": batch_sizes,
-                   "threads": options.threads, "max_new_tokens": max_new_tokens, "quick": options.quick},
-        "environment": environment(options.threads, options.optimum_python),
+                   "threads": options.threads, "tf32": options.tf32, "max_new_tokens": max_new_tokens,
+                   "quick": options.quick},
+        "environment": environment(options.threads, options.optimum_python, devices),
         "notes": bench.notes,
         "summary": summary,
         "latencies": {f"{m.system}@{m.device}": [round(x, 6) for x in m.latencies]

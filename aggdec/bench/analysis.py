@@ -90,6 +90,9 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
             "prepare_seconds": round(info.prepare_seconds, 3) if info and info.prepare_seconds else None,
             "rss_after_load_mib": round(info.rss_after_load_mib, 1) if info else None,
             "peak_rss_mib": round(m.peak_rss_mib, 1),
+            # how the system ran (null where it does not apply: TF32 on the CPU, a peer's ORT options)
+            "tf32": (info.runtime.get("tf32") if info else None) if m.device == "cuda" else None,
+            "provider_options": info.runtime.get("provider_options") if info else None,
             "time_split": _time_split(m),
         }
         if has_targets and m.batch_size == min(x.batch_size for x in measured if x.system == m.system):

@@ -6,6 +6,8 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +27,46 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(threads: int, optimum_python: str) -> dict:
+GPU_FIELDS = ("name", "driver", "cuda_version", "memory_mib", "compute_capability")
+
+
+def parse_nvidia_smi(query: str, banner: str) -> dict:
+    """The first GPU's fields from ``nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap
+    --format=csv,noheader,nounits`` (``query``) and the CUDA version from plain ``nvidia-smi``'s
+    banner ("CUDA Version: 13.0"); a field that is missing or unreadable is None."""
+    info: dict = dict.fromkeys(GPU_FIELDS)
+    first = next((line for line in query.splitlines() if line.strip()), "")
+    cells = [c.strip() for c in first.split(",")]
+    if len(cells) >= 4:
+        info["name"] = cells[0] or None
+        info["driver"] = cells[1] or None
+        try:
+            info["memory_mib"] = int(float(cells[2]))
+        except ValueError:
+            pass
+        info["compute_capability"] = cells[3] if cells[3] and "N/A" not in cells[3] else None
+    marker = "CUDA Version:"
+    if marker in banner:
+        version = banner.split(marker, 1)[1].split()[0:1]
+        info["cuda_version"] = version[0].strip("|") if version else None
+    return info
+
+
+def gpu_environment() -> dict:
+    """The GPU a CUDA run used, from nvidia-smi (every field None where it is absent or fails)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return dict.fromkeys(GPU_FIELDS)
+    try:
+        query = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,compute_cap",
+                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+        banner = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return dict.fromkeys(GPU_FIELDS)
+    return parse_nvidia_smi(query, banner)
+
+
+def environment(threads: int, optimum_python: str, devices: list[str] | tuple[str, ...] = ("cpu",)) -> dict:
     versions = {}
     for name in PACKAGES:
         try:
@@ -39,7 +80,9 @@ def environment(threads: int, optimum_python: str) -> dict:
         pass
     return {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "memory_gib": memory, "threads": threads,
             "python": sys.version.split()[0], "platform": platform.platform(), "versions": versions,
-            "optimum_python": optimum_python}
+            "optimum_python": optimum_python,
+            # null unless a CUDA run took place (then each field from nvidia-smi, null if unknown)
+            "gpu": gpu_environment() if "cuda" in devices else None}
 
 
 def write_json(report: dict, path: Path) -> None:
@@ -58,10 +101,19 @@ def markdown(report: dict) -> str:
              f"`{config['command']}`", "",
              f"{env['cpu']}, {env['cpu_count']} cores, {env['threads']} thread(s) per system; "
              f"{', '.join(f'{k} {v}' for k, v in env['versions'].items())}.", ""]
+    gpu = env.get("gpu")
+    if gpu:
+        tf32 = sorted({str(r.get("tf32")) for r in rows if r["device"] == "cuda" and r.get("tf32") is not None})
+        lines += [f"GPU: {gpu.get('name') or 'unknown'} (driver {gpu.get('driver') or '?'}, CUDA "
+                  f"{gpu.get('cuda_version') or '?'}, compute capability {gpu.get('compute_capability') or '?'}); "
+                  f"aggdec TF32: {'on' if tf32 == ['True'] else 'off' if tf32 == ['False'] else 'mixed' if tf32 else '?'}.",
+                  ""]
     for device in config["devices"]:
         one = sorted((r for r in rows if r["device"] == device and r["batch_size"] == 1), key=lambda r: order[r["system"]])
         if not one:
             continue
+        if lines[-1] != "":  # a heading right after a table would be read as one of its rows
+            lines.append("")
         lines += [f"## {device.upper()}, batch 1 (one sentence at a time)", "",
                   "| system | median ms | p90 ms | sent/s | tok/s | vs aggdec greedy | vs CT2 fp32 | vs beam 5 "
                   "| = greedy | F0.5 | peak RSS MiB | load s |",

@@ -33,6 +33,7 @@ class RunPlan:
     logs: Path  # each worker's stderr
     max_new_tokens: int
     optimum_python: str = sys.executable
+    tf32: bool = False
     chunk: int = 16  # sentences per interleaving turn
     warmup: int = 4
     progress: bool = True
@@ -55,6 +56,8 @@ class WorkerInfo:
     load_seconds: float
     rss_after_load_mib: float
     prepare_seconds: float | None = None
+    # what the worker reports about how it runs: onnxruntime's provider options, TF32 on/off
+    runtime: dict = field(default_factory=dict)
 
 
 class WorkerError(AggdecError):
@@ -74,7 +77,7 @@ class Worker:
         if "error" in first:
             self.close()
             raise WorkerError(first["error"])
-        self.info = WorkerInfo(first["load_seconds"], first["rss_mib"])
+        self.info = WorkerInfo(first["load_seconds"], first["rss_mib"], runtime=first.get("runtime") or {})
 
     def _read(self) -> dict:
         line = self.process.stdout.readline()
@@ -137,7 +140,8 @@ class Bench:
         return {"system": spec.name, "kind": spec.kind, "device": device, "threads": plan.threads,
                 "options": spec.options, "bundle": str(plan.bundle),
                 "model": str(plan.checkpoint) if plan.checkpoint else None,
-                "work": str(plan.work / spec.name), "max_new_tokens": plan.max_new_tokens}
+                "work": str(plan.work / spec.name), "max_new_tokens": plan.max_new_tokens,
+                "tf32": plan.tf32 and device == "cuda"}
 
     def _python(self, spec: SystemSpec) -> str:
         return self.plan.optimum_python if spec.kind == "optimum" else sys.executable

@@ -99,12 +99,17 @@ class AggdecSystem:
     def __init__(self, cfg: dict) -> None:
         from aggdec import Generator
 
-        self.generator = Generator(cfg["bundle"], device=cfg["device"], threads=cfg["threads"])
+        self.generator = Generator(cfg["bundle"], device=cfg["device"], threads=cfg["threads"],
+                                   tf32=bool(cfg.get("tf32", False)))
         m = self.generator.manifest
         self.ids = (m.decoder_start_token_id, m.eos_token_id, m.pad_token_id)
         self.options = dict(cfg.get("options", {}))
         self.mode = self.options.pop("mode")
         self.max_new_tokens = cfg["max_new_tokens"]
+
+    def runtime(self) -> dict:
+        return {"provider_options": self.generator.provider_options,
+                "tf32": self.generator.tf32 if self.generator.device == "cuda" else None}
 
     def run(self, texts: list[str]) -> list[dict]:
         results = self.generator.generate(texts, mode=self.mode, batch_size=len(texts),
@@ -144,6 +149,8 @@ class TransformersSystem:
         self.model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model"], dtype=torch.float32).to(self.device).eval()
         self.tok = _Tokenized(Path(cfg["model"]))
         self.beams = int(cfg.get("options", {}).get("num_beams", 1))
+        if self.device == "cuda":  # torch's own setting: its float32 matmuls on TF32 or not
+            self.runtime = lambda: {"tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
         self.max_new_tokens = cfg["max_new_tokens"]
 
     def run(self, texts: list[str]) -> list[dict]:
@@ -255,7 +262,9 @@ def _serve(cfg: dict, reply) -> int:
     except Exception as exc:  # any failure to load is reported, the benchmark goes on without it
         reply({"error": f"{type(exc).__name__}: {exc}"})
         return 1
-    reply({"ready": True, "load_seconds": time.perf_counter() - started, "rss_mib": _rss_mib("VmRSS")})
+    runtime = system.runtime() if hasattr(system, "runtime") else {}
+    reply({"ready": True, "load_seconds": time.perf_counter() - started, "rss_mib": _rss_mib("VmRSS"),
+           "runtime": runtime})
     for line in sys.stdin:
         request = json.loads(line)
         if request.get("quit"):

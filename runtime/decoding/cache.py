@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from ..errors import CapacityError
+from ..session import require_onnxruntime
 
 MIN_CAPACITY = 16
 
@@ -68,7 +69,8 @@ class _Flat:
     def __init__(self, size: int, on_device: bool) -> None:
         self.size = size
         if on_device:
-            self._value: ort.OrtValue | None = ort.OrtValue.ortvalue_from_numpy(np.zeros(size, np.float32), "cuda", 0)
+            ort = require_onnxruntime()
+            self._value: Any = ort.OrtValue.ortvalue_from_numpy(np.zeros(size, np.float32), "cuda", 0)
             self._host: np.ndarray | None = None
         else:
             self._value = None
@@ -222,7 +224,7 @@ class SlotBuffers:
 
     # ------------------------------------------------------------------ feeding the verifier
 
-    def bind(self, binding: ort.IOBinding, in_names: list[str], out_names: list[str], cross: list[str]) -> None:
+    def bind(self, binding: Any, in_names: list[str], out_names: list[str], cross: list[str]) -> None:
         """Bind every buffer by pointer, the outputs onto the inputs' own memory."""
         shape = self.self_shape()
         for flat, name, out in zip(self._self, in_names, out_names):

@@ -55,3 +55,24 @@ def test_bench_runs_cpu_and_gpu_side_by_side(bundle, tmp_path):
     assert set(rows) == {(s, d) for s in ("aggdec-greedy", "aggdec-iad") for d in ("cpu", "cuda")}
     assert rows[("aggdec-iad", "cuda")]["exact_match_vs_greedy"] == 1.0
     assert "cpu_vs_gpu.png" in report["plots"]
+
+
+def test_cuda_sessions_run_without_tf32_unless_asked(bundle):
+    """onnxruntime applied use_tf32=0 (the default) or 1 (tf32=True) to the CUDA provider."""
+    default = Generator(bundle("marian"), device="cuda")
+    assert default.provider_options["CUDAExecutionProvider"]["use_tf32"] == "0"
+    fast = Generator(bundle("marian"), device="cuda", tf32=True)
+    assert fast.provider_options["CUDAExecutionProvider"]["use_tf32"] == "1"
+    assert fast.generate(["w1 w2 w3"], mode="iad", max_new_tokens=MAX_NEW)[0].ids  # it decodes
+
+
+def test_no_plugin_ep_warning_on_cuda(bundle):
+    """No "No registered plugin EP device found" line: aggdec passes no device_id option."""
+    import subprocess
+    import sys
+
+    script = (f"from aggdec import Generator; g = Generator({str(bundle('marian'))!r}, device='cuda'); "
+              "print(len(g.generate(['w1 w2'], mode='greedy', max_new_tokens=4)[0].ids))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "No registered plugin EP device" not in done.stderr + done.stdout

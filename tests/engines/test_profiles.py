@@ -1,0 +1,181 @@
+"""TensorRT profiles, engine keys and the engines manifest, checked without TensorRT: the
+profiles against the shapes the real runtime feeds its graphs, the CLI's refusals, and the
+one-line error when TensorRT is missing. The engines themselves: tests/engines/test_tensorrt.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aggdec.engines import BuildOptions, ProfileOptions, Target, engine_key, plan, profiles
+from aggdec.engines.profiles import (
+    EngineEntry,
+    EnginesManifest,
+    read_engines_manifest,
+    select_engine,
+    shape_error,
+    write_engines_manifest,
+)
+from aggdec.runtime.errors import BundleError, InputError
+from aggdec.runtime.generator import Generator
+from aggdec.runtime.manifest import load_manifest, manifest_digest
+
+H100 = Target(gpu="NVIDIA H100 80GB HBM3", compute_capability="9.0", tensorrt="10.13.0.35")
+
+
+def _have_tensorrt() -> bool:
+    try:
+        import tensorrt  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def aggdec(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aggdec", *args], capture_output=True, text=True, timeout=300)
+
+
+def one_error_line(result: subprocess.CompletedProcess, needle: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("aggdec: error:") and needle in lines[0], result.stderr
+
+
+def test_every_input_gets_a_profile_with_the_manifest_dims(reference_bundle):
+    manifest = load_manifest(reference_bundle)
+    options = ProfileOptions(max_batch=8, opt_batch=2, max_block=32)
+    built = profiles(manifest, options)
+    assert list(built) == ["encoder", "verifier", "drafter"]
+    for graph, profile in built.items():
+        spec = manifest.graph(graph)
+        assert list(profile) == [t.name for t in spec.inputs]
+        for tensor in spec.inputs:
+            shapes = profile[tensor.name]
+            for axis, dim in enumerate(tensor.dims):
+                low, opt, high = (shapes[k][axis] for k in ("min", "opt", "max"))
+                assert 1 <= low <= opt <= high
+                if isinstance(dim, int):
+                    assert low == opt == high == dim
+    verifier = built["verifier"]
+    assert verifier["input_ids"]["max"] == [8, 32 + 2]  # max block plus a row's missing tokens
+    assert verifier["self_key.0"]["max"][2] == manifest.max_target_len + 2  # format 2's fixed capacity
+    assert verifier["input_ids"]["opt"][0] == 2 == verifier["past_lengths"]["opt"][0]
+    assert built["drafter"]["input_ids"]["min"][1] == manifest.draft_k + 1
+
+
+def test_the_runtime_never_feeds_a_shape_outside_the_profiles(reference_bundle):
+    """Decode real sentences batched with every mode, recording each graph call's input shapes
+    (the unbound path feeds every input as an array, the same shapes the bound path binds)."""
+    generator = Generator(reference_bundle, io_binding=False)
+    seen: dict[str, list[dict]] = {name: [] for name in generator._sessions}
+    for name, session in generator._sessions.items():
+        original = session.run
+
+        def recording(inputs, name=name, original=original):
+            seen[name].append({k: tuple(v.shape) for k, v in inputs.items()})
+            return original(inputs)
+
+        session.run = recording
+    sample = Path(__file__).resolve().parents[2] / "examples" / "uagec_test_sample.tsv"
+    texts = [line.split("\t")[0] for line in sample.read_text(encoding="utf-8").splitlines()[:24]]
+    for mode in ("greedy", "iad", "gad"):
+        generator.generate(texts, mode=mode, batch_size=8)
+    built = profiles(generator.manifest, ProfileOptions(max_batch=8, max_block=64))
+    for graph, calls in seen.items():
+        assert calls, graph
+        for call in calls:
+            for name, shape in call.items():
+                shapes = built[graph][name]
+                assert shape_error(name, shape, shapes["min"], shapes["max"]) is None, (graph, name, shape, shapes)
+    # and a batch larger than the profile is what the engine would refuse, by name
+    assert "dim 0 is 9" in shape_error("input_ids", (9, 1), [1, 1], [8, 66])
+
+
+def test_unknown_dims_and_bad_options_are_refused(reference_bundle):
+    manifest = load_manifest(reference_bundle)
+    spec = manifest.graph("verifier")
+    odd = dataclasses.replace(spec, inputs=(dataclasses.replace(spec.inputs[0], dims=("batch", "mystery")),))
+    strange = dataclasses.replace(manifest, graphs={**manifest.graphs, "verifier": odd})
+    with pytest.raises(BundleError, match="'mystery'"):
+        profiles(strange, ProfileOptions())
+    for bad, needle in ((ProfileOptions(max_batch=0), "max-batch"), (ProfileOptions(max_batch=2, opt_batch=4),
+                                                                     "opt-batch 4 exceeds max-batch 2")):
+        with pytest.raises(InputError, match=needle):
+            profiles(manifest, bad)
+    with pytest.raises(InputError, match="workspace"):
+        plan(reference_bundle, None, BuildOptions(workspace_mib=1))
+
+
+def test_engine_keys_change_with_everything_an_engine_depends_on(reference_bundle):
+    manifest = load_manifest(reference_bundle)
+    digest = manifest_digest(reference_bundle)
+    profile = profiles(manifest, ProfileOptions())["verifier"]
+    key = engine_key(digest, "verifier", profile, H100)
+    assert key == engine_key(digest, "verifier", json.loads(json.dumps(profile)), H100)
+    others = [
+        engine_key("0" * 64, "verifier", profile, H100),
+        engine_key(digest, "encoder", profile, H100),
+        engine_key(digest, "verifier", profiles(manifest, ProfileOptions(max_batch=32))["verifier"], H100),
+        engine_key(digest, "verifier", profile, dataclasses.replace(H100, gpu="NVIDIA A100-SXM4-80GB",
+                                                                    compute_capability="8.0")),
+        engine_key(digest, "verifier", profile, dataclasses.replace(H100, tensorrt="10.14.1")),
+        engine_key(digest, "verifier", profile, dataclasses.replace(H100, fp16=True)),
+        engine_key(digest, "verifier", profile, dataclasses.replace(H100, tf32=True)),
+    ]
+    assert len({key, *others}) == 1 + len(others)
+
+
+def test_engines_manifest_round_trip_selection_and_refusals(reference_bundle, tmp_path):
+    digest = manifest_digest(reference_bundle)
+    engines = read_engines_manifest(tmp_path, digest)
+    assert engines.engines == []
+    entry = EngineEntry(graph="verifier", file="verifier-0123.engine", sha256="ab" * 32, key="k1",
+                        target=dataclasses.asdict(H100), profile={}, workspace_mib=4096, build_seconds=1.0)
+    engines.put(entry)
+    engines.put(dataclasses.replace(entry, build_seconds=2.0))  # same key: replaced, not added
+    write_engines_manifest(tmp_path, engines)
+    again = read_engines_manifest(tmp_path, digest)
+    assert len(again.engines) == 1 and again.engines[0].build_seconds == 2.0
+    assert select_engine(again, "verifier", H100, tmp_path).file == "verifier-0123.engine"
+    with pytest.raises(BundleError, match="no verifier engine .* for NVIDIA L4 .*there are: NVIDIA H100"):
+        select_engine(again, "verifier", dataclasses.replace(H100, gpu="NVIDIA L4"), tmp_path)
+    with pytest.raises(BundleError, match="built from another bundle"):
+        read_engines_manifest(tmp_path, "f" * 64)
+    (tmp_path / "engines.json").write_text("{not json")
+    with pytest.raises(BundleError, match="not a readable engines manifest"):
+        read_engines_manifest(tmp_path, digest)
+
+
+def test_build_engines_cli_checks_then_needs_tensorrt(reference_bundle, tmp_path):
+    dry = aggdec("build-engines", str(reference_bundle), "--dry-run", "--max-batch", "4", "--max-block", "8")
+    assert dry.returncode == 0, dry.stderr
+    lines = [json.loads(line) for line in dry.stdout.splitlines()]
+    assert lines[0]["out"].endswith("bundle.engines")
+    verifier_ids = next(x for x in lines[1:] if x["graph"] == "verifier" and x["input"] == "input_ids")
+    # --max-block 8 is below the drafter's k (12): a GAD block (k drafts + 2) must still fit
+    assert verifier_ids == {"graph": "verifier", "input": "input_ids", "min": "1x1", "opt": "1x14", "max": "4x14"}
+    assert {x["graph"] for x in lines[1:]} == {"encoder", "verifier", "drafter"}
+
+    one_error_line(aggdec("build-engines", str(reference_bundle), "--out", str(reference_bundle / "engines")),
+                   "inside the bundle")
+    one_error_line(aggdec("build-engines", str(reference_bundle), "--max-batch", "2", "--opt-batch", "4"),
+                   "opt-batch 4 exceeds max-batch 2")
+    one_error_line(aggdec("build-engines", str(tmp_path / "nothing")), "nothing")
+    if _have_tensorrt():
+        pytest.skip("TensorRT is installed here: the missing-TensorRT errors cannot be seen")
+    one_error_line(aggdec("build-engines", str(reference_bundle), "--out", str(tmp_path / "e")), "TensorRT is not installed")
+    assert not (tmp_path / "e").exists()  # nothing written before TensorRT was found
+    one_error_line(aggdec("generate", str(reference_bundle), "--device", "tensorrt", "--input", "/dev/null"),
+                   "TensorRT is not installed")
+    one_error_line(aggdec("generate", str(reference_bundle), "--engines", str(tmp_path)), "--device tensorrt only")
+
+
+def test_engines_manifest_class_defaults():
+    fresh = EnginesManifest("d" * 64)
+    assert fresh.to_json() == {"format": 1, "bundle_manifest_sha256": "d" * 64, "timing_cache": "timing.cache",
+                               "engines": []}
