@@ -38,11 +38,17 @@ class BlockOptions:
             raise ValueError(f"cost_ratio must be >= 0, got {self.cost_ratio}.")
 
 
+MAX_REST = 64  # the longest run of plain steps between two tries of a failing draft source
+
+
 class BlockSizer:
     def __init__(self, options: BlockOptions) -> None:
         self.options = options
         self._accepted = options.prior_accepted
         self._rejected = options.prior_rejected
+        self._resting = 0  # plain steps left before drafting is tried again
+        self._rest = 1  # the next rest's length: doubles after each failed try
+        self._trying = False
         ks = np.arange(1, options.max_block + 1, dtype=np.float64)
         self._ks = ks
         self._cost = 1.0 + options.cost_ratio * ks
@@ -58,16 +64,24 @@ class BlockSizer:
         gain = (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
         value = gain / (self._cost + fixed_cost)
         best = int(np.argmax(value))
-        if allow_none and value[best] < 1.0:  # one token for one plain call beats drafting
+        if not allow_none or value[best] >= 1.0:
+            self._rest = 1
+            return int(self._ks[best])
+        # one token for one plain call beats drafting: rest, then try once more; each failed
+        # try doubles the rest, so a row that never accepts pays for a few drafter calls only
+        if self._resting > 0:
             return 0
-        return int(self._ks[best])
+        if self._trying:
+            self._trying = False
+            return int(self._ks[best])
+        self._resting, self._rest = self._rest, min(2 * self._rest, MAX_REST)
+        return 0
 
     def skipped(self) -> None:
-        """An iteration without a draft: the estimate relaxes toward the prior, so that a row
-        that stopped drafting tries again later (its text may have become easy again)."""
-        decay = self.options.decay
-        self._accepted = decay * self._accepted + (1 - decay) * self.options.prior_accepted
-        self._rejected = decay * self._rejected + (1 - decay) * self.options.prior_rejected
+        """An iteration without a draft."""
+        if self._resting > 0:
+            self._resting -= 1
+            self._trying = self._resting == 0
 
     def observe(self, drafted: int, accepted: int) -> None:
         decay = self.options.decay

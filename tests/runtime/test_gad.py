@@ -210,3 +210,30 @@ def test_trained_drafter_on_the_editing_model(tmp_path, editing_marian_dir, trai
         drafted = generator.drafter.draft([prefix], batch.buffers.hidden(), batch.buffers.source_mask(),
                                           generator.manifest.pad_token_id)
         assert drafted[0].tolist() == torch_draft.argmax(-1)[0].tolist()
+
+
+def test_a_failing_row_tries_drafting_again_less_and_less_often():
+    from aggdec.runtime.decoding.sizing import MAX_REST, BlockOptions, BlockSizer
+
+    sizer = BlockSizer(BlockOptions(max_block=12))
+    tries = []
+    for iteration in range(300):
+        size = sizer.size(fixed_cost=1.0, allow_none=True)
+        if size:
+            tries.append(iteration)
+            sizer.observe(size, 0)  # every draft rejected
+        else:
+            sizer.skipped()
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert len(tries) < 20 and gaps[-1] >= MAX_REST  # rests double up to the cap
+    # and a row whose drafts pass again drafts every iteration again
+    for _ in range(MAX_REST + 1):
+        size = sizer.size(fixed_cost=1.0, allow_none=True)
+        if size:
+            sizer.observe(size, size)  # the try after the rest is accepted whole
+            break
+        sizer.skipped()
+    for _ in range(5):
+        size = sizer.size(fixed_cost=1.0, allow_none=True)
+        assert size > 0
+        sizer.observe(size, size)
