@@ -49,6 +49,7 @@ class BlockSizer:
         self._resting = 0  # plain steps left before drafting is tried again
         self._rest = 1  # the next rest's length: doubles after each failed try
         self._trying = False
+        self._probing = False  # the last draft was such a try
         ks = np.arange(1, options.max_block + 1, dtype=np.float64)
         self._ks = ks
         self._cost = 1.0 + options.cost_ratio * ks
@@ -71,9 +72,12 @@ class BlockSizer:
         # try doubles the rest, so a row that never accepts pays for a few drafter calls only
         if self._resting > 0:
             return 0
-        if self._trying:
+        if self._trying:  # try with the draft length a fresh row would get
             self._trying = False
-            return int(self._ks[best])
+            self._probing = True
+            fresh = self.options.prior_accepted / (self.options.prior_accepted + self.options.prior_rejected)
+            fresh_gain = (1.0 - fresh ** (self._ks + 1.0)) / (1.0 - fresh)
+            return int(self._ks[int(np.argmax(fresh_gain / (self._cost + fixed_cost)))])
         self._resting, self._rest = self._rest, min(2 * self._rest, MAX_REST)
         return 0
 
@@ -84,6 +88,12 @@ class BlockSizer:
             self._trying = self._resting == 0
 
     def observe(self, drafted: int, accepted: int) -> None:
+        if self._probing:
+            self._probing = False
+            if 2 * accepted >= drafted:  # the try mostly passed: drafting pays again, start afresh
+                self._accepted, self._rejected = self.options.prior_accepted, self.options.prior_rejected
+                self._rest = 1
+                return
         decay = self.options.decay
         self._accepted = decay * self._accepted + accepted
         self._rejected = decay * self._rejected + (1.0 if accepted < drafted else 0.0)
