@@ -73,7 +73,9 @@ def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, device: str = 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host``:``port`` (IPv6 if ``host`` is one)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without it a
+    # response written in two parts waits for the client's delayed ACK (40 ms per keep-alive request)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
