@@ -50,6 +50,7 @@ class Settings:
     max_texts: int = 64  # texts per request; more: 413
     max_body_bytes: int = 1 << 20  # request body; larger: 413
     warmup_text: str = "warm up"
+    warm_at_startup: bool = False  # True: the app's startup waits for the warm-up (Ray replicas)
 
 
 @dataclass
@@ -256,6 +257,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
             state.warm = await warm_up(state.engine, settings.warmup_text)
 
         task = asyncio.create_task(warm())
+        if settings.warm_at_startup:
+            await task
         try:
             yield
         finally:

@@ -164,7 +164,9 @@ def _markdown(report: dict) -> str:
     if offline:
         lines += ["", f"Offline `{report['mode']}` at batch {offline['batch_size']} on the same {report['sentences']} "
                       f"sentences (Generator.generate, {offline['threads']} thread(s)): "
-                      f"{offline['texts_per_s']} texts/s, identical to greedy: {offline['identical_to_greedy']}.", "",
+                      f"{offline['texts_per_s']} texts/s, identical to greedy: {offline['identical_to_greedy']}. Each "
+                      f"sentence alone (batch 1): p50 {offline['batch1_p50_ms']} ms, p99 {offline['batch1_p99_ms']} ms, "
+                      f"p99/p50 {offline['batch1_p99_over_p50']} (the spread of the work itself).", "",
                   "| clients | served / offline throughput |", "|---|---|"]
         for s in report["steps"]:
             lines.append(f"| {s['concurrency']} | {s['served_over_offline']}x |")
@@ -245,8 +247,14 @@ def run_from_args(args) -> int:
         offline = {"batch_size": args.offline_batch, "threads": args.threads, "seconds": round(seconds, 3),
                    "texts_per_s": round(len(texts) / seconds, 2),
                    "identical_to_greedy": sum(list(r.ids) == w for r, w in zip(results, want)) == len(want)}
-        print(f"aggdec: loadtest: offline {args.mode} at batch {args.offline_batch}: {offline['texts_per_s']} texts/s",
-              file=sys.stderr, flush=True)
+        # the spread of the work itself: each sentence alone (batch 1), its decode time
+        alone = sorted(1000 * r.stats.total_seconds for r in generator.generate(
+            texts, mode=args.mode, batch_size=1, max_new_tokens=args.max_new_tokens))
+        p50, p99 = (alone[min(len(alone) - 1, math.ceil(q / 100 * len(alone)) - 1)] for q in (50, 99))
+        offline["batch1_p50_ms"], offline["batch1_p99_ms"] = round(p50, 1), round(p99, 1)
+        offline["batch1_p99_over_p50"] = round(p99 / p50, 2)
+        print(f"aggdec: loadtest: offline {args.mode} at batch {args.offline_batch}: {offline['texts_per_s']} texts/s; "
+              f"alone (batch 1): p50 {p50:.1f} ms, p99 {p99:.1f} ms", file=sys.stderr, flush=True)
     del generator
     options = {"mode": args.mode}
     if args.max_new_tokens is not None:
