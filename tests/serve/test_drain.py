@@ -101,3 +101,17 @@ def test_a_missing_extra_is_one_error_line(missing, command):
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("aggdec: error: `aggdec ") and result.stderr.count("\n") == 1
     assert f"({missing} is not installed)" in result.stderr
+
+
+def test_the_listening_socket_says_tcp_so_that_asyncio_sets_tcp_nodelay():
+    """With proto 0, asyncio leaves Nagle on, and each keep-alive response waited 40 ms for the
+    client's delayed ACK."""
+    import socket
+
+    from aggdec.serve.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
