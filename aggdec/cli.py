@@ -37,6 +37,13 @@ def _finite_non_negative(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _finite_non_negative(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="aggdec", description="Lossless aggressive decoding for seq2seq models.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -115,6 +122,66 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     engines.add_argument("--force", action="store_true", help="rebuild engines that are up to date")
     engines.add_argument("--dry-run", action="store_true",
                          help="print the profiles that would be built, as JSON, and stop (no TensorRT needed)")
+
+    serve = commands.add_parser(
+        "serve", help="serve a bundle over HTTP with dynamic batching (the serve extra)",
+        description="An HTTP JSON API over one bundle: POST /v1/generate, GET /healthz, /readyz, /metrics, /docs. "
+                    "Texts of concurrent requests share batches. SIGTERM drains: requests in flight finish, "
+                    "new ones get 503, then the process exits.")
+    serve.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on, 0 = any free one (8000)")
+    serve.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
+    serve.add_argument("--threads", type=_positive_int, help="intra-op threads (default: onnxruntime's choice)")
+    serve.add_argument("--mode", choices=("greedy", "iad", "gad", "gad++"), default="iad",
+                       help="mode of a request that names none (iad)")
+    serve.add_argument("--max-batch", type=_positive_int, default=32, help="rows per verifier call (32)")
+    serve.add_argument("--max-wait-ms", type=_finite_non_negative, default=5.0,
+                       help="an idle decode loop waits this long to gather a batch after the first text (5)")
+    serve.add_argument("--max-queue", type=_positive_int, default=256,
+                       help="texts that may wait for a slot; past it requests get 429 (256)")
+    serve.add_argument("--timeout-s", type=_positive_float, default=30.0,
+                       help="a request's deadline; past it 504 and its work is dropped (30)")
+    serve.add_argument("--max-texts", type=_positive_int, default=64, help="texts per request; more: 413 (64)")
+    serve.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20,
+                       help="request body size; larger: 413 (1048576)")
+    serve.add_argument("--drain-s", type=_finite_non_negative,
+                       help="on SIGTERM, wait at most this long for requests in flight (default: --timeout-s + 5)")
+    serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                       help="uvicorn's log level (warning)")
+    serve.add_argument("--ray", action="store_true",
+                       help="run as a Ray Serve application (the ray extra) on the Ray cluster of $RAY_ADDRESS, "
+                            "or a local one")
+    serve.add_argument("--replicas", type=_positive_int, default=1, help="--ray: replicas (1)")
+    serve.add_argument("--max-replicas", type=_positive_int,
+                       help="--ray: autoscale between --replicas and this many replicas (default: a fixed number)")
+
+    load = commands.add_parser(
+        "loadtest", help="closed-loop load test of an `aggdec serve` endpoint, every answer checked against greedy",
+        description="Closed-loop clients (each sends its next request when the last is answered) at each "
+                    "concurrency for a fixed time, over UA-GEC test sources; every output is compared with offline "
+                    "greedy on the same bundle. Writes loadtest.json, loadtest.md and loadtest.png; exit status 1 "
+                    "if any response was wrong or lost.")
+    load.add_argument("url", metavar="URL", help="the server, on loopback: http://127.0.0.1:8000")
+    load.add_argument("--bundle", required=True, metavar="DIR", help="the bundle the server runs (for the greedy "
+                      "reference and the offline comparison)")
+    load.add_argument("--data", default="uagec-test", metavar="FILE",
+                      help="sources: uagec-test (the ua-gec package) or a file, one per line (uagec-test)")
+    load.add_argument("--limit", type=_positive_int, default=512, help="distinct sentences to cycle through (512)")
+    load.add_argument("--concurrency", type=_positive_int, nargs="+", default=[1, 8, 32, 64], metavar="N",
+                      help="closed-loop clients per step (1 8 32 64)")
+    load.add_argument("--duration", type=_positive_float, default=20.0, help="seconds per step (20)")
+    load.add_argument("--max-requests", type=_positive_int, default=100000, help="requests per step at most (100000)")
+    load.add_argument("--mode", choices=("greedy", "iad", "gad", "gad++"), default="iad", help="mode requested (iad)")
+    load.add_argument("--texts-per-request", type=_positive_int, default=1, help="texts per request (1)")
+    load.add_argument("--timeout-s", type=_positive_float, default=60.0, help="client timeout per request (60)")
+    load.add_argument("--offline-batch", type=int, default=32,
+                      help="also time offline batched decoding of the same sentences in --mode at this batch size, "
+                           "for the served/offline ratio; 0 = skip (32)")
+    load.add_argument("--threads", type=_positive_int, default=None,
+                      help="intra-op threads of the offline reference (set it to the server's --threads)")
+    load.add_argument("--max-new-tokens", type=_positive_int, help="tokens to generate at most, sent with every request")
+    load.add_argument("--out", default="loadtest-out", metavar="DIR", help="where the report goes (loadtest-out)")
 
     bench = commands.add_parser(
         "bench", help="benchmark aggdec's modes against transformers, optimum and CTranslate2",
@@ -381,9 +448,59 @@ def _build_engines(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    if args.max_replicas is not None and args.max_replicas < args.replicas:
+        raise InputError(f"--max-replicas {args.max_replicas} is below --replicas {args.replicas}.")
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise AggdecError(
+            f"`aggdec serve` needs the serve extra ({exc.name} is not installed): pip install 'aggdec[serve]'"
+        ) from None
+    from aggdec.serve.app import Settings
+
+    settings = Settings(mode=args.mode, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                        max_queue=args.max_queue, timeout_s=args.timeout_s, max_texts=args.max_texts,
+                        max_body_bytes=args.max_body_bytes)
+    if args.ray:
+        try:
+            import ray  # noqa: F401
+            from ray import serve  # noqa: F401
+        except ImportError as exc:
+            raise AggdecError(
+                f"`aggdec serve --ray` needs the ray extra ({exc.name} is not installed): pip install 'aggdec[ray]'"
+            ) from None
+        from aggdec.serve.ray import run_ray
+
+        return run_ray(args.bundle, host=args.host, port=args.port, device=args.device, threads=args.threads,
+                       settings=settings, replicas=args.replicas, max_replicas=args.max_replicas)
+    from aggdec.serve.server import serve
+
+    return serve(args.bundle, host=args.host, port=args.port, device=args.device, threads=args.threads,
+                 settings=settings, drain_s=args.drain_s, log_level=args.log_level)
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    try:
+        import httpx  # noqa: F401
+    except ImportError as exc:
+        raise AggdecError(
+            f"`aggdec loadtest` needs the serve extra ({exc.name} is not installed): pip install 'aggdec[serve]'"
+        ) from None
+    from aggdec.serve.loadtest import run_from_args
+
+    return run_from_args(args)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.command == "build-engines":
         return _build_engines(args)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "loadtest":
+        return _loadtest(args)
     if args.command == "export":
         return _export(args)
     if args.command == "train-drafter":

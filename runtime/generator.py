@@ -6,7 +6,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -449,6 +449,42 @@ class Generator:
             raise InputError(f"tau must be a finite number >= 0, got {tau!r}.")
         return drafts, Verification(beta=beta, tau=float(tau))
 
+    # ------------------------------------------------------------------ building blocks for servers
+
+    def prepare(self, item: object, index: int = 0) -> tuple[str, list[int]]:
+        """``item`` (a string, or UTF-8 bytes) as a text and its token ids, or the InputError that
+        :meth:`stream` would report for it (naming ``index``): what a server checks per item."""
+        text = _as_text(item, index)
+        ids = self.codec.encode([text])[0]
+        self._check_length(ids, index)
+        return text, ids
+
+    def limits(self, max_new_tokens: int | None = None) -> DecodeLimits:
+        """The stopping rule for ``max_new_tokens`` (None: the bundle's limit), for a
+        :class:`Work` of its own; InputError if the bundle cannot honour it."""
+        return self._limits(max_new_tokens)
+
+    def decoder(self, work: Arrivals, mode: str = "greedy", batch_size: int = 16, block: BlockOptions | None = None,
+                beta: int | None = None, tau: float | None = None, draft_k: int | None = None,
+                linger: float = 0.0, on_call: Callable[[int], None] | None = None) -> Iterator[Finished]:
+        """The batched decode loop over ``work`` (which may keep growing until it is closed):
+        yields each row as it finishes; :meth:`result` turns it into a GenerationResult. A server
+        runs one per decoding configuration in a thread of its own, with a queue it never
+        closes. ``linger``: seconds an idle loop waits to gather a batch after the first
+        source. ``on_call(rows)``: called before each verifier call with its number of rows."""
+        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
+        keep_hidden = isinstance(drafts, DrafterDraft)
+        if on_call is not None:
+            drafts = _Counted(drafts, on_call)
+        return decode(self.verifier, work, self._limits(None), drafts, verification, batch_size,
+                      self.manifest.pad_token_id, self.io_binding, keep_hidden=keep_hidden, linger=linger)
+
+    def result(self, done: Finished, batch_size: int = 1, source: str | None = None) -> GenerationResult:
+        """A finished row as a GenerationResult (``source``: its text, to restore <unk>)."""
+        return self._result(done, batch_size, source)
+
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
             return block
@@ -476,3 +512,25 @@ class Generator:
             drafter_seconds=seconds["drafter"],
         )
         return GenerationResult(text=text, ids=ids, stats=stats)
+
+
+class _Counted:
+    """A draft source that reports each verifier call's number of rows (a server's batch-size metric)."""
+
+    def __init__(self, inner: DraftSource, on_call: Callable[[int], None]) -> None:
+        self.inner = inner
+        self.on_call = on_call
+
+    @property
+    def seconds(self) -> float:
+        return self.inner.seconds
+
+    def start(self, row) -> None:
+        self.inner.start(row)
+
+    def propose(self, batch, rows, rooms):
+        self.on_call(len(rows))
+        return self.inner.propose(batch, rows, rooms)
+
+    def observe(self, row, drafted: int, accepted: int, appended: int) -> None:
+        self.inner.observe(row, drafted, accepted, appended)

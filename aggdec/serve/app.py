@@ -1,0 +1,352 @@
+"""The HTTP API (FastAPI): `POST /v1/generate`, `/healthz`, `/readyz`, `/metrics`, OpenAPI docs.
+
+One app serves one bundle. Texts of concurrent requests share batches in the engine's
+decode loops (:mod:`aggdec.serve.engine`); the event loop only tokenizes, queues and waits.
+
+Failure behaviour, in the order a request meets it:
+
+- draining (SIGTERM) or not warm yet: 503 with ``Retry-After``;
+- a body over ``max_body_bytes``: 413, before it is parsed; more than ``max_texts`` texts: 413;
+- malformed JSON, a wrong type, an unknown field, an option the bundle cannot honour: 422;
+- more texts than the queue has room for: 429 with ``Retry-After`` (nothing is queued);
+- past ``timeout_s``: 504, and the request's unfinished rows are dropped from their batch;
+- a text that cannot be decoded (empty, too long, not a string): an error in its own output
+  item; the request's other texts are decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from aggdec import __version__
+from aggdec.runtime.errors import AggdecError
+from aggdec.runtime.generator import Generator
+
+from .engine import Engine, EngineHooks, Overloaded, Warmup, warm_up
+from .metrics import Metrics
+
+GENERATE_PATH = "/v1/generate"
+
+
+@dataclass
+class Settings:
+    """How a server decodes and what it refuses (the `aggdec serve` options)."""
+
+    mode: str = "iad"  # a request's mode when it names none
+    max_batch: int = 32  # rows per verifier call
+    max_wait_ms: float = 5.0  # an idle decode loop waits this long to gather a batch
+    max_queue: int = 256  # texts waiting for a slot, over every mode; past it: 429
+    timeout_s: float = 30.0  # a request's deadline; past it: 504 and its rows are dropped
+    max_texts: int = 64  # texts per request; more: 413
+    max_body_bytes: int = 1 << 20  # request body; larger: 413
+    warmup_text: str = "warm up"
+    warm_at_startup: bool = False  # True: the app's startup waits for the warm-up (Ray replicas)
+
+
+@dataclass
+class ServerState:
+    """What the app, its middleware and the process around it share."""
+
+    settings: Settings
+    generator: Generator
+    metrics: Metrics = field(default_factory=Metrics)
+    engine: Engine | None = None
+    warm: Warmup = field(default_factory=Warmup)
+    draining: bool = False
+    in_flight: int = 0  # generate requests being served
+    bundle_sha256: str = ""
+
+
+# ---------------------------------------------------------------------- schemas
+
+class GenerateRequest(BaseModel):
+    """Texts to decode, with one set of options for all of them."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"texts": ["Привіт , як справи ?"], "mode": "iad", "max_new_tokens": 128}]})
+
+    texts: list[Any] = Field(min_length=1, description="The texts to decode, each a string. An item that cannot "
+                             "be decoded (empty, longer than the bundle allows, not a string) gets an error in its "
+                             "own output; the others are decoded.", json_schema_extra={"items": {"type": "string"}})
+    mode: Literal["greedy", "iad", "gad", "gad++"] | None = Field(
+        None, description="Decoding mode (default: the server's --mode). greedy, iad and gad give the same output; "
+                          "gad++ with beta > 1 is faster and may differ.")
+    max_new_tokens: StrictInt | None = Field(None, ge=1, description="Tokens to generate at most, per text "
+                                             "(default and ceiling: the bundle's limit).")
+    beta: StrictInt | None = Field(None, ge=1, description="gad++ only: a draft token is kept while among the "
+                                   "verifier's top-beta (default 3; 1 is greedy).")
+    tau: StrictFloat | StrictInt | None = Field(None, ge=0, allow_inf_nan=False,
+                                                description="gad++ only: ... and within tau log-prob of the best "
+                                                            "(default 1.0).")
+
+
+class ItemError(BaseModel):
+    kind: str = Field(description="`input`: this text cannot be decoded; `internal`: a server fault.")
+    message: str
+
+
+class Stats(BaseModel):
+    iterations: int = Field(description="verifier calls")
+    drafted: list[int] = Field(description="draft tokens checked per call")
+    accepted: list[int] = Field(description="tokens appended per call")
+    encoder_seconds: float
+    verifier_seconds: float
+    drafter_seconds: float
+    total_seconds: float = Field(description="this text's share of its batch's decode time")
+    batch_size: int
+
+
+class Output(BaseModel):
+    text: str | None = Field(description="the output text; null when `error` is set")
+    ids: list[int] | None = Field(description="generated token ids after the decoder start token")
+    stats: Stats | None
+    error: ItemError | None = None
+
+
+class GenerateResponse(BaseModel):
+    mode: str
+    outputs: list[Output] = Field(description="one per input text, in order")
+
+
+class ErrorBody(BaseModel):
+    kind: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+def _error(status: int, kind: str, message: str, metrics: Metrics | None = None,
+           headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    if metrics is not None:
+        metrics.errors.labels(kind).inc()
+    return JSONResponse({"error": {"kind": kind, "message": message, **extra}}, status_code=status, headers=headers)
+
+
+def _output(result) -> dict[str, Any]:
+    s = result.stats
+    return {"text": result.text, "ids": list(result.ids), "error": None, "stats": {
+        "iterations": s.iterations, "drafted": list(s.drafted), "accepted": list(s.accepted),
+        "encoder_seconds": s.encoder_seconds, "verifier_seconds": s.verifier_seconds,
+        "drafter_seconds": s.drafter_seconds, "total_seconds": s.total_seconds, "batch_size": s.batch_size}}
+
+
+def _failed(kind: str, message: str) -> dict[str, Any]:
+    return {"text": None, "ids": None, "stats": None, "error": {"kind": kind, "message": message}}
+
+
+# ---------------------------------------------------------------------- the gate (raw ASGI)
+
+class Gate:
+    """In front of the app: refuses generate requests while draining or not warm (503) and
+    bodies over the size limit (413, read at most that far), counts requests in flight and
+    times them."""
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != GENERATE_PATH:
+            await self.app(scope, receive, send)
+            return
+        state, metrics = self.state, self.state.metrics
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def timed_send(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        state.in_flight += 1
+        metrics.in_flight.inc()
+        try:
+            await self._serve(scope, receive, timed_send)
+        finally:
+            state.in_flight -= 1
+            metrics.in_flight.dec()
+            metrics.latency.labels(str(status["code"])).observe(time.perf_counter() - started)
+
+    async def _serve(self, scope, receive, send) -> None:
+        state, metrics = self.state, self.state.metrics
+        if state.draining:
+            response = _error(503, "unavailable", "the server is shutting down; send this request elsewhere.",
+                              metrics, headers={"Retry-After": "1", "Connection": "close"})
+            await response(scope, receive, send)
+            return
+        if not state.warm.ready:
+            response = _error(503, "unavailable", "the server is still loading; retry shortly." if state.warm.error
+                              is None else f"the server failed to warm up: {state.warm.error}", metrics,
+                              headers={"Retry-After": "1"})
+            await response(scope, receive, send)
+            return
+        limit = state.settings.max_body_bytes
+        too_large = _error(413, "too_large", f"the request body exceeds {limit} bytes.", None,
+                           headers={"Connection": "close"})
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    if int(value) > limit:
+                        metrics.errors.labels("too_large").inc()
+                        await too_large(scope, receive, send)
+                        return
+                except ValueError:
+                    pass
+        # read the body here, at most ``limit`` bytes, then hand it to the app
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                metrics.errors.labels("too_large").inc()
+                await too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+# ---------------------------------------------------------------------- the app
+
+def create_app(generator: Generator, settings: Settings | None = None) -> FastAPI:
+    """The API over ``generator``. Decode loops start, and the warm-up runs, when the app
+    starts (ASGI lifespan); `/readyz` answers 200 once it is warm."""
+    settings = settings or Settings()
+    state = ServerState(settings=settings, generator=generator)
+    metrics = state.metrics
+    with contextlib.suppress(OSError):
+        import hashlib
+
+        state.bundle_sha256 = hashlib.sha256((generator.root / "manifest.json").read_bytes()).hexdigest()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.engine = Engine(generator, mode=settings.mode, max_batch=settings.max_batch,
+                              max_wait=settings.max_wait_ms / 1000, max_queue=settings.max_queue,
+                              hooks=EngineHooks(on_call=metrics.batch_rows.observe, on_result=metrics.observe_result))
+        metrics.queue_depth.set_function(lambda: state.engine.queued if state.engine else 0)
+        metrics.active.set_function(lambda: state.engine.active if state.engine else 0)
+
+        async def warm() -> None:
+            state.warm = await warm_up(state.engine, settings.warmup_text)
+
+        task = asyncio.create_task(warm())
+        if settings.warm_at_startup:
+            await task
+        try:
+            yield
+        finally:
+            task.cancel()
+            engine, state.engine = state.engine, None
+            await asyncio.to_thread(engine.close)
+
+    app = FastAPI(title="aggdec", version=__version__, lifespan=lifespan,
+                  description="Lossless aggressive decoding (greedy, IAD, GAD, GAD++) over one aggdec bundle. "
+                              "Texts of concurrent requests share batches.")
+    app.state.aggdec = state
+    app.add_middleware(Gate, state=state)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+        first = errors[0] if errors else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"{where + ': ' if where else ''}{first.get('msg', 'invalid request')}"
+        return _error(422, "invalid", message, metrics, detail=errors)
+
+    error_responses = {413: {"model": ErrorResponse, "description": "body or text count over the limit"},
+                       422: {"model": ErrorResponse, "description": "malformed JSON, wrong types, bad options"},
+                       429: {"model": ErrorResponse, "description": "queue full; see Retry-After"},
+                       503: {"model": ErrorResponse, "description": "draining or not warm yet; see Retry-After"},
+                       504: {"model": ErrorResponse, "description": "deadline passed; the work was dropped"}}
+
+    @app.post(GENERATE_PATH, response_model=GenerateResponse, responses=error_responses,
+              summary="Decode texts (batched with concurrent requests)")
+    async def generate(body: GenerateRequest) -> Response:
+        engine = state.engine
+        if engine is None:
+            return _error(503, "unavailable", "the server is shutting down.", metrics, headers={"Retry-After": "1"})
+        if len(body.texts) > settings.max_texts:
+            return _error(413, "too_large", f"{len(body.texts)} texts in one request; at most {settings.max_texts}.",
+                          metrics)
+        try:
+            config = engine.config(body.mode, body.beta, body.tau)
+            handles = engine.submit(body.texts, config, body.max_new_tokens)
+        except Overloaded as exc:
+            return _error(429, "overloaded", str(exc), metrics, headers={"Retry-After": str(exc.retry_after)})
+        except AggdecError as exc:
+            return _error(422, "invalid", str(exc), metrics)
+        futures = [handle.future for handle in handles if handle.future is not None]
+        finished = False
+        try:
+            if futures:
+                _, late = await asyncio.wait(futures, timeout=settings.timeout_s)
+                if late:
+                    engine.cancel(handles)
+                    return _error(504, "timeout", f"not done within {settings.timeout_s:g} s; the request's "
+                                  "work was dropped.", metrics)
+            finished = True
+        finally:
+            if not finished:  # cancelled (client gone, shutdown): drop the rows
+                engine.cancel(handles)
+        outputs = []
+        for handle in handles:
+            if handle.error is not None:
+                metrics.errors.labels("input").inc()
+                outputs.append(_failed("input", str(handle.error)))
+            elif handle.future.exception() is not None:
+                metrics.errors.labels("internal").inc()
+                error = handle.future.exception()
+                outputs.append(_failed("internal", f"{type(error).__name__}: {error}"))
+            else:
+                outputs.append(_output(handle.future.result()))
+        return JSONResponse({"mode": config.mode, "outputs": outputs})
+
+    @app.get("/healthz", summary="Alive")
+    async def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz", summary="Bundle loaded and warm (503 otherwise, or while draining)")
+    async def readyz() -> Response:
+        info = {"bundle": str(generator.root), "manifest_sha256": state.bundle_sha256,
+                "device": generator.device, "mode": settings.mode, "warmup_seconds": round(state.warm.seconds, 3)}
+        if state.draining:
+            return JSONResponse({"status": "draining", **info}, status_code=503)
+        if not state.warm.ready:
+            return JSONResponse({"status": "loading" if state.warm.error is None else "failed",
+                                 "error": state.warm.error, **info}, status_code=503)
+        return JSONResponse({"status": "ready", **info})
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,332 @@
+"""The server's decoding engine: long-lived batched decode loops fed by requests.
+
+Each decoding configuration a request asks for (mode, and beta/tau for GAD++) gets a *lane*:
+an :class:`~aggdec.runtime.decoding.arrivals.Arrivals` queue that is never closed and one
+decoder thread running :meth:`Generator.decoder` over it. A request's texts are tokenized and
+put on their lane's queue; they join the running batch as soon as a slot is free
+(continuous batching), and each finished row resolves the request's asyncio future through
+``loop.call_soon_threadsafe``, so the event loop never waits on a decode. Texts of different
+requests share verifier calls; a row's output depends only on its own text (every kept token
+is the verifier's choice after the row's own prefix), so one request never changes another's
+output.
+
+Nothing here imports a web framework: the engine is what the FastAPI app and the Ray Serve
+deployment both drive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from aggdec.runtime.decoding.arrivals import Arrivals, Work
+from aggdec.runtime.errors import AggdecError, InputError
+from aggdec.runtime.generator import MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, GenerationResult, Generator
+
+MAX_LANES = 8  # decode loops (distinct configurations) alive at once; idle ones are closed to make room
+
+
+class Overloaded(AggdecError, RuntimeError):
+    """The queue is full: the client should retry after ``retry_after`` seconds (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a lane decodes with: the mode and its verification options (resolved defaults)."""
+
+    mode: str
+    beta: int | None = None
+    tau: float | None = None
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    text: str
+
+
+@dataclass
+class Handle:
+    """One submitted item: its future (None when the item was refused) or its error."""
+
+    lane: Lane | None = None
+    index: int = -1
+    future: asyncio.Future | None = None
+    error: InputError | None = None
+
+
+@dataclass
+class EngineHooks:
+    """Where the engine reports what it does (the server's metrics); every hook is optional."""
+
+    on_call: Callable[[int], None] | None = None  # rows in a verifier call
+    on_result: Callable[[GenerationResult], None] | None = None  # each finished row
+
+
+def _resolve(value, default):
+    return default if value is None else value
+
+
+class Lane:
+    """One decode loop: a queue that is never closed and the thread that decodes from it."""
+
+    def __init__(self, engine: Engine, config: Config) -> None:
+        self.engine = engine
+        self.config = config
+        self.work = Arrivals()  # shortest first among everything queued (a source passed over too often goes first)
+        self._pending: dict[int, _Pending] = {}
+        self._lock = threading.Lock()
+        self.failure: BaseException | None = None
+        self.last_used = time.monotonic()
+        beta = tau = None
+        if config.mode == "gad++":
+            beta, tau = config.beta, config.tau
+        # options are checked here, on the caller's thread: a bad one never starts a thread
+        self._rows = engine.generator.decoder(self.work, config.mode, engine.max_batch, beta=beta, tau=tau,
+                                              linger=engine.max_wait, on_call=engine.hooks.on_call)
+        self.thread = threading.Thread(target=self._run, name=f"aggdec-serve-{config.mode}", daemon=True)
+        self.thread.start()
+
+    @property
+    def queued(self) -> int:
+        """Rows waiting for a slot."""
+        return len(self.work)
+
+    @property
+    def active(self) -> int:
+        """Rows submitted and not finished (queued or decoding)."""
+        with self._lock:
+            return len(self._pending)
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None and not self.work.closed
+
+    def submit(self, index: int, text: str, ids: list[int], limits, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        future = loop.create_future()
+        with self._lock:
+            self._pending[index] = _Pending(future, loop, text)
+        self.last_used = time.monotonic()
+        self.work.put(Work(index, ids, limits))
+        return future
+
+    def cancel(self, index: int) -> None:
+        """Drop row ``index`` (queued or decoding): its result will never be made."""
+        with self._lock:
+            if self._pending.pop(index, None) is None:
+                return  # already finished
+        self.work.cancel(index)
+
+    def _run(self) -> None:
+        hooks = self.engine.hooks
+        try:
+            for done in self._rows:
+                with self._lock:
+                    pending = self._pending.pop(done.index, None)
+                if pending is None:  # cancelled just as it finished
+                    self.work.forget(done.index)
+                    continue
+                try:
+                    result = self.engine.generator.result(done, self.engine.max_batch, pending.text)
+                except BaseException as exc:  # noqa: BLE001 - reported to this row's request only
+                    _resolve_later(pending, error=exc)
+                    continue
+                if hooks.on_result is not None:
+                    hooks.on_result(result)
+                _resolve_later(pending, result=result)
+        except BaseException as exc:  # noqa: BLE001 - a broken loop fails its rows, not the server
+            self.failure = exc
+        finally:
+            self.work.abandon()
+            with self._lock:
+                pending, self._pending = list(self._pending.values()), {}
+            error = self.failure or RuntimeError("the decode loop stopped")
+            for item in pending:
+                _resolve_later(item, error=error)
+
+    def close(self, wait: float | None = None) -> None:
+        self.work.abandon()
+        if wait is not None:
+            self.thread.join(wait)
+
+
+def _resolve_later(pending: _Pending, result=None, error: BaseException | None = None) -> None:
+    def settle() -> None:
+        if pending.future.done():  # the request gave up (deadline, disconnect)
+            return
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(result)
+
+    try:
+        pending.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the event loop is closed: nobody is waiting
+        pass
+
+
+class Engine:
+    """Decodes requests' texts in shared batches, one lane per decoding configuration.
+
+    ``max_batch``: rows per verifier call. ``max_wait``: seconds an idle lane waits to gather a
+    batch after the first text. ``max_queue``: rows that may wait for a slot, over every lane;
+    past it :meth:`submit` raises :class:`Overloaded`.
+    """
+
+    def __init__(self, generator: Generator, mode: str = "iad", max_batch: int = 32, max_wait: float = 0.005,
+                 max_queue: int = 256, hooks: EngineHooks | None = None) -> None:
+        if mode not in MODES:
+            raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
+        self.generator = generator
+        self.default_mode = mode
+        self.max_batch = max_batch
+        self.max_wait = max_wait
+        self.max_queue = max_queue
+        self.hooks = hooks or EngineHooks()
+        self._lanes: dict[Config, Lane] = {}
+        self._lock = threading.Lock()
+        self._indexes = itertools.count()
+        self._finished: deque[float] = deque(maxlen=256)  # completion times, for Retry-After
+        self._closed = False
+        user_hook = self.hooks.on_result
+
+        def on_result(result: GenerationResult) -> None:
+            self._finished.append(time.monotonic())
+            if user_hook is not None:
+                user_hook(result)
+
+        self.hooks.on_result = on_result
+
+    # ------------------------------------------------------------------ configuration
+
+    def config(self, mode: str | None = None, beta: int | None = None, tau: float | None = None) -> Config:
+        """The lane configuration for a request's options; InputError if the bundle cannot
+        decode with them (unknown mode, beta/tau outside GAD++, GAD without a drafter)."""
+        mode = self.default_mode if mode is None else mode
+        self.generator.check_options(mode, beta=beta, tau=tau)  # raises InputError / BundleError
+        if mode == "gad++":
+            return Config(mode, int(_resolve(beta, GAD_PLUS_BETA)), float(_resolve(tau, GAD_PLUS_TAU)))
+        return Config(mode)
+
+    def limits(self, max_new_tokens: int | None):
+        return None if max_new_tokens is None else self.generator.limits(max_new_tokens)
+
+    # ------------------------------------------------------------------ load
+
+    @property
+    def queued(self) -> int:
+        """Rows waiting for a slot, over every lane."""
+        return sum(lane.queued for lane in list(self._lanes.values()))
+
+    @property
+    def active(self) -> int:
+        """Rows submitted and not finished, over every lane."""
+        return sum(lane.active for lane in list(self._lanes.values()))
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has room, from the recent completion rate (1 to 60)."""
+        recent = list(self._finished)
+        if len(recent) >= 2 and recent[-1] > recent[0]:
+            rate = (len(recent) - 1) / (recent[-1] - recent[0])
+            return int(min(60, max(1, math.ceil(self.queued / rate))))
+        return 1
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, items: Sequence[object], config: Config, max_new_tokens: int | None = None,
+               loop: asyncio.AbstractEventLoop | None = None) -> list[Handle]:
+        """Queue ``items`` (each a text) on ``config``'s lane. Returns a handle per item: a future
+        that resolves to its GenerationResult, or the item's InputError (empty, too long, not a
+        string). Raises :class:`Overloaded` when the queue has no room for the request's texts
+        (nothing is queued then), InputError for a bad ``max_new_tokens``."""
+        loop = loop or asyncio.get_running_loop()
+        limits = self.limits(max_new_tokens)
+        handles: list[Handle] = []
+        accepted: list[tuple[Handle, str, list[int]]] = []
+        for position, item in enumerate(items):
+            try:
+                text, ids = self.generator.prepare(item, position)
+            except InputError as exc:
+                handles.append(Handle(error=exc))
+                continue
+            handle = Handle()
+            handles.append(handle)
+            accepted.append((handle, text, ids))
+        with self._lock:
+            if self._closed:
+                raise Overloaded("the server is shutting down.", retry_after=1)
+            queued = self.queued
+            if accepted and queued + len(accepted) > self.max_queue:
+                raise Overloaded(f"the queue is full ({queued} texts wait, at most {self.max_queue}); "
+                                 "retry later.", retry_after=self.retry_after())
+            lane = self._lane(config) if accepted else None
+            for handle, text, ids in accepted:
+                handle.lane, handle.index = lane, next(self._indexes)
+                handle.future = lane.submit(handle.index, text, ids, limits, loop)
+        return handles
+
+    def cancel(self, handles: Sequence[Handle]) -> None:
+        """Drop the unfinished rows of ``handles`` (a request past its deadline or gone)."""
+        for handle in handles:
+            if handle.lane is not None and handle.future is not None and not handle.future.done():
+                handle.lane.cancel(handle.index)
+                handle.future.cancel()
+
+    def _lane(self, config: Config) -> Lane:
+        lane = self._lanes.get(config)
+        if lane is not None and lane.alive:
+            return lane
+        if lane is not None:  # its loop failed: its rows were failed; a new loop takes over
+            del self._lanes[config]
+        if len(self._lanes) >= MAX_LANES:
+            idle = sorted((l for l in self._lanes.values() if l.active == 0), key=lambda l: l.last_used)
+            if not idle:
+                raise Overloaded(f"{MAX_LANES} decoding configurations are busy; retry later.", retry_after=1)
+            idle[0].close()
+            del self._lanes[idle[0].config]
+        lane = self._lanes[config] = Lane(self, config)
+        return lane
+
+    def close(self, wait: float | None = 5.0) -> None:
+        """Stop every lane (unfinished rows fail); no more requests are taken."""
+        with self._lock:
+            self._closed = True
+            lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            lane.close(wait)
+
+
+@dataclass
+class Warmup:
+    """Warm-up state: the bundle is loaded and one text has gone through the default lane."""
+
+    ready: bool = False
+    error: str | None = None
+    seconds: float = field(default=0.0)
+
+
+async def warm_up(engine: Engine, text: str = "warm up") -> Warmup:
+    """Decode one text through the default lane (its thread starts, onnxruntime allocates)."""
+    started = time.perf_counter()
+    state = Warmup()
+    try:
+        (handle,) = engine.submit([text], engine.config(), max_new_tokens=None)
+        if handle.error is not None:
+            raise handle.error
+        await handle.future
+        state.ready = True
+    except Exception as exc:  # noqa: BLE001 - reported by /readyz
+        state.error = f"{type(exc).__name__}: {exc}"
+    state.seconds = time.perf_counter() - started
+    return state

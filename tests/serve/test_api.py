@@ -1,0 +1,238 @@
+"""`aggdec serve`'s API over a real socket: contract, per-item errors, 413/422/429/504, concurrent
+clients getting greedy's exact outputs, /metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from aggdec.runtime.generator import Generator  # noqa: E402
+from tests.serve.running import Running  # noqa: E402
+
+MAX_NEW = 8
+TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9", "w3 w3 w3 w3", "w9 w8", "w2 w4 w6 w8 w1 w3"]
+
+
+@pytest.fixture(scope="module")
+def generator(bundle):
+    return Generator(bundle("marian"), threads=1)
+
+
+@pytest.fixture(scope="module")
+def server(generator):
+    with Running(generator, max_batch=4, max_wait_ms=2, max_queue=64, max_texts=16, max_body_bytes=4096) as running:
+        yield running
+
+
+def greedy(generator, texts, max_new_tokens=MAX_NEW):
+    return [list(r.ids) for r in generator.generate(texts, mode="greedy", max_new_tokens=max_new_tokens)]
+
+
+def metrics(server) -> dict[str, float]:
+    """Every sample of /metrics, parsed by prometheus_client, by name and labels."""
+    response = server.client.get("/metrics")
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def test_generate_answers_in_order_with_greedys_tokens_in_every_lossless_mode(server, generator):
+    want = greedy(generator, TEXTS)
+    for mode in ("greedy", "iad"):
+        response = server.generate(TEXTS, mode=mode, max_new_tokens=MAX_NEW)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["mode"] == mode
+        assert [item["ids"] for item in body["outputs"]] == want
+        for item, ids in zip(body["outputs"], want):
+            assert item["error"] is None
+            assert item["text"] == generator.codec.decode(ids)
+            stats = item["stats"]
+            assert stats["iterations"] == len(stats["accepted"]) == len(stats["drafted"]) >= 1
+            assert sum(stats["accepted"]) == len(ids)
+
+
+def test_the_servers_default_mode_and_the_bundles_length_limit_apply(server, generator):
+    response = server.generate(["w1 w2 w3"])
+    assert response.status_code == 200
+    assert response.json()["mode"] == "iad"
+    assert response.json()["outputs"][0]["ids"] == [list(r.ids) for r in generator.generate(["w1 w2 w3"])][0]
+
+
+def test_a_bad_item_gets_its_own_error_and_the_others_are_decoded(server, generator):
+    too_long = " ".join(["w1"] * (generator.manifest.max_source_len + 5))
+    texts = ["w1 w2", "", too_long, 5, None, "   ", "w4 w5"]
+    response = server.generate(texts, max_new_tokens=MAX_NEW)
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    assert len(outputs) == len(texts)
+    want = greedy(generator, ["w1 w2", "w4 w5"])
+    assert outputs[0]["ids"] == want[0] and outputs[6]["ids"] == want[1]
+    for index in (1, 2, 3, 4, 5):
+        item = outputs[index]
+        assert item["text"] is None and item["ids"] is None and item["stats"] is None
+        assert item["error"]["kind"] == "input"
+        assert item["error"]["message"].startswith(f"text {index} ")
+    assert "empty" in outputs[1]["error"]["message"]
+    assert "tokens long" in outputs[2]["error"]["message"]
+    assert "not a string" in outputs[3]["error"]["message"]
+
+
+@pytest.mark.parametrize("body", [
+    b'{"texts": ["w1"',  # malformed JSON
+    b'not json at all',
+    b'["w1"]',  # not an object
+    b'{"texts": "w1 w2"}',  # a string, not a list
+    b'{"texts": []}',  # nothing to decode
+    b'{}',
+    b'{"texts": ["w1"], "mode": "beam"}',
+    b'{"texts": ["w1"], "max_new_tokens": "5"}',
+    b'{"texts": ["w1"], "max_new_tokens": 0}',
+    b'{"texts": ["w1"], "max_new_tokens": 1.5}',
+    b'{"texts": ["w1"], "max_new_tokens": 100000}',  # above the bundle's limit
+    b'{"texts": ["w1"], "tau": -1, "mode": "gad++"}',
+    b'{"texts": ["w1"], "beta": 2, "mode": "iad"}',  # beta applies to gad++ only
+    b'{"texts": ["w1"], "mode": "gad"}',  # this bundle has no drafter
+    b'{"texts": ["w1"], "temperature": 0.7}',  # unknown field
+])
+def test_malformed_or_mistyped_requests_get_422_and_the_server_keeps_serving(server, generator, body):
+    before = metrics(server)["aggdec_errors_total{kind=invalid}"]
+    response = server.client.post("/v1/generate", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["kind"] == "invalid" and error["message"]
+    assert metrics(server)["aggdec_errors_total{kind=invalid}"] == before + 1
+    ok = server.generate(["w1 w2 w3"], mode="greedy", max_new_tokens=MAX_NEW)
+    assert ok.status_code == 200 and ok.json()["outputs"][0]["ids"] == greedy(generator, ["w1 w2 w3"])[0]
+
+
+def test_oversized_requests_get_413(server):
+    # a body over max_body_bytes (4096), with and without a Content-Length header
+    big = json.dumps({"texts": ["w1 " * 2000]}).encode()
+    response = server.client.post("/v1/generate", content=big, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and response.json()["error"]["kind"] == "too_large"
+
+    def chunks():
+        for start in range(0, len(big), 1000):
+            yield big[start:start + 1000]
+
+    response = server.client.post("/v1/generate", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    # more texts than max_texts (16)
+    response = server.generate(["w1"] * 17)
+    assert response.status_code == 413 and "at most 16" in response.json()["error"]["message"]
+    assert server.generate(["w1"] * 16, max_new_tokens=2).status_code == 200
+
+
+def test_health_readiness_docs(server):
+    assert server.client.get("/healthz").json() == {"status": "alive"}
+    ready = server.client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert len(ready.json()["manifest_sha256"]) == 64
+    schema = server.client.get("/openapi.json").json()
+    post = schema["paths"]["/v1/generate"]["post"]
+    assert {"200", "413", "422", "429", "503", "504"} <= set(post["responses"])
+    request_schema = schema["components"]["schemas"]["GenerateRequest"]
+    assert {"texts", "mode", "max_new_tokens", "beta", "tau"} <= set(request_schema["properties"])
+    assert server.client.get("/docs").status_code == 200
+
+
+def test_concurrent_clients_each_get_greedys_output_for_their_own_texts(server, generator):
+    """Clients with different texts, modes and length limits share batches; bad requests run
+    beside them; every good answer is greedy's, token for token."""
+    texts = [f"w{1 + i % 9} w{1 + (i * 7) % 9} w{1 + (i * 5) % 9}" + " w2" * (i % 4) for i in range(24)]
+    limits = {4: greedy(generator, texts, 4), MAX_NEW: greedy(generator, texts, MAX_NEW)}
+    failures: list[str] = []
+
+    def client(worker: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            for round_ in range(4):
+                chosen = [(worker * 5 + round_ * 3 + j) % len(texts) for j in range(1 + (worker + round_) % 3)]
+                limit = 4 if (worker + round_) % 2 else MAX_NEW
+                mode = "iad" if worker % 2 else "greedy"
+                response = http.post("/v1/generate", json={"texts": [texts[i] for i in chosen], "mode": mode,
+                                                           "max_new_tokens": limit})
+                if response.status_code != 200:
+                    failures.append(f"{worker}: {response.status_code} {response.text}")
+                    continue
+                got = [item["ids"] for item in response.json()["outputs"]]
+                if got != [limits[limit][i] for i in chosen]:
+                    failures.append(f"{worker}: {chosen} {mode} {limit}: {got}")
+                # a bad request beside the good ones
+                bad = http.post("/v1/generate", json={"texts": ["w1", ""], "max_new_tokens": "x"})
+                if bad.status_code != 422:
+                    failures.append(f"{worker}: bad request got {bad.status_code}")
+
+    threads = [threading.Thread(target=client, args=(worker,)) for worker in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:5]
+    assert server.state.engine.active == 0
+
+
+def test_metrics_parse_and_count_what_happened(server):
+    before = metrics(server)
+    response = server.generate(["w1 w2 w3", "w4 w5", ""], mode="iad", max_new_tokens=MAX_NEW)
+    assert response.status_code == 200
+    after = metrics(server)
+    assert after["aggdec_texts_total{}"] == before["aggdec_texts_total{}"] + 2
+    assert after["aggdec_errors_total{kind=input}"] == before["aggdec_errors_total{kind=input}"] + 1
+    assert after["aggdec_request_duration_seconds_count{status=200}"] == \
+        before["aggdec_request_duration_seconds_count{status=200}"] + 1
+    tokens = sum(len(item["ids"]) for item in response.json()["outputs"] if item["ids"])
+    calls = sum(item["stats"]["iterations"] for item in response.json()["outputs"] if item["stats"])
+    assert after["aggdec_generated_tokens_total{}"] == before["aggdec_generated_tokens_total{}"] + tokens
+    assert after["aggdec_verifier_row_calls_total{}"] == before["aggdec_verifier_row_calls_total{}"] + calls
+    assert after["aggdec_tokens_per_verifier_call_count{}"] == before["aggdec_tokens_per_verifier_call_count{}"] + 2
+    assert after["aggdec_batch_rows_count{}"] > before["aggdec_batch_rows_count{}"]
+    assert after["aggdec_batch_rows_sum{}"] >= before["aggdec_batch_rows_sum{}"] + calls  # every row of every call
+    assert after["aggdec_queue_depth{}"] == 0 and after["aggdec_rows_active{}"] == 0
+    for kind in ("input", "invalid", "too_large", "overloaded", "timeout", "unavailable", "internal"):
+        assert f"aggdec_errors_total{{kind={kind}}}" in after
+
+
+def test_a_full_queue_gives_429_with_retry_after_and_queues_nothing(generator):
+    with Running(generator, max_batch=2, max_queue=3) as running:
+        response = running.generate(["w1", "w2", "w3", "w4"], max_new_tokens=MAX_NEW)  # 4 > room for 3
+        assert response.status_code == 429, response.text
+        assert response.json()["error"]["kind"] == "overloaded"
+        assert int(response.headers["Retry-After"]) >= 1
+        assert running.state.engine.active == 0 and running.state.engine.queued == 0
+        # and it recovers: a request that fits is served
+        ok = running.generate(["w1", "w2", "w3"], max_new_tokens=MAX_NEW)
+        assert ok.status_code == 200
+        assert [item["ids"] for item in ok.json()["outputs"]] == greedy(generator, ["w1", "w2", "w3"])
+
+
+def test_past_the_deadline_504_and_the_rows_are_dropped(generator):
+    # a deadline shorter than any decode: the rows are still queued or decoding when it passes
+    with Running(generator, max_batch=2, timeout_s=1e-6) as running:
+        texts = [f"w{i % 9 + 1} w{(i * 3) % 9 + 1}" for i in range(8)]
+        response = running.generate(texts, max_new_tokens=64)
+        assert response.status_code == 504, response.text
+        assert response.json()["error"]["kind"] == "timeout"
+        engine = running.state.engine
+        assert engine.active == 0  # no result is waited for any more
+        (lane,) = engine._lanes.values()
+        give_up = time.monotonic() + 60  # the loop drops the cancelled rows at its next step
+        while lane.work.cancelled() and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert not lane.work.cancelled() and lane.queued == 0
+        assert metrics(running)["aggdec_errors_total{kind=timeout}"] == 1
+    # the decode loop went on: a server with a sane deadline on the same generator answers
+    with Running(generator, max_batch=2) as running:
+        ok = running.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)
+        assert [item["ids"] for item in ok.json()["outputs"]] == greedy(generator, texts)

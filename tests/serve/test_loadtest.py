@@ -1,0 +1,66 @@
+"""`aggdec loadtest` against a real server: a clean run passes, a wrong answer fails it,
+traffic to anything but loopback is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+from aggdec.cli import main  # noqa: E402
+from aggdec.runtime.generator import Generator  # noqa: E402
+from aggdec.runtime.errors import InputError  # noqa: E402
+from aggdec.serve.loadtest import check_loopback, run_step  # noqa: E402
+from tests.serve.running import Running  # noqa: E402
+
+TEXTS = [f"w{i % 9 + 1} w{(i * 7) % 9 + 1} w{(i * 5) % 9 + 1}" + " w3" * (i % 3) for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def setup(bundle, tmp_path_factory):
+    root = bundle("marian")
+    generator = Generator(root, threads=1)
+    data = tmp_path_factory.mktemp("loadtest") / "sources.txt"
+    data.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    with Running(generator, max_batch=4) as running:
+        yield root, generator, data, running
+
+
+def test_a_clean_run_passes_and_writes_its_report(setup, tmp_path):
+    root, _, data, running = setup
+    out = tmp_path / "report"
+    status = main(["loadtest", running.url, "--bundle", str(root), "--data", str(data), "--concurrency", "1", "3",
+                   "--duration", "1", "--max-requests", "15", "--max-new-tokens", "6", "--offline-batch", "4",
+                   "--texts-per-request", "2", "--out", str(out)])
+    assert status == 0
+    report = json.loads((out / "loadtest.json").read_text())
+    assert report["passed"] and report["wrong"] == 0 and report["lost"] == 0
+    assert [s["concurrency"] for s in report["steps"]] == [1, 3]
+    for step in report["steps"]:
+        assert 1 <= step["requests"] <= 15 and step["ok"] == step["requests"] == step["statuses"]["200"]
+        assert step["texts_ok"] == 2 * step["ok"]
+    assert report["offline"]["identical_to_greedy"]
+    assert "| clients |" in (out / "loadtest.md").read_text()
+    assert (out / "loadtest.png").stat().st_size > 0
+
+
+def test_a_wrong_answer_is_counted(setup):
+    _, generator, _, running = setup
+    want = [list(r.ids) for r in generator.generate(TEXTS, max_new_tokens=6)]
+    want[0] = want[0][:-1] + [want[0][-1] + 1]  # what the server must not answer
+    step = asyncio.run(run_step(running.url, TEXTS, want, 2, 30.0, 12, 1, {"mode": "iad", "max_new_tokens": 6}, 60))
+    assert step.requests == 12 and step.wrong == 1 and step.ok == 11 and step.lost == 0
+    assert TEXTS[0] in step.examples_wrong[0]
+
+
+def test_only_loopback_is_a_target(tmp_path):
+    assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert check_loopback("http://localhost:8000") == "http://localhost:8000"
+    for url in ("http://10.1.2.3:8000", "http://192.168.0.1", "https://127.0.0.1:8000", "ftp://127.0.0.1"):
+        with pytest.raises(InputError):
+            check_loopback(url)
+    assert main(["loadtest", "http://10.1.2.3:8000", "--bundle", str(tmp_path)]) == 2
