@@ -55,6 +55,7 @@ class Arrivals:
         self.capacity = capacity
         self._queue: deque[Work] = deque()
         self._cancelled: set[int] = set()
+        self._live: set[int] = set()  # queued or decoding: what cancel can still reach
         self._passed: dict[int, int] = {}  # index -> takes that chose shorter sources over it
         self._closed = False
         self._abandoned = False
@@ -81,6 +82,7 @@ class Arrivals:
             if self._queue and len(work.source) < len(self._queue[-1].source):
                 self._ascending = False
             self._queue.append(work)
+            self._live.add(work.index)
             self._changed.notify_all()
             return True
 
@@ -96,6 +98,8 @@ class Arrivals:
             self._closed = self._abandoned = True
             self._queue.clear()
             self._passed.clear()
+            self._live.clear()
+            self._cancelled.clear()
             self._changed.notify_all()
 
     @property
@@ -106,7 +110,8 @@ class Arrivals:
     def cancel(self, index: int) -> None:
         """Drop work ``index``: removed from the queue if still waiting, from its batch if decoding."""
         with self._changed:
-            self._cancelled.add(index)
+            if index in self._live:  # a finished one has nothing left to drop
+                self._cancelled.add(index)
             self._changed.notify_all()
 
     def cancelled(self) -> set[int]:
@@ -115,8 +120,10 @@ class Arrivals:
             return set(self._cancelled)
 
     def forget(self, index: int) -> None:
+        """Work ``index`` has left the loop (finished or dropped)."""
         with self._changed:
             self._cancelled.discard(index)
+            self._live.discard(index)
 
     def __len__(self) -> int:
         with self._changed:
@@ -175,5 +182,6 @@ class Arrivals:
             for work in self._queue:
                 if work.index in self._cancelled:
                     self._cancelled.discard(work.index)
+                    self._live.discard(work.index)
                     self._passed.pop(work.index, None)
             self._queue = kept

@@ -162,6 +162,7 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
             if row.index in cancelled:
                 work.forget(row.index)
             elif row.trace.done:
+                work.forget(row.index)  # before the yield: a cancel from now on has nothing to drop
                 yield Finished(row.index, row.trace, row.seconds)
             else:
                 continue

@@ -164,3 +164,13 @@ def test_a_long_source_is_not_passed_over_forever():
         queue.put(Work(index, [7]))
         taken += [w.index for w in queue.take(1, wait=False)]
     assert 0 in taken and taken.index(0) <= PATIENCE
+
+
+def test_cancelling_finished_or_unknown_work_leaves_nothing_behind():
+    queue = Arrivals()
+    queue.put(Work(0, [1]))
+    (taken,) = queue.take(1, wait=False)
+    queue.forget(taken.index)  # the loop reports it finished
+    queue.cancel(0)
+    queue.cancel(99)
+    assert queue.cancelled() == set()
