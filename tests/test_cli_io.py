@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from aggdec.runtime.errors import InputError
 from aggdec.runtime.generator import Generator
 from tests.test_cli import assert_one_clean_error, cli_bundle  # noqa: F401 - the fixture
+from tests.support import interruptible
 
 SEPARATORS = ["\x0c", "\x0b", "\x85", "\u2028", "\u2029", "\x1c", "\x1d", "\x1e"]
 
@@ -104,7 +105,8 @@ def test_output_file_is_written_whole_or_not_at_all(cli_bundle, tmp_path):  # no
     source = tmp_path / "many.txt"
     source.write_text("w1 w2 w3 w4 w5\n" * 20000)
     process = subprocess.Popen([sys.executable, "-m", "aggdec", "generate", str(cli_bundle), "--input", str(source),
-                                "--batch-size", "1", "--output", str(target)], stderr=subprocess.PIPE)
+                                "--batch-size", "1", "--output", str(target)], stderr=subprocess.PIPE,
+                               preexec_fn=interruptible)
     time.sleep(6)  # loaded and decoding
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)

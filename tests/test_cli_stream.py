@@ -12,6 +12,7 @@ import threading
 
 from aggdec.runtime.generator import Generator
 from tests.test_cli import cli_bundle  # noqa: F401 - the fixture
+from tests.support import interruptible
 
 MAX_NEW = "6"
 
@@ -19,7 +20,7 @@ MAX_NEW = "6"
 def start(bundle, *args: str) -> tuple[subprocess.Popen, queue.Queue]:
     process = subprocess.Popen([sys.executable, "-m", "aggdec", "generate", str(bundle), "--max-new-tokens", MAX_NEW,
                                 *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               preexec_fn=interruptible, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines: queue.Queue = queue.Queue()
 
     def pump():

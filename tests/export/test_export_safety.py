@@ -17,6 +17,7 @@ import pytest
 from aggdec.cli import main
 from aggdec.export.safety import MIN_OPSET, max_opset
 from aggdec.runtime.manifest import manifest_digest
+from tests.support import interruptible
 
 
 def export(capsys, *args: str) -> tuple[int, list[str]]:
@@ -148,7 +149,8 @@ def test_the_highest_supported_opset_exports(source, tmp_path, capsys):
 def test_a_signal_at_any_stage_leaves_no_temporary_directory(source, tmp_path, signum, stage, status):
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "aggdec", "export", str(source), str(out)],
-                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                               preexec_fn=interruptible)
     seen = []
     try:
         for line in process.stderr:
