@@ -20,13 +20,13 @@ from .decoding.verifier import SLACK, Verifier
 from .errors import BundleError, InputError, ProviderError
 from .manifest import TOKENIZER_FILE, Manifest, load_manifest
 from .session import OrtSession, check_device, ort
-
-
-def _ort_cuda_available() -> bool:
-    return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 from .tokenizer import TextCodec
 
 MODES = ("greedy", "iad", "gad", "gad++")
+GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verification)
+# per extra block position, relative to a one-token call (see BlockOptions)
+DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005, "tensorrt": 0.005}
+DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64, "tensorrt": 64}
 _END = object()  # the end of a stream's results
 
 
@@ -35,10 +35,15 @@ class _Failed:
     """An exception from a stream's reader or decoder thread, to raise in the consumer's."""
 
     error: BaseException
-GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verification)
-# per extra block position, relative to a one-token call (see BlockOptions)
-DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005, "tensorrt": 0.005}
-DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64, "tensorrt": 64}
+
+
+def _check_batch_size(batch_size: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
+
+
+def _ort_cuda_available() -> bool:
+    return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 
 
 @dataclass(frozen=True)
@@ -168,29 +173,6 @@ class Generator:
         (empty for TensorRT engines, which onnxruntime does not run)."""
         return dict(getattr(self.verifier.verifier, "provider_options", {}))
 
-    def warm_up(self, max_new_tokens: int = 4) -> float:
-        """Run every graph once on a short input so that onnxruntime's first-call work (memory
-        arenas, CUDA kernels and cuBLAS handles) is not counted in the next decode's time.
-        Returns the seconds it took; the graphs' time counters are left as they were."""
-        started = time.perf_counter()
-        before = {name: getattr(s, "seconds", 0.0) for name, s in self._sessions.items()}
-        text = self.codec.decode([i for i in range(self.manifest.vocab_size) if i not in self._special][:3]) or "a"
-        mode = "gad" if self.drafter is not None else "iad"
-        try:
-            self.generate([text, text + " " + text], mode=mode, max_new_tokens=min(max_new_tokens,
-                          self.manifest.max_target_len - 1), batch_size=2)
-        except InputError:  # a tokenizer that cannot encode the probe: nothing to warm with
-            pass
-        for name, session in self._sessions.items():
-            session.seconds = before[name]
-        return time.perf_counter() - started
-
-    @property
-    def provider_options(self) -> dict[str, dict[str, str]]:
-        """The options onnxruntime applied to the verifier's session, per execution provider
-        (empty for TensorRT engines, which onnxruntime does not run)."""
-        return dict(getattr(self.verifier.verifier, "provider_options", {}))
-
     def warm_up(self, mode: str = "greedy", batch_size: int = 1, max_new_tokens: int = 8) -> float:
         """Decode a few short sources once with ``mode`` so that onnxruntime's first-call work
         (memory arenas, CUDA kernel selection, cuBLAS handles) is not counted in the next
@@ -280,8 +262,7 @@ class Generator:
         before anything is decoded (`check` tells in advance).
         """
         drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
+        _check_batch_size(batch_size)
         limits = self._limits(max_new_tokens)
         if not isinstance(texts, (str, bytes)):
             try:
@@ -311,8 +292,7 @@ class Generator:
         the iteration early (``break``, an exception) stops reading and decoding.
         """
         drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
+        _check_batch_size(batch_size)
         if lookahead is not None and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1):
             raise InputError(f"lookahead must be an integer of at least 1, got {lookahead!r}.")
         limits = self._limits(max_new_tokens)
@@ -334,9 +314,7 @@ class Generator:
             try:
                 for index, item in enumerate(items):
                     try:
-                        text = _as_text(item, index)
-                        ids = self.codec.encode([text])[0]
-                        self._check_length(ids, index)
+                        text, ids = self.prepare(item, index)
                     except InputError as exc:
                         out.put((index, exc))
                         continue
@@ -405,9 +383,9 @@ class Generator:
         return ids
 
     def _decode(self, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
-                verification: Verification, batch_size: int):
+                verification: Verification, batch_size: int, linger: float = 0.0):
         return decode(self.verifier, work, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
-                      self.io_binding, keep_hidden=isinstance(drafts, DrafterDraft))
+                      self.io_binding, keep_hidden=drafts.reads_encoder_output, linger=linger)
 
     def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
                       tau: float | None = None, draft_k: int | None = None) -> None:
@@ -473,13 +451,10 @@ class Generator:
         closes. ``linger``: seconds an idle loop waits to gather a batch after the first
         source. ``on_call(rows)``: called before each verifier call with its number of rows."""
         drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
-        keep_hidden = isinstance(drafts, DrafterDraft)
+        _check_batch_size(batch_size)
         if on_call is not None:
             drafts = _Counted(drafts, on_call)
-        return decode(self.verifier, work, self._limits(None), drafts, verification, batch_size,
-                      self.manifest.pad_token_id, self.io_binding, keep_hidden=keep_hidden, linger=linger)
+        return self._decode(work, self._limits(None), drafts, verification, batch_size, linger)
 
     def result(self, done: Finished, batch_size: int = 1, source: str | None = None) -> GenerationResult:
         """A finished row as a GenerationResult (``source``: its text, to restore <unk>)."""
@@ -524,6 +499,10 @@ class _Counted:
     @property
     def seconds(self) -> float:
         return self.inner.seconds
+
+    @property
+    def reads_encoder_output(self) -> bool:
+        return self.inner.reads_encoder_output
 
     def start(self, row) -> None:
         self.inner.start(row)

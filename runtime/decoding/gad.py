@@ -34,7 +34,6 @@ class Drafter:
         self.k = k
         self.mask_id = mask_id
         self.window = window  # output tokens read before the slots; 0: all of them
-        self.fed = 0  # input positions fed to the graph so far (its cost grows with them)
 
     def draft(self, prefixes: Sequence[list[int]], hidden: np.ndarray, mask: np.ndarray, pad_id: int) -> np.ndarray:
         """[rows, k] drafts after each prefix (the output, decoder start included)."""
@@ -46,7 +45,6 @@ class Drafter:
             ids[row, : len(prefix)] = prefix
             ids[row, len(prefix) : len(prefix) + self.k] = self.mask_id
             attention[row, : len(prefix) + self.k] = 1
-        self.fed += ids.size
         out = self.session.run({
             "input_ids": ids,
             "attention_mask": attention,
@@ -60,6 +58,8 @@ class Drafter:
 
 class DrafterDraft:
     """GAD's draft source: one drafter call for the whole batch, a draft length chosen per row."""
+
+    reads_encoder_output = True
 
     def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None, cost_ratio: float = 0.05,
                  adaptive: bool = True) -> None:

@@ -48,6 +48,8 @@ class Row:
 class DraftSource(Protocol):
     """Where drafts come from."""
 
+    reads_encoder_output: bool  # the batch must keep the encoder's hidden states (a drafter reads them)
+
     def start(self, row: Row) -> None:
         """Set up ``row.state`` when the row joins."""
 
@@ -66,6 +68,7 @@ class NoDraft:
     """Greedy decoding: one token per row per call."""
 
     seconds = 0.0
+    reads_encoder_output = False
 
     def start(self, row: Row) -> None:
         pass
