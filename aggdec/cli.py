@@ -188,9 +188,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="Decode the same sentences with aggdec's modes and the peers that are installed, "
                     "interleaved, one worker process per system; write bench.json, bench.md and PNG plots.")
     bench.add_argument("bundle", metavar="BUNDLE", nargs="?",
-                       help="an aggdec bundle (default: the reference UA-GEC model, exported into --work)")
+                       help="an aggdec bundle (default: --checkpoint, or else the reference UA-GEC model, exported into --work)")
     bench.add_argument("--checkpoint", metavar="DIR",
-                       help="the Hugging Face checkpoint the peers run (default with no BUNDLE: the reference model)")
+                       help="the Hugging Face checkpoint the peers run; with no BUNDLE, aggdec runs it too, exported "
+                            "into --work with the drafter at DIR/../drafter if there is one (default: the reference model)")
     bench.add_argument("--data", default="uagec-test", metavar="FILE",
                        help="sources, one per line, optionally TAB target [TAB target2] (default: uagec-test, "
                             "the UA-GEC test split from the ua-gec package)")

@@ -9,12 +9,19 @@ output, and prints the speedups measured in this run.
 
     python examples/uagec_demo.py [--sentences 100] [--threads 2] [--work uagec-work]
 
-Needs the [export] extra to export (once); decoding is torch-free.
+Any other UA-GEC checkpoint runs the same way, e.g. the larger reference model, whose drafter
+lies beside it (``DIR/../drafter`` is used when it exists; ``--drafter`` names another):
+
+    python examples/uagec_demo.py --checkpoint ../shared/models/uagec-base/model
+
+Needs the [export] extra to export (once per checkpoint); decoding is torch-free.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import statistics
 import sys
 import time
@@ -22,7 +29,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "benchmarks" / "models" / "uagec" / "model"
-DRAFTER = ROOT / "benchmarks" / "models" / "uagec" / "drafter"
 SAMPLE = ROOT / "examples" / "uagec_test_sample.tsv"
 
 
@@ -32,16 +38,22 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=ROOT / "uagec-work", help="where the bundle is written")
     parser.add_argument("--show", type=int, default=8, help="corrections to print")
+    parser.add_argument("--checkpoint", type=Path, default=MODEL,
+                        help="a Hugging Face checkpoint directory (default: the committed reference model)")
+    parser.add_argument("--drafter", type=Path, default=None,
+                        help="its GAD drafter (default: CHECKPOINT/../drafter when that exists)")
     args = parser.parse_args()
+    if not (args.checkpoint / "config.json").is_file():
+        parser.error(f"--checkpoint {args.checkpoint}: no config.json there (a save_pretrained directory?)")
+    drafter = args.drafter or args.checkpoint.resolve().parent / "drafter"
+    if not (drafter / "drafter.json").is_file():
+        if args.drafter is not None:
+            parser.error(f"--drafter {args.drafter}: no drafter.json there (written by aggdec train-drafter)")
+        drafter = None
 
     from aggdec import Generator
 
-    bundle = args.work / "bundle"
-    if not (bundle / "manifest.json").is_file():
-        from aggdec.export import export_bundle
-
-        drafter = DRAFTER if (DRAFTER / "drafter.json").is_file() else None
-        export_bundle(MODEL, bundle, force=True, drafter_dir=drafter, progress=lambda m: print(m, file=sys.stderr))
+    bundle = bundle_for(args.checkpoint, drafter, args.work)
     generator = Generator(bundle, threads=args.threads)
     rows = [line.split("\t") for line in SAMPLE.read_text(encoding="utf-8").splitlines()][: args.sentences]
     sources = [source for source, _ in rows]
@@ -73,6 +85,29 @@ def main() -> int:
               f"(median per sentence {per_sentence:.2f}x)")
     identical = all(a.ids == b.ids for mode in modes for a, b in zip(results[mode], greedy))
     return 0 if identical else 1
+
+
+def bundle_for(checkpoint: Path, drafter: Path | None, work: Path) -> Path:
+    """The bundle of this checkpoint (and drafter) under ``work``, exported once and re-exported
+    when the weights change: a stamp beside it records what it was made from."""
+    def identity(directory: Path | None) -> dict:
+        if directory is None:
+            return {}
+        return {f.name: [f.stat().st_size, f.stat().st_mtime_ns]
+                for f in sorted(directory.iterdir()) if f.is_file()}
+
+    made_from = {"checkpoint": str(checkpoint.resolve()), "files": identity(checkpoint),
+                 "drafter": str(drafter.resolve()) if drafter else None, "drafter_files": identity(drafter)}
+    name = "bundle" if checkpoint.resolve() == MODEL.resolve() else (
+        "bundle-" + hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:12])
+    bundle, stamp = work / name, work / f"{name}.made-from.json"
+    if (bundle / "manifest.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == made_from:
+        return bundle
+    from aggdec.export import export_bundle
+
+    export_bundle(checkpoint, bundle, force=True, drafter_dir=drafter, progress=lambda m: print(m, file=sys.stderr))
+    stamp.write_text(json.dumps(made_from, indent=1))
+    return bundle
 
 
 if __name__ == "__main__":

@@ -128,6 +128,37 @@ def test_peers_need_the_checkpoint(reference_bundle, tmp_path):
     assert any("hf-greedy skipped: peers need the Hugging Face checkpoint" in note for note in notes)
 
 
+def test_a_checkpoint_without_a_bundle_is_exported_with_its_drafter_and_reused(trained_drafter_dir, editing_marian_dir,
+                                                                              tmp_path):
+    """--checkpoint alone: aggdec runs that checkpoint (not the reference model), with the drafter
+    beside it, exported once into --work; a changed drafter is exported again."""
+    import shutil
+
+    root = tmp_path / "models"
+    shutil.copytree(editing_marian_dir, root / "model")
+    shutil.copytree(trained_drafter_dir, root / "drafter")
+    data = tmp_path / "data.txt"
+    data.write_text("the cat sat on the mat .\na dog ran .\n", encoding="utf-8")
+
+    def run() -> tuple[subprocess.CompletedProcess, dict]:
+        result = aggdec("bench", "--checkpoint", str(root / "model"), "--data", str(data), "--systems", "aggdec-gad",
+                        "--batch-size", "1", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                        "--no-progress")
+        assert result.returncode == 0, result.stderr
+        return result, json.loads((tmp_path / "out" / "bench.json").read_text())
+
+    first, report = run()
+    bundle = Path(report["config"]["bundle"])
+    assert bundle.parent == (tmp_path / "work").resolve() and "aggdec bench: [1/5]" in first.stderr
+    assert Generator(bundle).drafter is not None  # the drafter beside the checkpoint came along
+    assert {r["system"] for r in report["summary"]["rows"]} == {"aggdec-greedy", "aggdec-gad"}
+    again, _ = run()
+    assert "aggdec bench: [1/5]" not in again.stderr  # unchanged: reused
+    (root / "drafter" / "drafter.json").write_text((root / "drafter" / "drafter.json").read_text() + "\n")
+    changed, _ = run()
+    assert "aggdec bench: [1/5]" in changed.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--systems", "nope"], "unknown system(s) nope"),
     (["--data", "/no/such/file"], "does not exist"),

@@ -39,3 +39,25 @@ def test_iad_gad_and_greedy_agree_on_real_sentences(reference_bundle):
     assert sum(len(r.ids) for r in iad) >= 3 * sum(r.stats.iterations for r in iad)
     if generator.drafter is not None:
         assert [r.ids for r in generator.generate(sources, mode="gad", max_new_tokens=MAX_NEW)] == greedy
+
+
+LARGER = ROOT.parent / "shared" / "models" / "uagec-base"  # never committed: see issue 15 / README
+
+
+@pytest.mark.skipif(not (LARGER / "model" / "config.json").is_file(), reason="../shared/models/uagec-base is not here")
+def test_the_larger_reference_model_is_lossless_with_rare_characters(tmp_path):
+    """The larger model (byte fallback): greedy == transformers; IAD and GAD == greedy, on real
+    sentences and on sentences whose emoji and other scripts reach it as byte tokens."""
+    from aggdec.export import export_bundle
+    from tests.test_recipe import RARE
+
+    drafter = LARGER / "drafter" if (LARGER / "drafter" / "drafter.json").is_file() else None
+    export_bundle(LARGER / "model", tmp_path / "bundle", drafter_dir=drafter, progress=None)
+    sources = [line.split("\t")[0] for line in SAMPLE.read_text(encoding="utf-8").splitlines()][:24] + RARE
+    generator = Generator(tmp_path / "bundle")
+    greedy = [r.ids for r in generator.generate(sources, mode="greedy", max_new_tokens=MAX_NEW, batch_size=8)]
+    assert greedy == transformers_greedy(LARGER / "model", sources, MAX_NEW)
+    assert [r.ids for r in generator.generate(sources, mode="iad", max_new_tokens=MAX_NEW)] == greedy
+    assert [r.ids for r in generator.generate(sources, mode="iad", max_new_tokens=MAX_NEW, batch_size=8)] == greedy
+    if drafter is not None:
+        assert [r.ids for r in generator.generate(sources, mode="gad", max_new_tokens=MAX_NEW)] == greedy

@@ -23,7 +23,7 @@ QUICK_LIMIT, QUICK_BATCH_SIZES = 48, (1, 8)
 
 @dataclass
 class BenchOptions:
-    bundle: Path | None = None  # None: the reference UA-GEC model, exported into work/bundle
+    bundle: Path | None = None  # None: the checkpoint (default: the reference UA-GEC model) exported into work
     checkpoint: Path | None = None
     data: str = UAGEC_TEST
     systems: tuple[str, ...] = tuple(spec.name for spec in SYSTEMS)
@@ -63,22 +63,39 @@ def _check(options: BenchOptions) -> None:
         raise InputError(f"{str(options.checkpoint)!r} is not a Hugging Face checkpoint (no config.json).")
 
 
-def _reference_bundle(work: Path) -> tuple[Path, Path]:
-    """The committed UA-GEC model and drafter, exported once into ``work/bundle``."""
-    model, drafter = REFERENCE_MODEL / "model", REFERENCE_MODEL / "drafter"
-    if not (model / "config.json").is_file():
-        raise InputError("the reference model lives in a source checkout (benchmarks/models/uagec); "
-                         "give BUNDLE and --checkpoint instead.")
-    bundle = work / "bundle"
-    if not (bundle / "manifest.json").is_file():
-        try:
-            from aggdec.export import export_bundle
-        except ImportError as exc:
-            raise InputError(f"exporting the reference model needs the export extra ({exc.name} is missing): "
-                             "pip install 'aggdec[export]'") from None
-        export_bundle(model, bundle, force=True, drafter_dir=drafter,
-                      progress=lambda message: print(f"aggdec bench: {message}", file=sys.stderr, flush=True))
-    return bundle, model
+def _exported_bundle(checkpoint: Path | None, work: Path) -> tuple[Path, Path]:
+    """A bundle of ``checkpoint`` (default: the committed reference model) and of the drafter
+    beside it (``CHECKPOINT/../drafter``, the layout of the reference models), exported into
+    ``work`` once and again whenever either changes: the peers and aggdec then always run the
+    same weights."""
+    import hashlib
+    import json
+
+    from aggdec.bench.runner import _checkpoint_digest
+
+    if checkpoint is None:
+        checkpoint = REFERENCE_MODEL / "model"
+        if not (checkpoint / "config.json").is_file():
+            raise InputError("the reference model lives in a source checkout (benchmarks/models/uagec); "
+                             "give --checkpoint (and optionally BUNDLE) instead.")
+    drafter = checkpoint.resolve().parent / "drafter"
+    has_drafter = (drafter / "drafter.json").is_file()
+    made_from = {"checkpoint": str(checkpoint.resolve()), "checkpoint_sha256": _checkpoint_digest(checkpoint),
+                 "drafter": str(drafter) if has_drafter else None,
+                 "drafter_sha256": _checkpoint_digest(drafter) if has_drafter else None}
+    bundle = work / ("bundle-" + hashlib.sha256(made_from["checkpoint"].encode()).hexdigest()[:12])
+    stamp = bundle.with_name(bundle.name + ".made-from.json")
+    if (bundle / "manifest.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == made_from:
+        return bundle, checkpoint
+    try:
+        from aggdec.export import export_bundle
+    except ImportError as exc:
+        raise InputError(f"exporting {checkpoint} needs the export extra ({exc.name} is missing): "
+                         "pip install 'aggdec[export]', or give a BUNDLE exported from it") from None
+    export_bundle(checkpoint, bundle, force=True, drafter_dir=drafter if has_drafter else None,
+                  progress=lambda message: print(f"aggdec bench: {message}", file=sys.stderr, flush=True))
+    stamp.write_text(json.dumps(made_from, indent=1))
+    return bundle, checkpoint
 
 
 def _usable_devices(devices: tuple[str, ...], notes: list[str]) -> list[str]:
@@ -112,10 +129,9 @@ def run_bench(options: BenchOptions) -> int:
     examples = load_examples(options.data, limit)
     work = options.work.resolve()
     if options.bundle is None:
-        bundle, default_checkpoint = _reference_bundle(work)
+        bundle, checkpoint = _exported_bundle(options.checkpoint, work)
     else:
-        bundle, default_checkpoint = options.bundle, None
-    checkpoint = options.checkpoint or default_checkpoint
+        bundle, checkpoint = options.bundle, options.checkpoint
 
     notes: list[str] = []
     generator = Generator(bundle)

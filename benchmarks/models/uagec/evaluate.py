@@ -1,6 +1,6 @@
 """Evaluate a UA-GEC checkpoint on the gec-only test split (greedy, fp32, CPU).
 
-    python benchmarks/models/uagec/evaluate.py --model DIR [--limit N] [--threads 1] [--batch-size 48]
+    python benchmarks/models/uagec/evaluate.py --model DIR [--limit N] [--threads 1] [--batch-size 48] [--out DIR]
 
 Figures, for the model and for the copy system (hypothesis = source):
   - exact match: hypothesis == human target (annotator a1), as strings;
@@ -16,7 +16,7 @@ Reference a1 is the primary one; the same figures against annotator a2 are repor
 Sources longer than the model's positions (more than ``--max-source-tokens`` subword tokens)
 are not decoded; their hypothesis is the source (counted in ``too_long_copied``).
 Writes ``evaluation.json`` and ``test_hypotheses.txt`` (one line per test pair, test order)
-next to the model.
+next to the model, or into ``--out`` (to re-check a model without touching its own files).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=48)
     ap.add_argument("--max-source-tokens", type=int, default=250)
+    ap.add_argument("--out", default=None, help="where the two files go (default: the model directory)")
     args = ap.parse_args(argv)
 
     import torch
@@ -94,14 +95,16 @@ def main(argv=None):
         "tokenizer_roundtrip_test_sources": round(
             sum(tok.decode(e, skip_special_tokens=True) == s for e, s in zip(enc, sources)) / max(1, len(test)), 4),
     }
-    (model_dir / "test_hypotheses.txt").write_text("\n".join(h.replace("\n", " ") for h in hyps) + "\n", encoding="utf-8")
-    (model_dir / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False))
+    out_dir = Path(args.out) if args.out else model_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "test_hypotheses.txt").write_text("\n".join(h.replace("\n", " ") for h in hyps) + "\n", encoding="utf-8")
+    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False))
     m, c = result["model_scores"], result["copy_scores"]
     print(f"model: EM {m['exact_match']:.4f} P {m['precision']:.4f} R {m['recall']:.4f} "
           f"F0.5 {m['f0.5']:.4f} unchanged {m['unchanged_rate']:.4f} (tp {m['tp']}/{m['hyp_edits']} hyp, {m['ref_edits']} ref)")
     print(f"copy:  EM {c['exact_match']:.4f} P {c['precision']:.4f} R {c['recall']:.4f} "
           f"F0.5 {c['f0.5']:.4f} unchanged {c['unchanged_rate']:.4f}")
-    print(f"decoded in {decode_s:.0f} s; wrote {model_dir / 'evaluation.json'}")
+    print(f"decoded in {decode_s:.0f} s; wrote {out_dir / 'evaluation.json'}")
 
 
 if __name__ == "__main__":

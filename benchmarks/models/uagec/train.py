@@ -1,11 +1,19 @@
-"""Train a small Marian GEC model on UA-GEC (gec-only), CPU-only, time-boxed, one command.
+"""Train a Marian GEC model on UA-GEC (gec-only), time-boxed, one command.
 
     python benchmarks/models/uagec/train.py --out benchmarks/models/uagec/model \
         [--minutes 50] [--threads 1] [--seed 0]
 
+The defaults train the committed small model on the CPU. The larger reference model (d384,
+6+4 layers, byte fallback, rare characters; ``../shared/models/uagec-base``) is
+
+    python benchmarks/models/uagec/train.py --out DIR --device cuda --threads 4 --seed 0 \
+        --minutes 6.5 --byte-fallback --vocab-size 8000 --d-model 384 --heads 6 --ffn-dim 1536 \
+        --encoder-layers 6 --decoder-layers 4 --max-tokens 20000 --lr 1e-3 --warmup 800 \
+        --dropout 0.2 --eval-every 0.5 --keep-best --rare-char-rate 0.1
+
 Steps: (1) a ~8k BPE tokenizer (Metaspace, Marian specials ``</s>`` ``<unk>`` ``<pad>``,
 ``</s>`` appended) trained on the training split; (2) a from-scratch ``MarianMTModel``
-(d_model 256, 4 encoder / 2 decoder layers, 4 heads, FFN 1024, tied embeddings);
+(by default d_model 256, 4 encoder / 2 decoder layers, 4 heads, FFN 1024, tied embeddings);
 (3) AdamW, linear warmup + inverse-sqrt decay, label smoothing 0.1, token-budget batches,
 real pairs plus seeded synthetic pairs, stopped and saved when the time budget is spent;
 (4) ``save_pretrained`` as fp16 safetensors with the tokenizer, ``<pad>`` masked out of
@@ -15,6 +23,7 @@ generation through ``final_logits_bias``, and ``train_log.json`` next to it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -36,22 +45,75 @@ EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 
 # ------------------------------------------------------------------ tokenizer
 
-def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path, byte_fallback: bool = False):
+    """The recipe's BPE, saved as a fast tokenizer in ``out_dir``.
+
+    ``byte_fallback``: 256 byte tokens ``<0x00>``..``<0xFF>`` (ids 3-258, ordinary vocabulary
+    entries, not special tokens, so decoding with ``skip_special_tokens`` keeps them) stand in
+    for any character the pieces do not cover, so no text becomes ``<unk>``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=UNK))
     # No normalizer: the text is kept byte-for-byte (NFC as in the corpus).
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        # The byte tokens take 256 of the ids: the same total vocabulary, fewer learned pieces.
+        vocab_size=vocab_size - (len(BYTE_TOKENS) if byte_fallback else 0),
         min_frequency=2,
         special_tokens=[EOS, UNK, PAD],  # ids 0, 1, 2
         limit_alphabet=400,
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    tok = _with_byte_fallback(tok) if byte_fallback else _metaspace_always(tok)
+    return _save_fast(tok, out_dir)
+
+
+def _metaspace_always(tok):
+    from tokenizers import decoders
+
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return tok
+
+
+def _with_byte_fallback(trained):
+    """Rebuild a trained BPE with the byte tokens after the specials and ``byte_fallback`` on.
+
+    The pieces and merges are the trained ones, so every text the pieces cover tokenizes as
+    before. Whitespace is made exact as well: the ``▁`` word marker is prepended by a normalizer
+    and the pre-tokenizer adds none, so a leading space is kept as its own ``▁`` instead of
+    being merged away, and the decoder drops exactly the one marker the normalizer added. Only
+    U+2581 ``▁`` itself cannot round-trip (it decodes as a space)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    state = json.loads(trained.to_str())["model"]
+    learned = sorted(state["vocab"].items(), key=lambda kv: kv[1])
+    specials = [EOS, UNK, PAD]
+    vocab = {t: i for i, t in enumerate(specials + BYTE_TOKENS)}
+    for piece, _ in learned:
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=UNK, byte_fallback=True))
+    tok.normalizer = normalizers.Prepend("▁")
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+    tok.decoder = decoders.Sequence([
+        decoders.ByteFallback(),
+        decoders.Metaspace(replacement="▁", prepend_scheme="never"),
+        decoders.Fuse(),
+        decoders.Strip(" ", 1, 0),
+    ])
+    tok.add_special_tokens(specials)
+    return tok
+
+
+def _save_fast(tok, out_dir: Path):
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
     eos_id = tok.token_to_id(EOS)
     tok.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS}", pair=f"$A $B {EOS}", special_tokens=[(EOS, eos_id)]
@@ -128,20 +190,48 @@ def loss_fn(logits, labels, smoothing: float):
     nll = -lp.gather(1, lab[:, None]).squeeze(1)
     smooth = -lp.mean(dim=-1)
     loss = (1 - smoothing) * nll + smoothing * smooth
-    return loss.mean(), nll.mean(), int(mask.sum())
+    return loss.mean(), nll.mean(), mask.sum()  # the count stays a tensor: no host sync
+
+
+def to_device(tensors, device):
+    """Batches are built on the CPU; on CUDA they go over pinned and without a host sync."""
+    if device.type == "cpu":
+        return tensors
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+
+
+def autocast(device, bf16: bool):
+    """bf16 autocast around the forward pass on CUDA; the loss is computed in fp32 from the logits."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def _rare_char_check(examples, first_byte: int = 3, n_bytes: int = 256) -> dict:
+    """How the rare-character pairs reach the model: byte tokens, and whether source and target
+    carry the same ones (a difference would teach the model to invent or drop a character)."""
+    is_byte = lambda i: first_byte <= i < first_byte + n_bytes  # noqa: E731
+    with_bytes, n_tok, ids, differ = 0, 0, set(), 0
+    for s, t in examples:
+        sb, tb = [i for i in s if is_byte(i)], [i for i in t if is_byte(i)]
+        with_bytes += bool(sb)
+        n_tok += len(sb)
+        ids.update(sb)
+        differ += sb != tb
+    return {"sources_with_byte_tokens": with_bytes, "byte_tokens": n_tok,
+            "distinct_byte_ids": len(ids), "pairs_differing": differ}
 
 
 @torch.no_grad()
-def dev_loss(model, examples, pad_id, max_tokens):
+def dev_loss(model, examples, pad_id, max_tokens, device=torch.device("cpu"), bf16=False):
     model.eval()
     rng = random.Random(0)
     tot_nll, tot_tok = 0.0, 0
     for idx in make_batches(examples, max_tokens, rng):
-        inp, att, dec, lab = collate(examples, idx, pad_id)
-        out = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec)
+        inp, att, dec, lab = to_device(collate(examples, idx, pad_id), device)
+        with autocast(device, bf16):
+            out = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec)
         _, nll, n = loss_fn(out.logits, lab, 0.0)
-        tot_nll += float(nll) * n
-        tot_tok += n
+        tot_nll += float(nll) * int(n)
+        tot_tok += int(n)
     model.train()
     return tot_nll / max(1, tot_tok)
 
@@ -157,8 +247,18 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=8000)
+    ap.add_argument("--byte-fallback", action="store_true",
+                    help="256 byte tokens in the vocabulary: no character becomes <unk>")
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4, help="attention heads, encoder and decoder")
+    ap.add_argument("--ffn-dim", type=int, default=1024, help="feed-forward width, encoder and decoder")
     ap.add_argument("--encoder-layers", type=int, default=4)
     ap.add_argument("--decoder-layers", type=int, default=2)
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, cuda or cuda:N; on CUDA: bf16 autocast, fused AdamW, TF32 (seeded, not bitwise reproducible)")
+    ap.add_argument("--no-bf16", action="store_true", help="on CUDA: train in fp32")
+    ap.add_argument("--keep-best", action="store_true",
+                    help="save the weights of the dev evaluation with the lowest dev NLL, not the last ones")
     ap.add_argument("--max-tokens", type=int, default=4000, help="token budget per batch")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=400)
@@ -167,16 +267,35 @@ def main(argv=None):
     ap.add_argument("--max-len", type=int, default=128, help="drop training pairs longer (tokens)")
     ap.add_argument("--synthetic-ratio", type=float, default=0.5,
                     help="synthetic pairs per real training pair (0 = none)")
+    ap.add_argument("--rare-char-rate", type=float, default=0.0,
+                    help="fraction of synthetic pairs given rare characters (emoji, other scripts) to copy; "
+                         "needs --byte-fallback")
     ap.add_argument("--dev-size", type=int, default=400, help="held-out pairs of train for dev loss")
     ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between dev evaluations")
     args = ap.parse_args(argv)
+    if args.rare_char_rate and not args.byte_fallback:
+        ap.error("--rare-char-rate needs --byte-fallback: without byte tokens rare characters are <unk>")
+    if not 0.0 <= args.rare_char_rate <= 1.0:
+        ap.error("--rare-char-rate must be in [0, 1]")
+    if args.d_model % args.heads:
+        ap.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch has no CUDA device")
+    bf16 = cuda and not args.no_bf16
 
     t_start = time.time()
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1) if args.threads == 1 else None
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
+    if cuda:
+        # Seeded, but GPU kernels (atomics, TF32) are not bitwise reproducible; speed first.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    else:
+        torch.use_deterministic_algorithms(True)
 
     from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
@@ -191,16 +310,23 @@ def main(argv=None):
     dev_idx = set(perm[: args.dev_size])
     dev_pairs = [(train[i].source, train[i].target) for i in sorted(dev_idx)]
     tr_pairs = [(p.source, p.target) for i, p in enumerate(train) if i not in dev_idx]
-    syn = synthetic_pairs([t for _, t in tr_pairs], int(len(tr_pairs) * args.synthetic_ratio), seed=args.seed + 1)
+    # Rare characters are drawn outside every character of the real pairs, so each one is
+    # byte-encoded (the tokenizer is trained on the real pairs only).
+    common = frozenset("".join(s + t for s, t in tr_pairs + dev_pairs))
+    syn = synthetic_pairs([t for _, t in tr_pairs], int(len(tr_pairs) * args.synthetic_ratio), seed=args.seed + 1,
+                          rare_rate=args.rare_char_rate, common_chars=common)
 
     # ---- tokenizer (trained on the training split: sources and targets, dev excluded)
-    tok = train_tokenizer([s for s, _ in tr_pairs] + [t for _, t in tr_pairs], args.vocab_size, out)
+    tok = train_tokenizer([s for s, _ in tr_pairs] + [t for _, t in tr_pairs], args.vocab_size, out,
+                          byte_fallback=args.byte_fallback)
     pad_id, eos_id, unk_id = tok.pad_token_id, tok.eos_token_id, tok.unk_token_id
     test = load_pairs("test")
     rt_train = roundtrip_rate(tok, [s for s, _ in tr_pairs[:2000]])
     rt_test = roundtrip_rate(tok, [p.source for p in test])
+    unk_test = sum(ids.count(unk_id) for ids in tok([p.source for p in test])["input_ids"])
     print(f"tokenizer: vocab {len(tok)} pad {pad_id} eos {eos_id} unk {unk_id}; "
-          f"decode(encode(s)) == s on train[:2000] {rt_train:.4f}, test sources {rt_test:.4f}", flush=True)
+          f"decode(encode(s)) == s on train[:2000] {rt_train:.4f}, test sources {rt_test:.4f}; "
+          f"<unk> in test sources: {unk_test}", flush=True)
 
     def enc(pairs):
         S = tok([s for s, _ in pairs])["input_ids"]
@@ -208,6 +334,12 @@ def main(argv=None):
         return [(s, t) for s, t in zip(S, T) if len(s) <= args.max_len and len(t) <= args.max_len]
 
     real_ex, syn_ex, dev_ex = enc(tr_pairs), enc(syn), enc(dev_pairs)
+    rare_check = None
+    if args.rare_char_rate:
+        rare_check = _rare_char_check(syn_ex)
+        print(f"rare chars: {rare_check['sources_with_byte_tokens']} synthetic sources with byte tokens "
+              f"({rare_check['byte_tokens']} byte tokens, {rare_check['distinct_byte_ids']} distinct byte ids); "
+              f"{rare_check['pairs_differing']} pairs whose byte tokens differ between source and target", flush=True)
     examples = real_ex + syn_ex
     n_tok = sum(len(s) + len(t) for s, t in examples)
     print(f"examples: real {len(real_ex)} synthetic {len(syn_ex)} dev {len(dev_ex)}; "
@@ -216,13 +348,13 @@ def main(argv=None):
     # ---- model
     cfg = MarianConfig(
         vocab_size=len(tok),
-        d_model=256,
+        d_model=args.d_model,
         encoder_layers=args.encoder_layers,
         decoder_layers=args.decoder_layers,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=1024,
-        decoder_ffn_dim=1024,
+        encoder_attention_heads=args.heads,
+        decoder_attention_heads=args.heads,
+        encoder_ffn_dim=args.ffn_dim,
+        decoder_ffn_dim=args.ffn_dim,
         max_position_embeddings=256,
         dropout=args.dropout,
         attention_dropout=0.0,
@@ -238,12 +370,13 @@ def main(argv=None):
         bos_token_id=None,
         decoder_vocab_size=len(tok),
     )
-    model = MarianMTModel(cfg)
+    model = MarianMTModel(cfg).to(device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01,
+                            **({"fused": True} if cuda else {}))
 
     def lr_at(step):  # linear warmup, then inverse square root
         step = max(1, step)
@@ -262,13 +395,27 @@ def main(argv=None):
         "data": {"real": len(real_ex), "synthetic": len(syn_ex), "dev": len(dev_ex),
                  "tokens_per_epoch": n_tok},
         "parameters": n_params,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "bf16_autocast": bf16,
+        "setup_seconds": round(time.time() - t_start, 1),
         "evals": [],
     }
+    log["tokenizer"].update({"byte_fallback": args.byte_fallback, "unk_in_test_sources": unk_test})
+    if rare_check is not None:
+        log["data"]["rare_chars"] = rare_check
+    try:
+        import tokenizers
+        import transformers
+
+        log.update({"transformers": transformers.__version__, "tokenizers": tokenizers.__version__})
+    except ImportError:  # pragma: no cover - both are imported above
+        pass
     t_train = time.time()
-    d0 = dev_loss(model, dev_ex, pad_id, args.max_tokens)
+    d0 = dev_loss(model, dev_ex, pad_id, args.max_tokens, device, bf16)
     log["evals"].append({"step": 0, "epoch": 0.0, "minutes": 0.0, "dev_nll": d0})
     print(f"step 0 dev nll {d0:.3f}", flush=True)
 
+    best = {"dev_nll": d0, "step": 0, "state": None}
     step, epoch, seen_tok = 0, 0, 0
     next_eval = args.eval_every * 60.0
     run_loss, run_nll, run_n = 0.0, 0.0, 0
@@ -277,8 +424,9 @@ def main(argv=None):
     while not stop:
         batches = make_batches(examples, args.max_tokens, bat_rng)
         for bi, idx in enumerate(batches):
-            inp, att, dec, lab = collate(examples, idx, pad_id)
-            out_ = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec)
+            inp, att, dec, lab = to_device(collate(examples, idx, pad_id), device)
+            with autocast(device, bf16):
+                out_ = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec)
             loss, nll, n = loss_fn(out_.logits, lab, args.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -288,20 +436,24 @@ def main(argv=None):
                 g["lr"] = lr_at(step)
             opt.step()
             seen_tok += int(inp.numel() + dec.numel())
-            run_loss += float(loss.detach()) * n
-            run_nll += float(nll.detach()) * n
+            # Running sums stay where the loss is: no host sync per step on CUDA.
+            run_loss += loss.detach() * n
+            run_nll += nll.detach() * n
             run_n += n
             el = time.time() - t_train
             if step % 50 == 0:
-                print(f"step {step} ep {epoch + bi / len(batches):.2f} loss {run_loss / run_n:.3f} "
-                      f"nll {run_nll / run_n:.3f} lr {lr_at(step):.2e} {el / 60:.1f} min "
+                print(f"step {step} ep {epoch + bi / len(batches):.2f} loss {float(run_loss) / float(run_n):.3f} "
+                      f"nll {float(run_nll) / float(run_n):.3f} lr {lr_at(step):.2e} {el / 60:.1f} min "
                       f"{seen_tok / el:.0f} tok/s", flush=True)
                 run_loss, run_nll, run_n = 0.0, 0.0, 0
             if el >= next_eval or (time.time() - t_start) >= budget_s - save_reserve_s or step == args.max_steps:
-                d = dev_loss(model, dev_ex, pad_id, args.max_tokens)
+                d = dev_loss(model, dev_ex, pad_id, args.max_tokens, device, bf16)
                 log["evals"].append({"step": step, "epoch": round(epoch + (bi + 1) / len(batches), 4),
                                      "minutes": round(el / 60, 2), "dev_nll": d})
                 print(f"step {step} dev nll {d:.3f}", flush=True)
+                if args.keep_best and d < best["dev_nll"]:
+                    best = {"dev_nll": d, "step": step,
+                            "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
                 next_eval += args.eval_every * 60.0
             if (time.time() - t_start) >= budget_s - save_reserve_s or step == args.max_steps:
                 stop = True
@@ -310,7 +462,14 @@ def main(argv=None):
             epoch += 1
 
     train_s = time.time() - t_train
+    final_dev = log["evals"][-1]["dev_nll"]
+    saved = {"step": step, "dev_nll": final_dev}
+    if args.keep_best and best["state"] is not None and best["dev_nll"] < final_dev:
+        model.load_state_dict(best["state"])
+        saved = {"step": best["step"], "dev_nll": best["dev_nll"]}
+        print(f"keeping the weights of step {saved['step']} (dev nll {saved['dev_nll']:.3f})", flush=True)
     # ---- save: <pad> is never generated (it is also the decoder start token)
+    model = model.cpu()
     model.eval()
     with torch.no_grad():
         model.final_logits_bias[..., pad_id] = -100.0
@@ -334,6 +493,9 @@ def main(argv=None):
         "wall_seconds": round(time.time() - t_start, 1),
         "checkpoint_bytes": size,
         "dtype": "float16",
+        "final_dev_nll": final_dev,
+        "saved_step": saved["step"],
+        "saved_dev_nll": saved["dev_nll"],
     })
     (out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False))
     print(f"saved {out} ({size / 1e6:.1f} MB) after {step} steps, {log['wall_seconds']:.0f} s", flush=True)

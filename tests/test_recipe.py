@@ -1,0 +1,128 @@
+"""The reference-model recipe (benchmarks/models/uagec): byte-fallback tokenizer and rare characters.
+
+The tokenizer tests train the recipe's own BPE on real UA-GEC sentences (seconds) and check the
+round trip through both transformers' fast tokenizer and the runtime's ``TextCodec`` (the
+``tokenizers`` library alone), which is what a bundle decodes with. The larger reference model's
+tokenizer in ``../shared`` is checked too where that directory exists.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+RECIPE = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "uagec"
+SHARED_BASE = Path(__file__).resolve().parents[2] / "shared" / "models" / "uagec-base" / "model"
+
+pytest.importorskip("ua_gec")
+pytest.importorskip("transformers")
+sys.path.insert(0, str(RECIPE))
+import data  # noqa: E402  (the recipe's modules are scripts beside their data, not a package)
+import train  # noqa: E402
+
+from aggdec.runtime.tokenizer import TextCodec  # noqa: E402
+
+# Characters the UA-GEC training text never contains: emoji (with skin tone, ZWJ, flags and
+# variation selectors), superscripts, other scripts, symbols; and whitespace at the edges.
+RARE = [
+    "Площа 5 км³, а не 5 км2.",
+    "Дякую 👍🏽 і до зустрічі 👩‍💻 🇺🇦 ❤️",
+    "Формула x₂ + y² = z⁽ⁿ⁾",
+    "Грецькою αβγ, івритом שלום, арабською سلام, китайською 中文, корейською 한국어.",
+    "Символи ∀x ∈ ℝ → ⊥ ✓",
+    "  два пробіли на початку",
+    "табуляція\tусередині",
+    "😀",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    pairs = data.load_pairs("train")[:1500]
+    return [p.source for p in pairs] + [p.target for p in pairs]
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("byte-tok")
+    return train.train_tokenizer(corpus, 2000, out, byte_fallback=True), out / "tokenizer.json"
+
+
+def test_byte_fallback_round_trips_rare_characters(byte_tokenizer, corpus):
+    fast, path = byte_tokenizer
+    codec = TextCodec(path)
+    unk = fast.unk_token_id
+    for text in RARE + corpus[:300]:
+        ids = fast(text)["input_ids"]
+        assert unk not in ids, text
+        assert fast.decode(ids, skip_special_tokens=True) == text
+        assert codec.encode([text])[0] == ids  # the runtime sees the same ids
+        assert codec.decode(ids) == text
+
+
+def test_byte_fallback_layout(byte_tokenizer):
+    fast, path = byte_tokenizer
+    assert len(fast) == 2000  # the byte tokens come out of the pieces' share, not on top
+    vocab = json.loads(path.read_text())["model"]["vocab"]
+    assert [vocab[t] for t in ("</s>", "<unk>", "<pad>")] == [0, 1, 2]
+    assert [vocab[f"<0x{b:02X}>"] for b in range(256)] == list(range(3, 259))
+    # Byte tokens are ordinary vocabulary: skip_special_tokens must not drop them.
+    ids = fast("😀")["input_ids"]
+    assert any(3 <= i < 259 for i in ids)
+    assert fast.decode(ids, skip_special_tokens=True) == "😀"
+
+
+def test_without_byte_fallback_rare_characters_are_unknown(corpus, tmp_path):
+    """The default (the committed model's tokenizer) is unchanged: emoji become <unk>."""
+    fast = train.train_tokenizer(corpus, 2000, tmp_path)
+    assert fast.unk_token_id in fast("Дякую 👍")["input_ids"]
+    assert not any(t.startswith("<0x") for t in fast.get_vocab())
+
+
+@pytest.mark.skipif(not SHARED_BASE.is_dir(), reason="../shared/models/uagec-base is not here")
+def test_larger_reference_model_tokenizer_round_trips_the_test_split():
+    codec = TextCodec(SHARED_BASE / "tokenizer.json")
+    sources = [p.source for p in data.load_pairs("test")]
+    for text in sources + RARE:
+        ids = codec.encode([text])[0]
+        assert codec.unk_id not in ids, text
+        assert codec.decode(ids) == text
+
+
+def test_rare_pairs_keep_rare_characters_identical(corpus):
+    targets = corpus[1500:]
+    common = frozenset("".join(corpus))
+    plain = data.synthetic_pairs(targets, 400, seed=3)
+    rare = data.synthetic_pairs(targets, 400, seed=3, rare_rate=0.3, common_chars=common)
+    changed = 0
+    for (ps, pt), (rs, rt) in zip(plain, rare):
+        if rt == pt:  # not drawn for rare characters: exactly the plain pair
+            assert (rs, rt) == (ps, pt)
+            continue
+        changed += 1
+        want = [c for c in rt if c not in common]
+        assert want, rt
+        assert [c for c in rs if c not in common] == want
+        # the target is the plain target with rare strings added, nothing else changed
+        assert "".join(c for c in rt if c in common).replace(" ", "") == pt.replace(" ", "")
+    assert 60 <= changed <= 180  # about 30% of 400
+    assert data.synthetic_pairs(targets, 400, seed=3, rare_rate=0.0) == plain
+
+
+def test_rare_strings_avoid_common_characters():
+    rng = random.Random(0)
+    common = frozenset("αβγ😀")
+    for _ in range(2000):
+        s = data.rare_string(rng, common)
+        assert s and not set(s) & common
+        assert all(c.isprintable() or c == "\u200d" for c in s), ascii(s)  # ZWJ joins emoji
+
+
+def test_rare_char_rate_needs_byte_fallback(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path), "--rare-char-rate", "0.1"])
+    assert "--byte-fallback" in capsys.readouterr().err
