@@ -458,7 +458,7 @@ def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
     started = time.perf_counter()
     manifest = load_manifest(src)
     if manifest.precision != "fp32":
-        raise ExportError(f"{str(src)!r} is already a {manifest.precision} bundle; quantize the fp32 bundle it was "
+        raise ExportError(f"{str(src)!r} is already quantized ({manifest.precision}); quantize the fp32 bundle it was "
                           "made from.")
     check_destination(src, out, force)
     say = progress or (lambda message: None)
