@@ -56,6 +56,8 @@ class QuantizeOptions:
     # the [d_model, vocab] output projection (lm_head, the drafter's head): most of a verifier
     # step's multiply-adds; quantized by default (see docs-int8.md for the measurement)
     output_projection: bool = True
+    # MatMulIntegerToFloat (onnxruntime contrib op) instead of MatMulInteger + Cast + Mul
+    fused: bool = False
 
 
 # ------------------------------------------------------------------ one graph
@@ -164,7 +166,7 @@ class _Rewriter:
     def run(self):
         from onnx import helper
 
-        zero_point = None
+        zero_point = one = None
         rewritten = []
         replaced_weights: set[str] = set()
         for node in self.graph.node:
@@ -178,6 +180,22 @@ class _Rewriter:
             rows, row_scale = self._rows(activation, rewritten)
             quantized_weight, column_scale = self._weight(weight)
             replaced_weights.add(weight)
+            if self.options.fused:
+                # onnxruntime's MatMulIntegerToFloat: the same exact int32 product, scaled per column
+                # (a_scale 1 x column scale) in the GEMM's own per-element post-processing, which
+                # saves a Cast and a Mul pass over the output; the row scale follows. Its a_scale
+                # can only be per tensor, so the row scale cannot go inside.
+                if one is None:
+                    one = self._constant("row_unit_scale", np.array(1.0, dtype=np.float32))
+                by_column = self._name(f"{base}_column_scaled")
+                rewritten += [
+                    helper.make_node("MatMulIntegerToFloat", [rows, quantized_weight, one, column_scale, zero_point],
+                                     [by_column], domain="com.microsoft", name=self._name(f"{base}/MatMulIntegerToFloat")),
+                    helper.make_node("Mul", [by_column, row_scale], [node.output[0]],
+                                     name=self._name(f"{base}/RowScaleMul")),
+                ]
+                self.quantized += 1
+                continue
             accumulated, as_float, by_row = (self._name(f"{base}_{s}") for s in ("int32", "float", "row_scaled"))
             rewritten += [
                 helper.make_node("MatMulInteger", [rows, quantized_weight, zero_point], [accumulated],
@@ -191,6 +209,8 @@ class _Rewriter:
             self.quantized += 1
         del self.graph.node[:]
         self.graph.node.extend(rewritten)
+        if self.options.fused and self.quantized and not any(o.domain == "com.microsoft" for o in self.model.opset_import):
+            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         still_used = {name for node in self.graph.node for name in node.input}
         unused = [init for init in self.graph.initializer if init.name in replaced_weights and init.name not in
                   still_used]
