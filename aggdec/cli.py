@@ -57,6 +57,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     export.add_argument("--max-source-len", type=int, help="longest source in tokens (default: the model's)")
     export.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")
     export.add_argument("--drafter", metavar="DRAFTER_DIR", help="add drafter.onnx from `aggdec train-drafter` (GAD)")
+    export.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+                        help="fp32 (default), or int8 for the CPU: the fp32 export, then `aggdec quantize`")
+
+    quantize = commands.add_parser("quantize", help="an int8 copy of an fp32 bundle, for the CPU (no torch needed)")
+    quantize.add_argument("bundle", metavar="BUNDLE", help="an fp32 bundle written by `aggdec export`")
+    quantize.add_argument("out", metavar="OUT_DIR", help="the int8 bundle directory to write")
+    quantize.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    quantize.add_argument("--fp32-output-projection", action="store_true",
+                          help="keep the vocabulary projection in fp32 (slower, a little closer to fp32)")
 
     train = commands.add_parser("train-drafter", help="train a GAD drafter for a checkpoint by distillation")
     train.add_argument("src", metavar="SRC_DIR", help="the verifier: a local save_pretrained directory")
@@ -232,7 +241,21 @@ def _export(args: argparse.Namespace) -> int:
         ) from None
     export_bundle(args.src, args.out, force=args.force, top_k=args.top_k, opset=args.opset,
                   max_source_len=args.max_source_len, max_target_len=args.max_target_len,
-                  drafter_dir=args.drafter, progress=lambda message: print(message, file=sys.stderr, flush=True))
+                  drafter_dir=args.drafter, precision=args.precision,
+                  progress=lambda message: print(message, file=sys.stderr, flush=True))
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    try:
+        from aggdec.export.quantize import QuantizeOptions, quantize_bundle
+    except ImportError as exc:
+        raise AggdecError(
+            f"`aggdec quantize` needs onnx ({exc.name} is not installed): pip install onnx, or 'aggdec[export]'"
+        ) from None
+    quantize_bundle(args.bundle, args.out, force=args.force,
+                    options=QuantizeOptions(output_projection=not args.fp32_output_projection),
+                    progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0
 
 
@@ -504,6 +527,8 @@ def run(args: argparse.Namespace) -> int:
         return _loadtest(args)
     if args.command == "export":
         return _export(args)
+    if args.command == "quantize":
+        return _quantize(args)
     if args.command == "train-drafter":
         return _train_drafter(args)
     if args.command == "bench":

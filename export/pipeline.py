@@ -116,13 +116,20 @@ def export_bundle(
     max_source_len: int | None = None,
     max_target_len: int | None = None,
     drafter_dir: str | Path | None = None,
+    precision: str = "fp32",
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
 
     With ``drafter_dir`` (written by ``aggdec train-drafter``), the bundle also gets
-    ``drafter.onnx`` for GAD.
+    ``drafter.onnx`` for GAD. ``precision="int8"``: the fp32 bundle is exported and validated
+    into a temporary directory, then quantized into ``out_dir`` by :func:`~.quantize.quantize_bundle`
+    (the same as ``aggdec quantize``; see there).
     """
+    if precision != "fp32":
+        return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset,
+                                 max_source_len=max_source_len, max_target_len=max_target_len,
+                                 drafter_dir=drafter_dir, precision=precision, progress=progress)
     import torch
     import transformers
 
@@ -243,6 +250,22 @@ def export_bundle(
     # the digest pins the whole bundle: load_manifest(out, expected_sha256=...) (see runtime/manifest.py)
     _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
     return manifest
+
+
+def _export_quantized(src_dir, out_dir, *, force: bool, precision: str, progress, **options) -> Manifest:
+    import tempfile
+
+    from .quantize import PRECISIONS, quantize_bundle
+
+    if precision not in PRECISIONS:
+        raise ExportError(f"--precision {precision!r} is not supported; choose one of: {', '.join(PRECISIONS)}.")
+    src, out = Path(src_dir), Path(out_dir)
+    check_options(options["opset"], options["top_k"], options["max_source_len"], options["max_target_len"])
+    check_destination(src, out, force)  # refuse before the fp32 export's heavy work
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.fp32.", dir=out.parent) as scratch:
+        export_bundle(src, Path(scratch) / "fp32", progress=progress, **options)
+        return quantize_bundle(Path(scratch) / "fp32", out, force=force, progress=progress)
 
 
 def _load_drafter(drafter_dir: str | Path, vocab: int, d_model: int):

@@ -32,6 +32,7 @@ DTYPES = {
     "int8": "tensor(int8)", "uint8": "tensor(uint8)", "bool": "tensor(bool)",
 }
 MODEL_DTYPES = ("float32", "float16", "bfloat16")  # the manifest's own `dtype`: the weights' precision
+PRECISIONS = ("fp32", "int8")  # how the graphs compute (int8: `aggdec quantize`, for the CPU)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # tensor names may carry a layer index or a path ("key_cache.0", "/decoder/out"), never control characters
 _TENSOR_NAME = re.compile(r"[A-Za-z0-9_./:\-]{1,256}\Z")
@@ -181,6 +182,25 @@ def _exact_keys(value: dict, fields: dict[str, Any], optional_keys: frozenset[st
                       "aggdec, or edited by hand)")
 
 
+def boolean(value: Any, data: dict) -> None:
+    if not isinstance(value, bool):
+        raise Invalid(f"must be true or false, got {type(value).__name__} {show(value)}")
+
+
+def number(low: float, high: float | None = None) -> Rule:
+    """A finite JSON number (int or float, never a bool) in [low, high]."""
+
+    def rule(value: Any, data: dict) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                or value in (float("inf"), float("-inf")):
+            raise Invalid(f"must be a finite number, got {type(value).__name__} {show(value)}")
+        if value < low or (high is not None and value > high):
+            span = f"at least {low}" if high is None else f"from {low} to {high}"
+            raise Invalid(f"must be a number {span}, got {show(value)}")
+
+    return rule
+
+
 def file_name(value: Any, data: dict) -> None:
     check_file_name(value)
 
@@ -226,6 +246,19 @@ TENSOR = obj({"name": tensor_name, "dtype": one_of(tuple(DTYPES)), "dims": list_
 TENSORS = _all(list_of(TENSOR, 4096), _unique_names)
 GRAPH = obj({"file": file_name, "inputs": TENSORS, "outputs": TENSORS})
 
+# what `aggdec quantize` records about an int8 bundle: its scheme and how far it is from fp32
+QUANTIZATION = obj({
+    "scheme": one_of(("per-row-int8",)),
+    "reference": text,
+    "output_projection": boolean,
+    "quantized_matmuls": integer(0, 1 << 20),
+    "positions": integer(1, 1 << 30),
+    "top1_agreement": number(0.0, 1.0),
+    "max_logprob_error": number(0.0),
+    "mean_logprob_error": number(0.0),
+    "draft_agreement": optional(number(0.0, 1.0)),
+})
+
 # field -> rule, in an order where every field a rule refers to (vocab_size) comes first
 FIELDS: dict[str, Rule] = {
     "format_version": integer(1),  # its value is checked by Manifest.from_json, with its own message
@@ -255,9 +288,11 @@ FIELDS: dict[str, Rule] = {
     "mask_token_id": optional(integer(0, "vocab_size")),
     "draft_window": optional(integer(0, MAX_SEQUENCE_LEN)),
     "exporter": dict_of(text, text),
+    "precision": one_of(PRECISIONS),
+    "quantization": optional(QUANTIZATION),
 }
 # fields with a dataclass default: an older manifest may leave them out
-OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "exporter"})
+OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "exporter", "precision", "quantization"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 
@@ -273,6 +308,10 @@ def _cross_field(data: dict) -> None:
         if graph["file"] not in files:
             # an unlisted file would be loaded without a hash check
             raise Invalid(f"graphs.{name}.file {show(graph['file'])} is not listed in files")
+    precision = data.get("precision", "fp32")
+    if (data.get("quantization") is not None) != (precision != "fp32"):
+        raise Invalid(f"quantization must be set exactly when precision is not fp32 (precision: {show(precision)}, "
+                      f"quantization: {'set' if data.get('quantization') is not None else 'none'})")
     has_drafter = "drafter" in graphs
     for name in ("draft_k", "mask_token_id", "draft_window"):
         if (data.get(name) is not None) != has_drafter:

@@ -42,6 +42,22 @@ def _check_batch_size(batch_size: object) -> None:
         raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
 
 
+# the devices each bundle precision runs on
+PRECISION_DEVICES = {"fp32": ("cpu", "cuda", "tensorrt"), "int8": ("cpu",)}
+
+
+def check_precision(manifest: Manifest, device: str, root: Path | str = "the bundle") -> None:
+    """Refuse a bundle whose precision ``device`` cannot run, before any session is made."""
+    devices = PRECISION_DEVICES.get(manifest.precision, ())
+    if device not in devices:
+        raise ProviderError(
+            f"{str(root)!r} is an {manifest.precision} bundle, which runs on device {' or '.join(map(repr, devices))} "
+            f"only, not {device!r}: its MatMulInteger products are a CPU kernel (onnxruntime's CUDA provider would "
+            "run them on the CPU, copying every activation across, and TensorRT has no such layer). Use "
+            f"device 'cpu', or the fp32 bundle it was quantized from on {device!r}."
+        )
+
+
 def _ort_cuda_available() -> bool:
     return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 
@@ -142,6 +158,7 @@ class Generator:
         self.io_binding = True if io_binding is None else bool(io_binding)
         self.root = Path(bundle_dir)
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
+        check_precision(self.manifest, device, self.root)  # before any session is made
         self.device = device
         self.tf32 = tf32
         self.codec = TextCodec(self.root / TOKENIZER_FILE)

@@ -121,6 +121,12 @@ class Manifest:
     # the last output tokens the drafter reads before its slots (0: the whole output), as trained
     draft_window: int | None = None
     exporter: dict[str, str] = field(default_factory=dict)  # versions used at export
+    # "fp32", or "int8" (`aggdec quantize`: MatMuls in int8 for the CPU, see export/quantize.py);
+    # a manifest without it (older aggdec) is fp32
+    precision: str = "fp32"
+    # int8 only: how it was quantized and its agreement with the fp32 graphs it came from
+    # (top1_agreement, max/mean_logprob_error, draft_agreement, ...; see bundle_schema.QUANTIZATION)
+    quantization: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -1,0 +1,530 @@
+"""`aggdec quantize`: an fp32 bundle -> an int8 bundle for the CPU that stays lossless.
+
+Lossless (IAD, GAD and GAD++ at beta 1 give the bundle's own greedy output, token for token)
+needs more than accuracy: the verifier must compute each position exactly as it would alone.
+Greedy verifies one position per call, IAD/GAD a block of T; if a position's result depended
+on what else is in the call, a block could accept a token that greedy would not have chosen.
+
+onnxruntime's own int8 paths couple positions:
+
+- ``quantize_dynamic`` inserts ``DynamicQuantizeLinear``, which computes ONE scale (and zero
+  point) over the whole activation tensor: every position's quantization depends on the
+  largest value among all positions in the call.
+- ``MatMulNBits`` (accuracy_level 4) quantizes activations in blocks and runs kernels chosen
+  by the number of rows; measured: int8 IAD/GAD equalled int8 greedy on 798 of 800 sentences.
+
+So activations are quantized here **per row** (one symmetric scale per position vector:
+absmax over the last axis / 127), weights per output column (symmetric, with onnxruntime's
+``quantize_data``), and the product is ``MatMulInteger``: its int32 accumulation is exact, so
+neither the kernel path nor the block size can change it. The rest is per-element float math
+(Cast, two Muls) or per-row (the absmax). Nothing mixes positions, and the block-vs-single
+check in :func:`check_position_independence` proves it on every bundle written.
+
+Weights use 7 bits (``reduce_range``, values in [-64, 64]): MLAS's fast u8 x s8 kernel on
+AVX2 CPUs without VNNI multiplies with ``vpmaddubsw``, which adds pairs of u8*s8 products into
+a *saturating* int16; with activations in [1, 255] (int8 shifted by the zero point 128) and
+|w| <= 64, a pair is at most 2 * 255 * 64 = 32640 < 32767, so nothing saturates on any x86
+CPU and the int32 result is exact everywhere.
+
+This module needs onnx and onnxruntime, not torch: an existing bundle can be quantized on a
+machine that cannot export.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names
+from ..runtime.errors import ExportError, ValidationError
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, sha256_of
+
+PRECISIONS = ("fp32", "int8")
+ROW_QMAX = 127.0  # activations: symmetric int8, [-127, 127], shifted to uint8 [1, 255]
+A_ZERO_POINT = 128
+# the smallest normal float32: the scale of an all-zero row (its quantized values are 0 anyway)
+TINY_SCALE = float(np.finfo(np.float32).tiny)
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    # the [d_model, vocab] output projection (lm_head, the drafter's head): most of a verifier
+    # step's multiply-adds; quantized by default (see docs-int8.md for the measurement)
+    output_projection: bool = True
+    # MatMulIntegerToFloat (onnxruntime contrib op) instead of MatMulInteger + Cast + Mul
+    fused: bool = False
+
+
+# ------------------------------------------------------------------ one graph
+
+
+def _opset(model) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+class _Rewriter:
+    """Replaces every float MatMul by a constant 2-D weight with the per-row int8 subgraph."""
+
+    def __init__(self, model, vocab_size: int, options: QuantizeOptions) -> None:
+        from onnx import TensorProto, numpy_helper
+
+        self.model, self.graph = model, model.graph
+        self.vocab_size, self.options = vocab_size, options
+        self.opset = _opset(model)
+        self.inits = {init.name: init for init in self.graph.initializer}
+        self.TensorProto, self.numpy_helper = TensorProto, numpy_helper
+        self.names: set[str] = {n for node in self.graph.node for n in (*node.input, *node.output)} | set(self.inits)
+        self.weights: dict[str, tuple[str, str]] = {}  # fp32 weight -> (int8 weight, column scales)
+        self.rows: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales)
+        self.quantized = 0
+        self.kept_float: list[str] = []
+
+    def _name(self, base: str) -> str:
+        name, index = base, 0
+        while name in self.names:
+            index += 1
+            name = f"{base}_{index}"
+        self.names.add(name)
+        return name
+
+    def _constant(self, base: str, array: np.ndarray) -> str:
+        name = self._name(base)
+        self.graph.initializer.append(self.numpy_helper.from_array(array, name))
+        return name
+
+    def _weight(self, name: str) -> tuple[str, str]:
+        """Per-column symmetric int8 (7-bit range) with onnxruntime's quantize_data."""
+        if name not in self.weights:
+            from onnxruntime.quantization.quant_utils import quantize_data
+
+            weight = self.numpy_helper.to_array(self.inits[name]).astype(np.float32)
+            quantized = np.empty(weight.shape, dtype=np.int8)
+            scales = np.empty(weight.shape[1], dtype=np.float32)
+            for column in range(weight.shape[1]):
+                values = weight[:, column]
+                if not np.any(values):  # quantize_data would divide by a zero range
+                    quantized[:, column], scales[column] = 0, 1.0
+                    continue
+                _, scale, q = quantize_data(values, self.TensorProto.INT8, symmetric=True, reduce_range=True)
+                quantized[:, column], scales[column] = q, np.float32(scale)
+            self.weights[name] = (self._constant(f"{name}_int8", quantized),
+                                  self._constant(f"{name}_column_scale", scales))
+        return self.weights[name]
+
+    def _rows(self, activation: str, nodes: list) -> tuple[str, str]:
+        """Per-row (per-position) symmetric quantization of ``activation``, shared by every
+        MatMul that reads it (q/k/v projections). Hand-written because onnxruntime's dynamic
+        quantization (DynamicQuantizeLinear) has one scale per tensor, coupling positions."""
+        if activation in self.rows:
+            return self.rows[activation]
+        from onnx import helper
+
+        base = activation.strip("/").replace("/", "_") or "x"
+        absolute = self._name(f"{base}_abs")
+        absmax = self._name(f"{base}_absmax")
+        nodes.append(helper.make_node("Abs", [activation], [absolute], name=self._name(f"{base}/Abs")))
+        if self.opset >= 18:  # ReduceMax takes its axes as an input from opset 18
+            axes = self._constant(f"{base}_last_axis", np.array([-1], dtype=np.int64))
+            nodes.append(helper.make_node("ReduceMax", [absolute, axes], [absmax], keepdims=1,
+                                          name=self._name(f"{base}/RowMax")))
+        else:
+            nodes.append(helper.make_node("ReduceMax", [absolute], [absmax], axes=[-1], keepdims=1,
+                                          name=self._name(f"{base}/RowMax")))
+        raw_scale, scale = self._name(f"{base}_row_scale_raw"), self._name(f"{base}_row_scale")
+        nodes.append(helper.make_node("Div", [absmax, self._constant(f"{base}_qmax", np.array(ROW_QMAX, np.float32))],
+                                      [raw_scale], name=self._name(f"{base}/RowScale")))
+        nodes.append(helper.make_node("Max", [raw_scale, self._constant(f"{base}_tiny", np.array(TINY_SCALE,
+                                      np.float32))], [scale], name=self._name(f"{base}/RowScaleFloor")))
+        scaled, rounded, shifted, quantized = (self._name(f"{base}_{s}") for s in ("scaled", "rounded", "shifted",
+                                                                                  "uint8"))
+        nodes.append(helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")))
+        # |scaled| <= 127 (plus rounding error of the scale, which Round absorbs): no Clip needed
+        nodes.append(helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")))
+        nodes.append(helper.make_node("Add", [rounded, self._constant(f"{base}_zero_point_f",
+                                      np.array(A_ZERO_POINT, np.float32))], [shifted], name=self._name(f"{base}/Shift")))
+        nodes.append(helper.make_node("Cast", [shifted], [quantized], to=self.TensorProto.UINT8,
+                                      name=self._name(f"{base}/ToUint8")))
+        self.rows[activation] = (quantized, scale)
+        return self.rows[activation]
+
+    def _quantizable(self, node) -> bool:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.input[1] not in self.inits:
+            return False
+        weight = self.inits[node.input[1]]
+        if weight.data_type != self.TensorProto.FLOAT or len(weight.dims) != 2:
+            return False
+        if weight.dims[1] == self.vocab_size and not self.options.output_projection:
+            self.kept_float.append(node.name)
+            return False
+        return True
+
+    def run(self):
+        from onnx import helper
+
+        zero_point = one = None
+        rewritten = []
+        replaced_weights: set[str] = set()
+        for node in self.graph.node:
+            if not self._quantizable(node):
+                rewritten.append(node)
+                continue
+            if zero_point is None:
+                zero_point = self._constant("row_zero_point", np.array(A_ZERO_POINT, dtype=np.uint8))
+            activation, weight = node.input
+            base = (node.name or node.output[0]).strip("/").replace("/", "_")
+            rows, row_scale = self._rows(activation, rewritten)
+            quantized_weight, column_scale = self._weight(weight)
+            replaced_weights.add(weight)
+            if self.options.fused:
+                # onnxruntime's MatMulIntegerToFloat: the same exact int32 product, scaled per column
+                # (a_scale 1 x column scale) in the GEMM's own per-element post-processing, which
+                # saves a Cast and a Mul pass over the output; the row scale follows. Its a_scale
+                # can only be per tensor, so the row scale cannot go inside.
+                if one is None:
+                    one = self._constant("row_unit_scale", np.array(1.0, dtype=np.float32))
+                by_column = self._name(f"{base}_column_scaled")
+                rewritten += [
+                    helper.make_node("MatMulIntegerToFloat", [rows, quantized_weight, one, column_scale, zero_point],
+                                     [by_column], domain="com.microsoft", name=self._name(f"{base}/MatMulIntegerToFloat")),
+                    helper.make_node("Mul", [by_column, row_scale], [node.output[0]],
+                                     name=self._name(f"{base}/RowScaleMul")),
+                ]
+                self.quantized += 1
+                continue
+            accumulated, as_float, by_row = (self._name(f"{base}_{s}") for s in ("int32", "float", "row_scaled"))
+            rewritten += [
+                helper.make_node("MatMulInteger", [rows, quantized_weight, zero_point], [accumulated],
+                                 name=self._name(f"{base}/MatMulInteger")),
+                helper.make_node("Cast", [accumulated], [as_float], to=self.TensorProto.FLOAT,
+                                 name=self._name(f"{base}/ToFloat")),
+                helper.make_node("Mul", [as_float, row_scale], [by_row], name=self._name(f"{base}/RowScaleMul")),
+                helper.make_node("Mul", [by_row, column_scale], [node.output[0]],
+                                 name=self._name(f"{base}/ColumnScaleMul")),
+            ]
+            self.quantized += 1
+        del self.graph.node[:]
+        self.graph.node.extend(rewritten)
+        if self.options.fused and self.quantized and not any(o.domain == "com.microsoft" for o in self.model.opset_import):
+            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        still_used = {name for node in self.graph.node for name in node.input}
+        unused = [init for init in self.graph.initializer if init.name in replaced_weights and init.name not in
+                  still_used]
+        for init in unused:
+            self.graph.initializer.remove(init)
+        return self.model
+
+
+def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOptions()):
+    """Rewrite ``model`` (an onnx ModelProto, changed in place and returned) to per-row int8.
+    Returns the model and the number of MatMuls made int8."""
+    rewriter = _Rewriter(model, vocab_size, options)
+    rewriter.run()
+    return model, rewriter.quantized
+
+
+def isolate_positions(model) -> tuple[object, int]:
+    """Make every MatMul between two activations (attention scores Q.K^T, weights.V) compute
+    each position as a matrix of its own row: A [..., T, K] -> [..., T, 1, K], B [..., K, N] ->
+    [..., 1, K, N], product [..., T, 1, N] -> [..., T, N].
+
+    Why: MLAS's float32 GEMM picks its kernel and summation order by the number of rows M, so
+    row t of a [T, K] x [K, N] product is not bitwise the product of row t alone (measured on
+    the reference verifier: Q.K^T differs by 7e-7 between a block of 7 and one position).
+    Greedy multiplies one row (M = 1); after this rewrite a block does T products of M = 1
+    each, the same kernel on the same numbers. Weight MatMuls need no such care: their int32
+    MatMulInteger is exact whatever the kernel. Changes ``model`` in place; returns it and the
+    number of MatMuls rewritten."""
+    from onnx import helper
+
+    graph = model.graph
+    inits = {init.name for init in graph.initializer}
+    names = {n for node in graph.node for n in (*node.input, *node.output)} | inits
+    axes: dict[int, str] = {}
+
+    def fresh(base: str) -> str:
+        name, index = base, 0
+        while name in names:
+            index += 1
+            name = f"{base}_{index}"
+        names.add(name)
+        return name
+
+    def axis(value: int) -> str:
+        if value not in axes:
+            axes[value] = fresh(f"isolate_axis_{'m' if value < 0 else ''}{abs(value)}")
+            graph.initializer.append(helper.make_tensor(axes[value], 7, [1], [value]))  # 7: INT64
+        return axes[value]
+
+    rewritten, count = [], 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or any(i in inits for i in node.input):
+            rewritten.append(node)
+            continue
+        base = (node.name or node.output[0]).strip("/").replace("/", "_")
+        rows, columns, product = fresh(f"{base}_rows"), fresh(f"{base}_columns"), fresh(f"{base}_per_row")
+        rewritten += [
+            helper.make_node("Unsqueeze", [node.input[0], axis(-2)], [rows], name=fresh(f"{base}/IsolateRows")),
+            helper.make_node("Unsqueeze", [node.input[1], axis(-3)], [columns], name=fresh(f"{base}/BroadcastB")),
+            helper.make_node("MatMul", [rows, columns], [product], name=fresh(f"{base}/PerRowMatMul")),
+            helper.make_node("Squeeze", [product, axis(-2)], [node.output[0]], name=fresh(f"{base}/Join")),
+        ]
+        count += 1
+    del graph.node[:]
+    graph.node.extend(rewritten)
+    return model, count
+
+
+# ------------------------------------------------------------------ checks on the written graphs
+
+# the export validation's shapes (export/validate.py, which needs torch): batches, past and new lengths
+BATCHES, PAST_LENS, NEW_LENS, SOURCE_LEN = (1, 3), (0, 5), (1, 2, 7), 9
+
+
+class _Plain:
+    """An onnxruntime session as the runtime's Session protocol (``run`` with named outputs)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.names = [o.name for o in session.get_outputs()]
+
+    def run(self, feeds: dict) -> dict:
+        return dict(zip(self.names, self.session.run(None, feeds)))
+
+
+def _session(ort, path: Path):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1  # validation is small; never compete with the caller for cores
+    return _Plain(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+
+
+@dataclass
+class _Case:
+    ids: np.ndarray
+    mask: np.ndarray
+    prefix: np.ndarray
+    kept: np.ndarray
+    new_ids: np.ndarray
+
+
+def _cases(manifest: Manifest, seed: int = 0) -> list[_Case]:
+    """Random sources, prefixes and blocks at the export validation's shapes; rows after the
+    first keep only part of their prefix, as after a rejected draft."""
+    rng = np.random.default_rng(seed)
+    vocab, pad = manifest.vocab_size, manifest.pad_token_id
+    low = min(3, vocab - 1)
+    cases = []
+    for batch in BATCHES:
+        lengths = [SOURCE_LEN] + [int(rng.integers(2, SOURCE_LEN + 1)) for _ in range(batch - 1)]
+        ids = np.full((batch, SOURCE_LEN), pad, dtype=np.int64)
+        mask = np.zeros((batch, SOURCE_LEN), dtype=np.int64)
+        for row, length in enumerate(lengths):
+            ids[row, :length] = rng.integers(low, vocab, size=length)
+            mask[row, :length] = 1
+        for past in PAST_LENS:
+            for new in NEW_LENS:
+                prefix = rng.integers(low, vocab, size=(batch, past)).astype(np.int64)
+                kept = np.array([past] + [int(rng.integers(0, past + 1)) for _ in range(batch - 1)], dtype=np.int64)
+                cases.append(_Case(ids, mask, prefix, kept, rng.integers(low, vocab, size=(batch, new)).astype(np.int64)))
+    return cases
+
+
+class _Driver:
+    """Runs encoder + verifier the way the runtime does: fill a cache with the prefix, then
+    continue from each row's kept length."""
+
+    def __init__(self, encoder, verifier, manifest: Manifest) -> None:
+        self.encoder, self.verifier, self.m = encoder, verifier, manifest
+
+    def encode(self, case: _Case) -> dict:
+        out = self.encoder.run({"input_ids": case.ids, "attention_mask": case.mask})
+        return {"hidden": out["encoder_hidden_states"], **{n: out[n] for n in cross_names(self.m.decoder_layers)}}
+
+    def call(self, case: _Case, encoded: dict, cache: dict, ids: np.ndarray, lengths: np.ndarray):
+        layers = self.m.decoder_layers
+        cross = {n: encoded[n] for n in cross_names(layers)}
+        out = self.verifier.run({"input_ids": ids, "past_lengths": lengths, **cache, **cross,
+                                 "encoder_attention_mask": case.mask})
+        written = dict(zip(self_cache_names(layers), (out[n] for n in self_cache_out_names(layers))))
+        return out["top_logprobs"], out["top_ids"], written
+
+    def prefill(self, case: _Case, encoded: dict) -> dict:
+        m = self.m
+        batch, new = case.new_ids.shape
+        capacity = case.prefix.shape[1] + new + 3
+        cache = {n: np.zeros((batch, m.num_heads, capacity, m.head_dim), np.float32)
+                 for n in self_cache_names(m.decoder_layers)}
+        if case.prefix.shape[1]:
+            cache = self.call(case, encoded, cache, case.prefix, np.zeros(batch, dtype=np.int64))[2]
+        return cache
+
+
+def check_position_independence(driver: _Driver, cases: list[_Case]) -> int:
+    """The verifier on a block of T positions must return, bitwise, what it returns for each
+    position alone on the same cache (log-probs, ids and the cache it writes): the property
+    that makes IAD/GAD equal greedy. Raises ValidationError naming the first difference."""
+    checked = 0
+    for case in cases:
+        batch, new = case.new_ids.shape
+        encoded = driver.encode(case)
+        cache = driver.prefill(case, encoded)
+        block_lp, block_ids, block_cache = driver.call(case, encoded, dict(cache), case.new_ids, case.kept)
+        single = dict(cache)
+        for t in range(new):
+            lp, ids, single = driver.call(case, encoded, single, case.new_ids[:, t : t + 1], case.kept + t)
+            where = f"batch {batch}, prefix {case.prefix.shape[1]}, block {new}, position {t}"
+            if not (np.array_equal(lp[:, 0], block_lp[:, t]) and np.array_equal(ids[:, 0], block_ids[:, t])):
+                worst = float(np.abs(lp[:, 0] - block_lp[:, t]).max())
+                raise ValidationError(f"the verifier's result for one position depends on the block it is verified "
+                                      f"in ({where}: log-probs differ by up to {worst:.2e}); IAD/GAD would not "
+                                      "equal greedy. Report this with your onnxruntime version.")
+            checked += 1
+        for name, values in block_cache.items():
+            if not np.array_equal(values, single[name]):
+                raise ValidationError(f"the verifier writes a different {name} for a block than position by position "
+                                      f"(batch {batch}, block {new}); IAD/GAD would not equal greedy.")
+    return checked
+
+
+def _figures(reference: _Driver, quantized: _Driver, cases: list[_Case]) -> dict:
+    """Top-1 agreement and log-prob error of the quantized verifier against the fp32 one."""
+    agree = positions = 0
+    errors: list[np.ndarray] = []
+    for case in cases:
+        results = []
+        for driver in (reference, quantized):
+            encoded = driver.encode(case)
+            cache = driver.prefill(case, encoded)
+            results.append(driver.call(case, encoded, cache, case.new_ids, case.kept)[:2])
+        (ref_lp, ref_ids), (q_lp, q_ids) = results
+        agree += int((ref_ids[..., 0] == q_ids[..., 0]).sum())
+        positions += ref_ids[..., 0].size
+        # log-prob of each candidate both graphs return, compared id by id
+        match = q_ids[..., :, None] == ref_ids[..., None, :]  # [B, T, k(q), k(ref)]
+        ref_at = np.where(match, ref_lp[..., None, :], 0.0).sum(-1)
+        both = match.any(-1) & np.isfinite(q_lp) & np.isfinite(ref_at)
+        errors.append(np.abs(q_lp - ref_at)[both])
+    error = np.concatenate(errors) if errors else np.zeros(0)
+    return {"positions": positions, "top1_agreement": round(agree / max(positions, 1), 6),
+            "max_logprob_error": round(float(error.max()) if error.size else 0.0, 6),
+            "mean_logprob_error": round(float(error.mean()) if error.size else 0.0, 6)}
+
+
+def _draft_agreement(reference: tuple[_Driver, object], quantized: tuple[_Driver, object], cases: list[_Case],
+                     manifest: Manifest) -> float:
+    """Share of drafted ids the quantized drafter (on the quantized encoder) has in common with
+    the fp32 one (on the fp32 encoder): drafts only change speed, never the output."""
+    from ..runtime.decoding.gad import Drafter
+
+    rng = np.random.default_rng(2)
+    same = total = 0
+    for case in cases[:: len(PAST_LENS) * len(NEW_LENS)]:  # one per batch size
+        prefixes = [[manifest.decoder_start_token_id] + rng.integers(3, manifest.vocab_size, size=n).tolist()
+                    for n in rng.integers(0, 9, size=len(case.ids))]
+        drafts = []
+        for driver, session in (reference, quantized):
+            drafter = Drafter(session, int(manifest.draft_k or 0), int(manifest.mask_token_id or 0),
+                              int(manifest.draft_window or 0))
+            drafts.append(drafter.draft(prefixes, driver.encode(case)["hidden"], case.mask, manifest.pad_token_id))
+        same += int((drafts[0] == drafts[1]).sum())
+        total += drafts[0].size
+    return round(same / max(total, 1), 6)
+
+
+# ------------------------------------------------------------------ a bundle
+
+
+def _load_graph(path: Path):
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    # a bundle is untrusted input: a graph that names external data could read outside it
+    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
+        raise ExportError(f"{path.name} keeps its weights in external data files; aggdec quantize reads graphs "
+                          "that hold their weights, as `aggdec export` writes them.")
+    return model
+
+
+def quantize_bundle(src_dir: str | Path, out_dir: str | Path, *, force: bool = False,
+                    options: QuantizeOptions = QuantizeOptions(),
+                    progress: Callable[[str], None] | None = print) -> Manifest:
+    """Write an int8 copy of the fp32 bundle ``src_dir`` to ``out_dir`` (see the module docstring).
+
+    The source bundle is checked like any bundle (schema, hashes, no links). The new bundle is
+    checked before it is written: the verifier must give each position bitwise the same result
+    in a block as alone (else ValidationError, nothing written), and the manifest records the
+    top-1 agreement and log-prob error against the fp32 graphs on the export validation shapes.
+    """
+    from .safety import guarded
+
+    return guarded(_quantize_bundle)(src_dir, out_dir, force=force, options=options, progress=progress)
+
+
+def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
+    import dataclasses
+
+    import onnx
+
+    from ..runtime.session import require_onnxruntime
+    from .safety import check_destination, make_temp, move_into_place, remove_temp
+
+    ort = require_onnxruntime()
+    src, out = Path(src_dir), Path(out_dir)
+    started = time.perf_counter()
+    manifest = load_manifest(src)
+    if manifest.precision != "fp32":
+        raise ExportError(f"{str(src)!r} is already quantized ({manifest.precision}); quantize the fp32 bundle it was "
+                          "made from.")
+    check_destination(src, out, force)
+    say = progress or (lambda message: None)
+    tmp = None
+    try:
+        tmp = make_temp(out)
+        say(f"[1/3] quantizing {', '.join(manifest.graphs)} (per-row int8 activations, per-column int8 weights)")
+        counts = {}
+        for name, spec in manifest.graphs.items():
+            model, counts[name] = quantize_model(_load_graph(src / spec.file), manifest.vocab_size, options)
+            if name == "verifier":
+                isolate_positions(model)
+            onnx.save(model, str(tmp / spec.file))
+        shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+
+        say("[2/3] checking the int8 verifier: each position alone == the same position in a block")
+        cases = _cases(manifest)
+        reference = {name: _session(ort, src / spec.file) for name, spec in manifest.graphs.items()}
+        quantized = {name: _session(ort, tmp / spec.file) for name, spec in manifest.graphs.items()}
+        q_driver = _Driver(quantized["encoder"], quantized["verifier"], manifest)
+        checked = check_position_independence(q_driver, cases)
+        say(f"      {checked} positions bitwise equal")
+        figures = _figures(_Driver(reference["encoder"], reference["verifier"], manifest), q_driver, cases)
+        figures["draft_agreement"] = None
+        if "drafter" in manifest.graphs:
+            figures["draft_agreement"] = _draft_agreement(
+                (_Driver(reference["encoder"], reference["verifier"], manifest), reference["drafter"]),
+                (q_driver, quantized["drafter"]), cases, manifest)
+        say(f"      against the fp32 graphs: top-1 agreement {figures['top1_agreement']:.4f}, log-prob error "
+            f"max {figures['max_logprob_error']:.4f} mean {figures['mean_logprob_error']:.4f}"
+            + (f", drafts in common {figures['draft_agreement']:.4f}" if figures["draft_agreement"] is not None
+               else ""))
+
+        say("[3/3] writing tokenizer and manifest")
+        files = {name: sha256_of(tmp / name) for name in manifest.files}
+        quantization = {"scheme": "per-row-int8", "reference": "fp32 graphs",
+                        "output_projection": options.output_projection,
+                        "quantized_matmuls": int(sum(counts.values())), **figures}
+        exporter = {**manifest.exporter, "onnx": onnx.__version__, "quantized_with_onnxruntime": ort.__version__}
+        new = dataclasses.replace(manifest, precision="int8", quantization=quantization, files=files,
+                                  exporter=exporter)
+        (tmp / MANIFEST_FILE).write_text(new.to_json(), encoding="utf-8")
+        tmp.chmod(0o755)
+        move_into_place(tmp, out)
+    except BaseException:
+        remove_temp(tmp)
+        raise
+    say(f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
+    return new

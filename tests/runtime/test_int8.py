@@ -1,0 +1,233 @@
+"""int8 bundles (`aggdec quantize`, `aggdec export --precision int8`): lossless against their own greedy.
+
+The int8 bundle's greedy is its reference (it may differ from fp32's). IAD, GAD and GAD++ at
+beta 1 must equal it token for token, for every family, at batch 1 and 4, with IO binding on
+and off; the quantizer itself refuses to write a verifier whose result for a position depends
+on the block it is verified in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from aggdec.cli import main
+from aggdec.runtime.decoding.iad import BlockOptions
+from aggdec.runtime.errors import BundleError, ProviderError, ValidationError
+from aggdec.runtime.generator import Generator, check_precision
+from aggdec.runtime.manifest import load_manifest
+from tests.runtime.test_bundle_hostile import _delete, _set, assert_cli_one_error, read, write
+from tests.runtime.test_gad import gad_bundle  # noqa: F401 - the fixture
+from tests.runtime.test_lossless import random_texts
+from tests.support.tiny import FAMILIES
+
+onnx = pytest.importorskip("onnx")
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="session")
+def int8(tmp_path_factory):
+    """fp32 bundle directory -> its int8 copy (quantized once per session)."""
+    from aggdec.export.quantize import quantize_bundle
+
+    made = {}
+
+    def make(fp32_dir):
+        if fp32_dir not in made:
+            out = tmp_path_factory.mktemp("int8") / "bundle"
+            quantize_bundle(fp32_dir, out, progress=None)
+            made[fp32_dir] = out
+        return made[fp32_dir]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def editing_gad_bundle(tmp_path_factory, editing_marian_dir, trained_drafter_dir):
+    from aggdec.export import export_bundle
+
+    out = tmp_path_factory.mktemp("editing-gad") / "bundle"
+    export_bundle(editing_marian_dir, out, drafter_dir=trained_drafter_dir, progress=None)
+    return out
+
+
+def assert_lossless(generator: Generator, texts: list[str], modes=("iad",)) -> None:
+    """Every mode (and IAD at fixed block sizes), at batch 1 and 4, equals the bundle's own greedy."""
+    expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW, batch_size=1)]
+    assert [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW, batch_size=4)] == expected
+    for batch_size in (1, 4):
+        for mode in modes:
+            extra = {"beta": 1, "tau": 5.0} if mode == "gad++" else {}
+            got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size, **extra)
+            assert [r.ids for r in got] == expected, f"{mode} at batch {batch_size} differs from greedy"
+    for max_block in (2, 7, 64):
+        got = generator.generate(texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=4,
+                                 block=BlockOptions(max_block=max_block, adaptive=False))
+        assert [r.ids for r in got] == expected, f"IAD with blocks of {max_block} differs from greedy"
+
+
+def assert_figures(manifest) -> None:
+    q = manifest.quantization
+    assert manifest.precision == "int8" and q is not None
+    assert q["scheme"] == "per-row-int8" and q["reference"] == "fp32 graphs" and q["quantized_matmuls"] > 0
+    assert 0.0 <= q["top1_agreement"] <= 1.0 and q["positions"] > 0
+    assert 0.0 <= q["mean_logprob_error"] <= q["max_logprob_error"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_int8_iad_equals_int8_greedy_for_every_family(family, bundle, int8):
+    root = int8(bundle(family))
+    manifest = load_manifest(root)
+    assert_figures(manifest)
+    assert manifest.quantization["draft_agreement"] is None
+    fp32 = load_manifest(bundle(family))
+    assert manifest.graphs == fp32.graphs and manifest.files.keys() == fp32.files.keys()
+    # every weight MatMul became MatMulInteger; the vocabulary projection included
+    verifier = onnx.load(str(root / "verifier.onnx"))
+    ops = [node.op_type for node in verifier.graph.node]
+    initializers = {init.name for init in verifier.graph.initializer}
+    assert ops.count("MatMulInteger") > 0 and ops.count("LogSoftmax") == 1 and ops.count("TopK") == 1
+    assert not any(node.op_type == "MatMul" and any(i in initializers for i in node.input)
+                   for node in verifier.graph.node)
+    texts = random_texts(seed=40 + FAMILIES.index(family), count=12)
+    bound, unbound = Generator(root, io_binding=True), Generator(root, io_binding=False)
+    assert_lossless(bound, texts)
+    for mode in ("greedy", "iad"):
+        assert [r.ids for r in bound.generate(texts, mode=mode, max_new_tokens=MAX_NEW)] == \
+            [r.ids for r in unbound.generate(texts, mode=mode, max_new_tokens=MAX_NEW)]
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_int8_gad_equals_int8_greedy_with_a_random_drafter(family, gad_bundle, int8):  # noqa: F811
+    root = int8(gad_bundle(family))
+    assert load_manifest(root).quantization["draft_agreement"] is not None
+    assert_lossless(Generator(root), random_texts(seed=50, count=10), modes=("iad", "gad", "gad++"))
+
+
+def test_int8_editing_model_with_its_trained_drafter(editing_gad_bundle, int8):
+    """The trained toy editor: real drafts are accepted, so blocks are long; IO binding on and off."""
+    from tests.support import tiny
+    import random
+
+    rng = random.Random("int8-editing")
+    texts = [tiny.make_editing_pair(rng)[0] for _ in range(16)]
+    root = int8(editing_gad_bundle)
+    assert_figures(load_manifest(root))
+    for io_binding in (True, False):
+        generator = Generator(root, io_binding=io_binding)
+        assert_lossless(generator, texts, modes=("iad", "gad", "gad++"))
+    gad = Generator(root).generate(texts, mode="gad", max_new_tokens=MAX_NEW, batch_size=1)
+    assert max(max(r.stats.accepted) for r in gad) > 2  # the drafter is really used
+
+
+def test_export_precision_int8_and_the_quantize_command(random_checkpoint, bundle, tmp_path, capsys):
+    from aggdec.export import export_bundle
+
+    manifest = export_bundle(random_checkpoint("bart"), tmp_path / "exported", precision="int8", progress=None)
+    assert_figures(manifest)
+    assert load_manifest(tmp_path / "exported") == manifest
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # the fp32 scratch bundle is gone
+    code = main(["quantize", str(bundle("bart")), str(tmp_path / "cli"), "--fp32-output-projection"])
+    assert code == 0, capsys.readouterr().err
+    cli = load_manifest(tmp_path / "cli")
+    assert cli.quantization["output_projection"] is False
+    assert cli.quantization["quantized_matmuls"] == manifest.quantization["quantized_matmuls"] - 1
+    # an int8 bundle is not quantized twice; an existing OUT_DIR needs --force
+    assert main(["quantize", str(tmp_path / "cli"), str(tmp_path / "again")]) == 2
+    assert "is already quantized (int8)" in capsys.readouterr().err
+    assert main(["quantize", str(bundle("bart")), str(tmp_path / "cli")]) == 2
+    assert "--force" in capsys.readouterr().err
+    with pytest.raises(Exception, match="precision"):
+        export_bundle(random_checkpoint("bart"), tmp_path / "x", precision="int4", progress=None)
+
+
+def test_the_quantizer_refuses_a_verifier_that_couples_positions(bundle, tmp_path):
+    """onnxruntime's own dynamic quantization (one activation scale per tensor) couples the
+    positions of a block; the quantizer's check must catch it, and pass the per-row graph."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from aggdec.export.quantize import _cases, _Driver, _session, check_position_independence
+    from aggdec.runtime.session import ort
+
+    fp32 = bundle("marian")
+    manifest = load_manifest(fp32)
+    quantize_dynamic(str(fp32 / "verifier.onnx"), str(tmp_path / "dynamic.onnx"), weight_type=QuantType.QInt8)
+    encoder = _session(ort, fp32 / "encoder.onnx")
+    coupled = _Driver(encoder, _session(ort, tmp_path / "dynamic.onnx"), manifest)
+    with pytest.raises(ValidationError, match="depends on the block"):
+        check_position_independence(coupled, _cases(manifest))
+
+
+def test_an_int8_bundle_is_refused_off_the_cpu(bundle, int8, monkeypatch):
+    import aggdec.runtime.generator as generator_module
+
+    root = int8(bundle("marian"))
+    with pytest.raises(ProviderError, match="int8 bundle, which runs on device 'cpu' only, not 'cuda'"):
+        check_precision(load_manifest(root), "cuda", root)
+    check_precision(load_manifest(root), "cpu", root)
+    check_precision(load_manifest(bundle("marian")), "cuda")  # fp32 runs anywhere
+    # through Generator, on a machine without a GPU: the device check passes, no session is made
+    monkeypatch.setattr(generator_module, "check_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(generator_module, "OrtSession", lambda *a, **k: pytest.fail("a session was made"))
+    with pytest.raises(ProviderError, match="Use device 'cpu'"):
+        Generator(root, device="cuda")
+
+
+@pytest.fixture()
+def int8_copy(bundle, int8, tmp_path):
+    target = tmp_path / "bundle"
+    shutil.copytree(int8(bundle("marian")), target)
+    return target
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: _set(m, ("precision",), "int4"), "precision must be one of fp32, int8, got 'int4'"),
+    (lambda m: _set(m, ("precision",), 8), "precision must be one of fp32, int8, got 8"),
+    (lambda m: _set(m, ("precision",), "fp32"), "quantization must be set exactly when precision is not fp32"),
+    (lambda m: _set(m, ("quantization",), None), "quantization must be set exactly when precision is not fp32"),
+    (lambda m: _set(m, ("quantization", "top1_agreement"), 1.5), "top1_agreement must be a number from 0.0 to 1.0"),
+    (lambda m: _set(m, ("quantization", "max_logprob_error"), "0.1"), "max_logprob_error must be a finite number"),
+    (lambda m: _set(m, ("quantization", "output_projection"), 1), "output_projection must be true or false"),
+    (lambda m: _set(m, ("quantization", "scheme"), "per-tensor"), "scheme must be one of per-row-int8"),
+    (lambda m: _set(m, ("quantization", "extra"), 1), "has unknown keys 'extra'"),
+    (lambda m: _delete(m, ("quantization", "positions")), "is missing 'positions'"),
+])
+def test_hostile_precision_fields_are_refused(int8_copy, edit, needle, capsys):
+    write(int8_copy, edit(read(int8_copy)))
+    with pytest.raises(BundleError) as error:
+        load_manifest(int8_copy, verify=False)
+    assert needle in str(error.value)
+    assert_cli_one_error(int8_copy, capsys, needle)
+
+
+def test_a_manifest_without_precision_is_fp32(bundle, tmp_path):
+    """Bundles written before precision existed still load, as fp32."""
+    root = tmp_path / "old"
+    shutil.copytree(bundle("marian"), root)
+    manifest = read(root)
+    assert manifest.pop("precision") == "fp32" and manifest.pop("quantization") is None
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    loaded = load_manifest(root)
+    assert loaded.precision == "fp32" and loaded.quantization is None
+    Generator(root).generate(["w1 w2"], max_new_tokens=2)
+
+
+def test_quantized_graph_is_rewritten_as_designed(bundle, int8):
+    """What keeps positions apart, checked on the graph: activations are quantized by a per-row
+    ReduceMax (never DynamicQuantizeLinear), and each activation x activation MatMul multiplies
+    one row at a time."""
+    model = onnx.load(str(int8(bundle("t5")) / "verifier.onnx"))
+    ops = {node.op_type for node in model.graph.node}
+    assert "DynamicQuantizeLinear" not in ops and "MatMulNBits" not in ops
+    for node in model.graph.node:
+        if node.op_type == "ReduceMax":
+            axes = [list(a.ints) for a in node.attribute if a.name == "axes"]
+            assert axes == [[-1]]
+    producers = {out: node for node in model.graph.node for out in node.output}
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    assert matmuls and all(producers[n.input[0]].op_type == "Unsqueeze" for n in matmuls)
+    zero_points = [init for init in model.graph.initializer if init.name.startswith("row_zero_point")]
+    assert len(zero_points) == 1 and onnx.numpy_helper.to_array(zero_points[0]).tolist() == 128
