@@ -15,10 +15,31 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
+from ..runtime.manifest import (
+    MANIFEST_FILE,
+    TOKENIZER_FILE,
+    Manifest,
+    manifest_digest,
+    sha256_of,
+)
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
-from .safety import check_destination, check_options, guarded, make_temp, move_into_place, one_line, remove_temp
+from .positions import (
+    Driver,
+    check_position_independence,
+    cpu_session,
+    isolate_positions,
+    validation_cases,
+)
+from .safety import (
+    check_destination,
+    check_options,
+    guarded,
+    make_temp,
+    move_into_place,
+    one_line,
+    remove_temp,
+)
 from .specs import drafter_spec, dynamic_axes, encoder_spec, verifier_spec
 from .validate import drafter_cases, reference_cases, validate, validate_drafter
 
@@ -185,6 +206,7 @@ def export_bundle(
         verifier_graph = VerifierGraph(model, parts, top_k, suppressed, vocab).eval()
         _trace(encoder_graph, _encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
         _trace(verifier_graph, _verifier_dummy(layers, heads, head_dim), tmp / ver_spec.file, ver_spec, opset)
+        _isolate_positions(tmp / ver_spec.file)
         graphs = {"encoder": enc_spec, "verifier": ver_spec}
         if drafter is not None:
             from .drafter import DrafterGraph
@@ -241,6 +263,10 @@ def export_bundle(
             exporter={"torch": torch.__version__, "transformers": transformers.__version__,
                       "onnxruntime": ort.__version__},
         )
+        checked = check_position_independence(
+            Driver(cpu_session(ort, tmp / enc_spec.file), cpu_session(ort, tmp / ver_spec.file), manifest),
+            validation_cases(manifest))
+        _say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
         tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
         move_into_place(tmp, out)
@@ -266,6 +292,16 @@ def _export_quantized(src_dir, out_dir, *, force: bool, precision: str, progress
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.fp32.", dir=out.parent) as scratch:
         export_bundle(src, Path(scratch) / "fp32", progress=progress, **options)
         return quantize_bundle(Path(scratch) / "fp32", out, force=force, progress=progress)
+
+
+def _isolate_positions(path: Path) -> None:
+    """Rewrite the traced verifier so each block position is computed as it would be alone
+    (see export/positions.py): what makes IAD/GAD equal greedy by construction."""
+    import onnx
+
+    model = onnx.load(str(path))
+    isolate_positions(model)
+    onnx.save(model, str(path))
 
 
 def _load_drafter(drafter_dir: str | Path, vocab: int, d_model: int):

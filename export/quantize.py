@@ -40,9 +40,25 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names
-from ..runtime.errors import ExportError, ValidationError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, sha256_of
+from ..runtime.errors import ExportError
+from ..runtime.manifest import (
+    MANIFEST_FILE,
+    TOKENIZER_FILE,
+    Manifest,
+    load_manifest,
+    manifest_digest,
+    sha256_of,
+)
+from .positions import (
+    NEW_LENS,
+    PAST_LENS,
+    Case,
+    Driver,
+    check_position_independence,
+    cpu_session,
+    isolate_positions,
+    validation_cases,
+)
 
 PRECISIONS = ("fp32", "int8")
 ROW_QMAX = 127.0  # activations: symmetric int8, [-127, 127], shifted to uint8 [1, 255]
@@ -227,171 +243,7 @@ def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOp
     return model, rewriter.quantized
 
 
-def isolate_positions(model) -> tuple[object, int]:
-    """Make every MatMul between two activations (attention scores Q.K^T, weights.V) compute
-    each position as a matrix of its own row: A [..., T, K] -> [..., T, 1, K], B [..., K, N] ->
-    [..., 1, K, N], product [..., T, 1, N] -> [..., T, N].
-
-    Why: MLAS's float32 GEMM picks its kernel and summation order by the number of rows M, so
-    row t of a [T, K] x [K, N] product is not bitwise the product of row t alone (measured on
-    the reference verifier: Q.K^T differs by 7e-7 between a block of 7 and one position).
-    Greedy multiplies one row (M = 1); after this rewrite a block does T products of M = 1
-    each, the same kernel on the same numbers. Weight MatMuls need no such care: their int32
-    MatMulInteger is exact whatever the kernel. Changes ``model`` in place; returns it and the
-    number of MatMuls rewritten."""
-    from onnx import helper
-
-    graph = model.graph
-    inits = {init.name for init in graph.initializer}
-    names = {n for node in graph.node for n in (*node.input, *node.output)} | inits
-    axes: dict[int, str] = {}
-
-    def fresh(base: str) -> str:
-        name, index = base, 0
-        while name in names:
-            index += 1
-            name = f"{base}_{index}"
-        names.add(name)
-        return name
-
-    def axis(value: int) -> str:
-        if value not in axes:
-            axes[value] = fresh(f"isolate_axis_{'m' if value < 0 else ''}{abs(value)}")
-            graph.initializer.append(helper.make_tensor(axes[value], 7, [1], [value]))  # 7: INT64
-        return axes[value]
-
-    rewritten, count = [], 0
-    for node in graph.node:
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or any(i in inits for i in node.input):
-            rewritten.append(node)
-            continue
-        base = (node.name or node.output[0]).strip("/").replace("/", "_")
-        rows, columns, product = fresh(f"{base}_rows"), fresh(f"{base}_columns"), fresh(f"{base}_per_row")
-        rewritten += [
-            helper.make_node("Unsqueeze", [node.input[0], axis(-2)], [rows], name=fresh(f"{base}/IsolateRows")),
-            helper.make_node("Unsqueeze", [node.input[1], axis(-3)], [columns], name=fresh(f"{base}/BroadcastB")),
-            helper.make_node("MatMul", [rows, columns], [product], name=fresh(f"{base}/PerRowMatMul")),
-            helper.make_node("Squeeze", [product, axis(-2)], [node.output[0]], name=fresh(f"{base}/Join")),
-        ]
-        count += 1
-    del graph.node[:]
-    graph.node.extend(rewritten)
-    return model, count
-
-
-# ------------------------------------------------------------------ checks on the written graphs
-
-# the export validation's shapes (export/validate.py, which needs torch): batches, past and new lengths
-BATCHES, PAST_LENS, NEW_LENS, SOURCE_LEN = (1, 3), (0, 5), (1, 2, 7), 9
-
-
-class _Plain:
-    """An onnxruntime session as the runtime's Session protocol (``run`` with named outputs)."""
-
-    def __init__(self, session) -> None:
-        self.session = session
-        self.names = [o.name for o in session.get_outputs()]
-
-    def run(self, feeds: dict) -> dict:
-        return dict(zip(self.names, self.session.run(None, feeds)))
-
-
-def _session(ort, path: Path):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1  # validation is small; never compete with the caller for cores
-    return _Plain(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
-
-
-@dataclass
-class _Case:
-    ids: np.ndarray
-    mask: np.ndarray
-    prefix: np.ndarray
-    kept: np.ndarray
-    new_ids: np.ndarray
-
-
-def _cases(manifest: Manifest, seed: int = 0) -> list[_Case]:
-    """Random sources, prefixes and blocks at the export validation's shapes; rows after the
-    first keep only part of their prefix, as after a rejected draft."""
-    rng = np.random.default_rng(seed)
-    vocab, pad = manifest.vocab_size, manifest.pad_token_id
-    low = min(3, vocab - 1)
-    cases = []
-    for batch in BATCHES:
-        lengths = [SOURCE_LEN] + [int(rng.integers(2, SOURCE_LEN + 1)) for _ in range(batch - 1)]
-        ids = np.full((batch, SOURCE_LEN), pad, dtype=np.int64)
-        mask = np.zeros((batch, SOURCE_LEN), dtype=np.int64)
-        for row, length in enumerate(lengths):
-            ids[row, :length] = rng.integers(low, vocab, size=length)
-            mask[row, :length] = 1
-        for past in PAST_LENS:
-            for new in NEW_LENS:
-                prefix = rng.integers(low, vocab, size=(batch, past)).astype(np.int64)
-                kept = np.array([past] + [int(rng.integers(0, past + 1)) for _ in range(batch - 1)], dtype=np.int64)
-                cases.append(_Case(ids, mask, prefix, kept, rng.integers(low, vocab, size=(batch, new)).astype(np.int64)))
-    return cases
-
-
-class _Driver:
-    """Runs encoder + verifier the way the runtime does: fill a cache with the prefix, then
-    continue from each row's kept length."""
-
-    def __init__(self, encoder, verifier, manifest: Manifest) -> None:
-        self.encoder, self.verifier, self.m = encoder, verifier, manifest
-
-    def encode(self, case: _Case) -> dict:
-        out = self.encoder.run({"input_ids": case.ids, "attention_mask": case.mask})
-        return {"hidden": out["encoder_hidden_states"], **{n: out[n] for n in cross_names(self.m.decoder_layers)}}
-
-    def call(self, case: _Case, encoded: dict, cache: dict, ids: np.ndarray, lengths: np.ndarray):
-        layers = self.m.decoder_layers
-        cross = {n: encoded[n] for n in cross_names(layers)}
-        out = self.verifier.run({"input_ids": ids, "past_lengths": lengths, **cache, **cross,
-                                 "encoder_attention_mask": case.mask})
-        written = dict(zip(self_cache_names(layers), (out[n] for n in self_cache_out_names(layers))))
-        return out["top_logprobs"], out["top_ids"], written
-
-    def prefill(self, case: _Case, encoded: dict) -> dict:
-        m = self.m
-        batch, new = case.new_ids.shape
-        capacity = case.prefix.shape[1] + new + 3
-        cache = {n: np.zeros((batch, m.num_heads, capacity, m.head_dim), np.float32)
-                 for n in self_cache_names(m.decoder_layers)}
-        if case.prefix.shape[1]:
-            cache = self.call(case, encoded, cache, case.prefix, np.zeros(batch, dtype=np.int64))[2]
-        return cache
-
-
-def check_position_independence(driver: _Driver, cases: list[_Case]) -> int:
-    """The verifier on a block of T positions must return, bitwise, what it returns for each
-    position alone on the same cache (log-probs, ids and the cache it writes): the property
-    that makes IAD/GAD equal greedy. Raises ValidationError naming the first difference."""
-    checked = 0
-    for case in cases:
-        batch, new = case.new_ids.shape
-        encoded = driver.encode(case)
-        cache = driver.prefill(case, encoded)
-        block_lp, block_ids, block_cache = driver.call(case, encoded, dict(cache), case.new_ids, case.kept)
-        single = dict(cache)
-        for t in range(new):
-            lp, ids, single = driver.call(case, encoded, single, case.new_ids[:, t : t + 1], case.kept + t)
-            where = f"batch {batch}, prefix {case.prefix.shape[1]}, block {new}, position {t}"
-            if not (np.array_equal(lp[:, 0], block_lp[:, t]) and np.array_equal(ids[:, 0], block_ids[:, t])):
-                worst = float(np.abs(lp[:, 0] - block_lp[:, t]).max())
-                raise ValidationError(f"the verifier's result for one position depends on the block it is verified "
-                                      f"in ({where}: log-probs differ by up to {worst:.2e}); IAD/GAD would not "
-                                      "equal greedy. Report this with your onnxruntime version.")
-            checked += 1
-        for name, values in block_cache.items():
-            if not np.array_equal(values, single[name]):
-                raise ValidationError(f"the verifier writes a different {name} for a block than position by position "
-                                      f"(batch {batch}, block {new}); IAD/GAD would not equal greedy.")
-    return checked
-
-
-def _figures(reference: _Driver, quantized: _Driver, cases: list[_Case]) -> dict:
+def _figures(reference: Driver, quantized: Driver, cases: list[Case]) -> dict:
     """Top-1 agreement and log-prob error of the quantized verifier against the fp32 one."""
     agree = positions = 0
     errors: list[np.ndarray] = []
@@ -415,7 +267,7 @@ def _figures(reference: _Driver, quantized: _Driver, cases: list[_Case]) -> dict
             "mean_logprob_error": round(float(error.mean()) if error.size else 0.0, 6)}
 
 
-def _draft_agreement(reference: tuple[_Driver, object], quantized: tuple[_Driver, object], cases: list[_Case],
+def _draft_agreement(reference: tuple[Driver, object], quantized: tuple[Driver, object], cases: list[Case],
                      manifest: Manifest) -> float:
     """Share of drafted ids the quantized drafter (on the quantized encoder) has in common with
     the fp32 one (on the fp32 encoder): drafts only change speed, never the output."""
@@ -495,17 +347,17 @@ def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
 
         say("[2/3] checking the int8 verifier: each position alone == the same position in a block")
-        cases = _cases(manifest)
-        reference = {name: _session(ort, src / spec.file) for name, spec in manifest.graphs.items()}
-        quantized = {name: _session(ort, tmp / spec.file) for name, spec in manifest.graphs.items()}
-        q_driver = _Driver(quantized["encoder"], quantized["verifier"], manifest)
+        cases = validation_cases(manifest)
+        reference = {name: cpu_session(ort, src / spec.file) for name, spec in manifest.graphs.items()}
+        quantized = {name: cpu_session(ort, tmp / spec.file) for name, spec in manifest.graphs.items()}
+        q_driver = Driver(quantized["encoder"], quantized["verifier"], manifest)
         checked = check_position_independence(q_driver, cases)
         say(f"      {checked} positions bitwise equal")
-        figures = _figures(_Driver(reference["encoder"], reference["verifier"], manifest), q_driver, cases)
+        figures = _figures(Driver(reference["encoder"], reference["verifier"], manifest), q_driver, cases)
         figures["draft_agreement"] = None
         if "drafter" in manifest.graphs:
             figures["draft_agreement"] = _draft_agreement(
-                (_Driver(reference["encoder"], reference["verifier"], manifest), reference["drafter"]),
+                (Driver(reference["encoder"], reference["verifier"], manifest), reference["drafter"]),
                 (q_driver, quantized["drafter"]), cases, manifest)
         say(f"      against the fp32 graphs: top-1 agreement {figures['top1_agreement']:.4f}, log-prob error "
             f"max {figures['max_logprob_error']:.4f} mean {figures['mean_logprob_error']:.4f}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names
+from ..runtime.decoding.cache import cross_names, self_cache_names
 from ..runtime.errors import ValidationError
 
 BATCHES = (1, 3)
@@ -167,7 +167,7 @@ def _run_verifier(encoder_session, verifier_session, case: VerifierCase, layers:
     rng = np.random.default_rng(past * 10 + new)
     outputs = encoder_session.run(None, {"input_ids": src.input_ids, "attention_mask": src.attention_mask})
     cross = dict(zip(cross_names(layers), outputs[1:]))
-    names, out_names = self_cache_names(layers), self_cache_out_names(layers)
+    names = self_cache_names(layers)
     buffers = {name: rng.standard_normal((batch, heads, capacity, head_dim)).astype(np.float32) for name in names}
 
     def call(ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

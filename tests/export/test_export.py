@@ -31,6 +31,50 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
     assert manifest.family == ("t5" if family == "mt5" else family)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_attention_product_of_the_verifier_is_one_row_per_position(family, bundle):
+    """A float GEMM may sum in another order for a block of T rows than for one row, so the
+    verifier multiplies each position's attention as a one-row matrix (export/positions.py);
+    the export then proved the result bitwise equal alone and in blocks (its check)."""
+    import onnx
+
+    graph = onnx.load(str(bundle(family) / "verifier.onnx")).graph
+    constants = {init.name for init in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    products = [node for node in graph.node if node.op_type == "MatMul" and not set(node.input) & constants]
+    assert products  # Q.K^T and weights.V of every self- and cross-attention layer
+    for node in products:
+        rows = producers[node.input[0]]
+        assert rows.op_type == "Unsqueeze" and "IsolateRows" in rows.name, node.name
+
+
+def test_the_position_check_catches_a_verifier_whose_positions_interact(bundle, tmp_path):
+    """The export's check fails a verifier where one position's result depends on the others:
+    here the block's log-probs are shifted by the block's own mean, as a per-tensor scale would."""
+    import onnx
+    from onnx import helper
+
+    from aggdec.export.positions import Driver, check_position_independence, cpu_session, validation_cases
+    from aggdec.runtime.session import ort
+
+    root = bundle("marian")
+    model = onnx.load(str(root / "verifier.onnx"))
+    out = next(o for o in model.graph.output if o.name == "top_logprobs")
+    for node in model.graph.node:
+        node.output[:] = ["coupled_in" if o == out.name else o for o in node.output]
+    model.graph.node.extend([
+        helper.make_node("ReduceMean", ["coupled_in"], ["block_mean"], keepdims=1),
+        helper.make_node("Sub", ["coupled_in", "block_mean"], [out.name]),
+    ])
+    onnx.save(model, str(tmp_path / "coupled.onnx"))
+    manifest = load_manifest(root)
+    coupled = Driver(cpu_session(ort, root / "encoder.onnx"), cpu_session(ort, tmp_path / "coupled.onnx"), manifest)
+    with pytest.raises(ValidationError, match="depends on the block"):
+        check_position_independence(coupled, validation_cases(manifest))
+    plain = Driver(cpu_session(ort, root / "encoder.onnx"), cpu_session(ort, root / "verifier.onnx"), manifest)
+    assert check_position_independence(plain, validation_cases(manifest)) > 0
+
+
 def test_validation_catches_a_wrong_graph(random_checkpoint, tmp_path, monkeypatch):
     """A family adapter with BART's position offset applied to Marian must fail validation."""
     wrong = dataclasses.replace(

@@ -149,16 +149,16 @@ def test_the_quantizer_refuses_a_verifier_that_couples_positions(bundle, tmp_pat
     positions of a block; the quantizer's check must catch it, and pass the per-row graph."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from aggdec.export.quantize import _cases, _Driver, _session, check_position_independence
+    from aggdec.export.positions import Driver, check_position_independence, cpu_session, validation_cases
     from aggdec.runtime.session import ort
 
     fp32 = bundle("marian")
     manifest = load_manifest(fp32)
     quantize_dynamic(str(fp32 / "verifier.onnx"), str(tmp_path / "dynamic.onnx"), weight_type=QuantType.QInt8)
-    encoder = _session(ort, fp32 / "encoder.onnx")
-    coupled = _Driver(encoder, _session(ort, tmp_path / "dynamic.onnx"), manifest)
+    encoder = cpu_session(ort, fp32 / "encoder.onnx")
+    coupled = Driver(encoder, cpu_session(ort, tmp_path / "dynamic.onnx"), manifest)
     with pytest.raises(ValidationError, match="depends on the block"):
-        check_position_independence(coupled, _cases(manifest))
+        check_position_independence(coupled, validation_cases(manifest))
 
 
 def test_an_int8_bundle_is_refused_off_the_cpu(bundle, int8, monkeypatch):
