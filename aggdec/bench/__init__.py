@@ -82,7 +82,8 @@ def _exported_bundle(checkpoint: Path | None, work: Path) -> tuple[Path, Path]:
     has_drafter = (drafter / "drafter.json").is_file()
     made_from = {"checkpoint": str(checkpoint.resolve()), "checkpoint_sha256": _checkpoint_digest(checkpoint),
                  "drafter": str(drafter) if has_drafter else None,
-                 "drafter_sha256": _checkpoint_digest(drafter) if has_drafter else None}
+                 "drafter_sha256": _checkpoint_digest(drafter) if has_drafter else None,
+                 "exporter_sha256": _exporter_digest()}
     bundle = work / ("bundle-" + hashlib.sha256(made_from["checkpoint"].encode()).hexdigest()[:12])
     stamp = bundle.with_name(bundle.name + ".made-from.json")
     if (bundle / "manifest.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == made_from:
@@ -96,6 +97,18 @@ def _exported_bundle(checkpoint: Path | None, work: Path) -> tuple[Path, Path]:
                   progress=lambda message: print(f"aggdec bench: {message}", file=sys.stderr, flush=True))
     stamp.write_text(json.dumps(made_from, indent=1))
     return bundle, checkpoint
+
+
+def _exporter_digest() -> str:
+    """The export code's own digest: a bundle from an older exporter is exported again."""
+    import hashlib
+
+    import aggdec.export
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(aggdec.export.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 def _usable_devices(devices: tuple[str, ...], notes: list[str]) -> list[str]:
