@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, TextIO
 
+from aggdec.runtime.bundle_schema import PRECISIONS
 from aggdec.runtime.errors import AggdecError, InputError
 
 
@@ -57,7 +58,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     export.add_argument("--max-source-len", type=int, help="longest source in tokens (default: the model's)")
     export.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")
     export.add_argument("--drafter", metavar="DRAFTER_DIR", help="add drafter.onnx from `aggdec train-drafter` (GAD)")
-    export.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+    export.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (default), or int8 for the CPU: the fp32 export, then `aggdec quantize`")
 
     quantize = commands.add_parser("quantize", help="an int8 copy of an fp32 bundle, for the CPU (no torch needed)")

@@ -15,31 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import (
-    MANIFEST_FILE,
-    TOKENIZER_FILE,
-    Manifest,
-    manifest_digest,
-    sha256_of,
-)
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
-from .positions import (
-    Driver,
-    check_position_independence,
-    cpu_session,
-    isolate_positions,
-    validation_cases,
-)
-from .safety import (
-    check_destination,
-    check_options,
-    guarded,
-    make_temp,
-    move_into_place,
-    one_line,
-    remove_temp,
-)
+from .positions import Driver, check_position_independence, cpu_session, isolate_positions, validation_cases
+from .safety import check_destination, check_options, guarded, make_temp, move_into_place, one_line, remove_temp
 from .specs import drafter_spec, dynamic_axes, encoder_spec, verifier_spec
 from .validate import drafter_cases, reference_cases, validate, validate_drafter
 
@@ -281,7 +261,8 @@ def export_bundle(
 def _export_quantized(src_dir, out_dir, *, force: bool, precision: str, progress, **options) -> Manifest:
     import tempfile
 
-    from .quantize import PRECISIONS, quantize_bundle
+    from ..runtime.bundle_schema import PRECISIONS
+    from .quantize import quantize_bundle
 
     if precision not in PRECISIONS:
         raise ExportError(f"--precision {precision!r} is not supported; choose one of: {', '.join(PRECISIONS)}.")

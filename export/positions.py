@@ -25,6 +25,9 @@ from ..runtime.errors import ValidationError
 from ..runtime.manifest import Manifest
 
 
+ISOLATE_ROWS = "/IsolateRows"  # the name suffix of the Unsqueeze that makes a position a one-row matrix
+
+
 def isolate_positions(model) -> tuple[object, int]:
     """Make every MatMul between two activations (attention scores Q.K^T, weights.V) compute
     each position as a matrix of its own row: A [..., T, K] -> [..., T, 1, K], B [..., K, N] ->
@@ -34,9 +37,12 @@ def isolate_positions(model) -> tuple[object, int]:
     row t of a [T, K] x [K, N] product is not bitwise the product of row t alone (measured on
     the reference verifier: Q.K^T differs by 7e-7 between a block of 7 and one position).
     Greedy multiplies one row (M = 1); after this rewrite a block does T products of M = 1
-    each, the same kernel on the same numbers. Weight MatMuls need no such care: their int32
-    MatMulInteger is exact whatever the kernel. Changes ``model`` in place; returns it and the
-    number of MatMuls rewritten."""
+    each, the same kernel on the same numbers. Weight MatMuls need no such care: in fp32 their
+    kernel sums in the same order whatever M (the check below proves it on every bundle), in
+    int8 their MatMulInteger is exact. A product already isolated is left as it is, so a
+    bundle exported with this rewrite can be quantized (which applies it again for bundles
+    exported before it). Changes ``model`` in place; returns it and the number of MatMuls
+    rewritten."""
     from onnx import helper
 
     graph = model.graph
@@ -58,15 +64,22 @@ def isolate_positions(model) -> tuple[object, int]:
             graph.initializer.append(helper.make_tensor(axes[value], 7, [1], [value]))  # 7: INT64
         return axes[value]
 
+    producers = {out: node for node in graph.node for out in node.output}
+
+    def isolated(node) -> bool:
+        rows = producers.get(node.input[0])
+        return rows is not None and rows.op_type == "Unsqueeze" and ISOLATE_ROWS in rows.name
+
     rewritten, count = [], 0
     for node in graph.node:
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or any(i in inits for i in node.input):
+        if (node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or any(i in inits for i in node.input)
+                or isolated(node)):
             rewritten.append(node)
             continue
         base = (node.name or node.output[0]).strip("/").replace("/", "_")
         rows, columns, product = fresh(f"{base}_rows"), fresh(f"{base}_columns"), fresh(f"{base}_per_row")
         rewritten += [
-            helper.make_node("Unsqueeze", [node.input[0], axis(-2)], [rows], name=fresh(f"{base}/IsolateRows")),
+            helper.make_node("Unsqueeze", [node.input[0], axis(-2)], [rows], name=fresh(f"{base}{ISOLATE_ROWS}")),
             helper.make_node("Unsqueeze", [node.input[1], axis(-3)], [columns], name=fresh(f"{base}/BroadcastB")),
             helper.make_node("MatMul", [rows, columns], [product], name=fresh(f"{base}/PerRowMatMul")),
             helper.make_node("Squeeze", [product, axis(-2)], [node.output[0]], name=fresh(f"{base}/Join")),

@@ -41,26 +41,10 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import (
-    MANIFEST_FILE,
-    TOKENIZER_FILE,
-    Manifest,
-    load_manifest,
-    manifest_digest,
-    sha256_of,
-)
-from .positions import (
-    NEW_LENS,
-    PAST_LENS,
-    Case,
-    Driver,
-    check_position_independence,
-    cpu_session,
-    isolate_positions,
-    validation_cases,
-)
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, sha256_of
+from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_position_independence, cpu_session,
+                        isolate_positions, validation_cases)
 
-PRECISIONS = ("fp32", "int8")
 ROW_QMAX = 127.0  # activations: symmetric int8, [-127, 127], shifted to uint8 [1, 255]
 A_ZERO_POINT = 128
 # the smallest normal float32: the scale of an all-zero row (its quantized values are 0 anyway)
@@ -70,10 +54,8 @@ TINY_SCALE = float(np.finfo(np.float32).tiny)
 @dataclass(frozen=True)
 class QuantizeOptions:
     # the [d_model, vocab] output projection (lm_head, the drafter's head): most of a verifier
-    # step's multiply-adds; quantized by default (see docs-int8.md for the measurement)
+    # step's multiply-adds; quantized by default (README, int8 bundles, has the measurement)
     output_projection: bool = True
-    # MatMulIntegerToFloat (onnxruntime contrib op) instead of MatMulInteger + Cast + Mul
-    fused: bool = False
 
 
 # ------------------------------------------------------------------ one graph
@@ -98,7 +80,6 @@ class _Rewriter:
         self.weights: dict[str, tuple[str, str]] = {}  # fp32 weight -> (int8 weight, column scales)
         self.rows: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales)
         self.quantized = 0
-        self.kept_float: list[str] = []
 
     def _name(self, base: str) -> str:
         name, index = base, 0
@@ -174,15 +155,12 @@ class _Rewriter:
         weight = self.inits[node.input[1]]
         if weight.data_type != self.TensorProto.FLOAT or len(weight.dims) != 2:
             return False
-        if weight.dims[1] == self.vocab_size and not self.options.output_projection:
-            self.kept_float.append(node.name)
-            return False
-        return True
+        return weight.dims[1] != self.vocab_size or self.options.output_projection
 
     def run(self):
         from onnx import helper
 
-        zero_point = one = None
+        zero_point = None
         rewritten = []
         replaced_weights: set[str] = set()
         for node in self.graph.node:
@@ -196,22 +174,6 @@ class _Rewriter:
             rows, row_scale = self._rows(activation, rewritten)
             quantized_weight, column_scale = self._weight(weight)
             replaced_weights.add(weight)
-            if self.options.fused:
-                # onnxruntime's MatMulIntegerToFloat: the same exact int32 product, scaled per column
-                # (a_scale 1 x column scale) in the GEMM's own per-element post-processing, which
-                # saves a Cast and a Mul pass over the output; the row scale follows. Its a_scale
-                # can only be per tensor, so the row scale cannot go inside.
-                if one is None:
-                    one = self._constant("row_unit_scale", np.array(1.0, dtype=np.float32))
-                by_column = self._name(f"{base}_column_scaled")
-                rewritten += [
-                    helper.make_node("MatMulIntegerToFloat", [rows, quantized_weight, one, column_scale, zero_point],
-                                     [by_column], domain="com.microsoft", name=self._name(f"{base}/MatMulIntegerToFloat")),
-                    helper.make_node("Mul", [by_column, row_scale], [node.output[0]],
-                                     name=self._name(f"{base}/RowScaleMul")),
-                ]
-                self.quantized += 1
-                continue
             accumulated, as_float, by_row = (self._name(f"{base}_{s}") for s in ("int32", "float", "row_scaled"))
             rewritten += [
                 helper.make_node("MatMulInteger", [rows, quantized_weight, zero_point], [accumulated],
@@ -225,8 +187,6 @@ class _Rewriter:
             self.quantized += 1
         del self.graph.node[:]
         self.graph.node.extend(rewritten)
-        if self.options.fused and self.quantized and not any(o.domain == "com.microsoft" for o in self.model.opset_import):
-            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         still_used = {name for node in self.graph.node for name in node.input}
         unused = [init for init in self.graph.initializer if init.name in replaced_weights and init.name not in
                   still_used]

@@ -46,6 +46,11 @@ def test_every_attention_product_of_the_verifier_is_one_row_per_position(family,
     for node in products:
         rows = producers[node.input[0]]
         assert rows.op_type == "Unsqueeze" and "IsolateRows" in rows.name, node.name
+    # the rewrite is idempotent: quantizing a bundle exported with it applies it again
+    from aggdec.export.positions import isolate_positions
+
+    model = onnx.load(str(bundle(family) / "verifier.onnx"))
+    assert isolate_positions(model)[1] == 0
 
 
 def test_the_position_check_catches_a_verifier_whose_positions_interact(bundle, tmp_path):

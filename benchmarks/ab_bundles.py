@@ -1,0 +1,66 @@
+"""Two bundles against each other on the same sentences, in one process, alternating sentence by
+sentence so machine drift hits both alike: what changed between two exports (a graph rewrite, a
+retrained drafter, int8 against fp32) costs or gains, and whether the outputs are the same.
+
+    python benchmarks/ab_bundles.py BUNDLE_A BUNDLE_B [--modes greedy iad] [--limit 300] [--threads 1]
+
+Sentences: the UA-GEC test split (the ``ua-gec`` package), batch 1, CPU. Prints, per bundle and
+mode, the summed decode time and tokens per verifier call; then B's time over A's per mode, each
+mode's output against the same bundle's greedy, and B's outputs against A's. Exit status 1 if a
+mode with beta 1 ever differs from its own bundle's greedy (a bug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a", metavar="BUNDLE_A")
+    parser.add_argument("b", metavar="BUNDLE_B")
+    parser.add_argument("--modes", nargs="+", default=["greedy", "iad"], choices=["greedy", "iad", "gad"])
+    parser.add_argument("--limit", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    from aggdec import Generator
+    from aggdec.bench.uagec import load_pairs
+
+    modes = ["greedy"] + [m for m in args.modes if m != "greedy"]  # greedy is every mode's reference
+    sources = [pair.source for pair in load_pairs("test")][: args.limit]
+    bundles = {"A": Generator(args.a, threads=args.threads), "B": Generator(args.b, threads=args.threads)}
+    for generator in bundles.values():  # warm-up: arenas and kernel choice out of the timings
+        for mode in modes:
+            generator.generate(sources[:4], mode=mode)
+    seconds = {(k, m): 0.0 for k in bundles for m in modes}
+    calls = {(k, m): 0 for k in bundles for m in modes}
+    outputs: dict[tuple[str, str], list] = {(k, m): [] for k in bundles for m in modes}
+    for index, source in enumerate(sources):
+        order = list(bundles.items()) if index % 2 == 0 else list(bundles.items())[::-1]
+        for mode in modes:
+            for name, generator in order:
+                started = time.perf_counter()
+                result = generator.generate([source], mode=mode)[0]
+                seconds[name, mode] += time.perf_counter() - started
+                calls[name, mode] += result.stats.iterations
+                outputs[name, mode].append(result.ids)
+
+    n, failed = len(sources), False
+    print(f"{n} UA-GEC test sentences, batch 1, CPU, {args.threads} thread(s); A = {args.a}, B = {args.b}")
+    for mode in modes:
+        for name in bundles:
+            tokens = sum(len(ids) for ids in outputs[name, mode])
+            same = sum(x == y for x, y in zip(outputs[name, mode], outputs[name, "greedy"]))
+            failed |= same != n
+            print(f"  {name} {mode:6s} {seconds[name, mode]:8.2f} s  {tokens / max(calls[name, mode], 1):5.2f} "
+                  f"tokens/call  = own greedy {same}/{n}  over own greedy "
+                  f"{seconds[name, 'greedy'] / seconds[name, mode]:.2f}x")
+        print(f"  B/A time {mode}: {seconds['B', mode] / seconds['A', mode]:.3f}   "
+              f"B = A outputs: {sum(x == y for x, y in zip(outputs['A', mode], outputs['B', mode]))}/{n}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
