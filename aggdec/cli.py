@@ -60,6 +60,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     export.add_argument("--drafter", metavar="DRAFTER_DIR", help="add drafter.onnx from `aggdec train-drafter` (GAD)")
     export.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (default), or int8 for the CPU: the fp32 export, then `aggdec quantize`")
+    export.add_argument("--no-int8-drafter", action="store_true",
+                        help="fp32: leave out drafter.int8.onnx, the drafter's int8 copy that GAD uses on the CPU")
 
     quantize = commands.add_parser("quantize", help="an int8 copy of an fp32 bundle, for the CPU (no torch needed)")
     quantize.add_argument("bundle", metavar="BUNDLE", help="an fp32 bundle written by `aggdec export`")
@@ -95,6 +97,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gen.add_argument("--tau", type=_finite_non_negative, help="gad++: ... within tau log-prob of its best (1.0)")
     gen.add_argument("--draft-k", type=_positive_int,
                      help="gad: tokens drafted per iteration (default: the drafter's k)")
+    gen.add_argument("--fp32-drafter", action="store_true",
+                     help="gad: on the CPU, run the float drafter instead of the bundle's int8 copy (same output)")
     gen.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
     gen.add_argument("--max-new-tokens", type=_positive_int,
                      help="tokens to generate at most (default: the bundle's limit)")
@@ -242,7 +246,7 @@ def _export(args: argparse.Namespace) -> int:
         ) from None
     export_bundle(args.src, args.out, force=args.force, top_k=args.top_k, opset=args.opset,
                   max_source_len=args.max_source_len, max_target_len=args.max_target_len,
-                  drafter_dir=args.drafter, precision=args.precision,
+                  drafter_dir=args.drafter, precision=args.precision, int8_drafter=not args.no_int8_drafter,
                   progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0
 
@@ -391,7 +395,7 @@ def _generate(args: argparse.Namespace) -> int:
     loading = time.perf_counter()
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
                           io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
-                          engines=args.engines)
+                          engines=args.engines, int8_drafter=False if args.fp32_drafter else None)
     generator.check_options(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
     load = time.perf_counter() - loading
     # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):

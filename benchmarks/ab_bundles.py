@@ -3,6 +3,10 @@ sentence so machine drift hits both alike: what changed between two exports (a g
 retrained drafter, int8 against fp32) costs or gains, and whether the outputs are the same.
 
     python benchmarks/ab_bundles.py BUNDLE_A BUNDLE_B [--modes greedy iad] [--limit 300] [--threads 1]
+                                    [--fp32-drafter A|B]
+
+``--fp32-drafter A``: side A runs the float drafter instead of the bundle's int8 copy (the CPU's
+default); with the same bundle on both sides, that compares the two drafters.
 
 Sentences: the UA-GEC test split (the ``ua-gec`` package), batch 1, CPU. Prints, per bundle and
 mode, the summed decode time and tokens per verifier call; then B's time over A's per mode, each
@@ -23,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=["greedy", "iad"], choices=["greedy", "iad", "gad"])
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fp32-drafter", choices=["A", "B"], action="append", default=[],
+                        help="this side runs the float drafter (GAD), not the bundle's int8 copy")
     args = parser.parse_args(argv)
 
     from aggdec import Generator
@@ -30,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
 
     modes = ["greedy"] + [m for m in args.modes if m != "greedy"]  # greedy is every mode's reference
     sources = [pair.source for pair in load_pairs("test")][: args.limit]
-    bundles = {"A": Generator(args.a, threads=args.threads), "B": Generator(args.b, threads=args.threads)}
+    bundles = {side: Generator(path, threads=args.threads, int8_drafter=False if side in args.fp32_drafter else None)
+               for side, path in (("A", args.a), ("B", args.b))}
     for generator in bundles.values():  # warm-up: arenas and kernel choice out of the timings
         for mode in modes:
             generator.generate(sources[:4], mode=mode)
@@ -48,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                 outputs[name, mode].append(result.ids)
 
     n, failed = len(sources), False
-    print(f"{n} UA-GEC test sentences, batch 1, CPU, {args.threads} thread(s); A = {args.a}, B = {args.b}")
+    sides = {side: f"{path} ({bundles[side].drafter_graph or 'no drafter'})" for side, path in (("A", args.a), ("B", args.b))}
+    print(f"{n} UA-GEC test sentences, batch 1, CPU, {args.threads} thread(s); A = {sides['A']}, B = {sides['B']}")
     for mode in modes:
         for name in bundles:
             tokens = sum(len(ids) for ids in outputs[name, mode])

@@ -9,6 +9,7 @@ left half-written: a failure removes the temporary directory and leaves any old 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from .safety import check_destination, check_options, guarded, make_temp, move_i
 from .specs import drafter_spec, dynamic_axes, encoder_spec, verifier_spec
 from .validate import drafter_cases, reference_cases, validate, validate_drafter
 
+INT8_DRAFTER_FILE = "drafter.int8.onnx"
 DEFAULT_TOP_K = 8
 DEFAULT_OPSET = 17
 DEFAULT_MAX_LEN = 512  # source/target limit for families without a hard position limit (T5)
@@ -118,12 +120,15 @@ def export_bundle(
     max_target_len: int | None = None,
     drafter_dir: str | Path | None = None,
     precision: str = "fp32",
+    int8_drafter: bool = True,
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
 
     With ``drafter_dir`` (written by ``aggdec train-drafter``), the bundle also gets
-    ``drafter.onnx`` for GAD. ``precision="int8"``: the fp32 bundle is exported and validated
+    ``drafter.onnx`` for GAD and, unless ``int8_drafter`` is False, ``drafter.int8.onnx``: the
+    same drafter with int8 products, which the runtime uses on the CPU (a drafter only proposes,
+    so this changes speed, never the output). ``precision="int8"``: the fp32 bundle is exported and validated
     into a temporary directory, then quantized into ``out_dir`` by :func:`~.quantize.quantize_bundle`
     (the same as ``aggdec quantize``; see there).
     """
@@ -131,6 +136,8 @@ def export_bundle(
         return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
                                  drafter_dir=drafter_dir, precision=precision, progress=progress)
+    if not isinstance(int8_drafter, bool):
+        raise ExportError(f"int8_drafter must be True or False, got {int8_drafter!r}.")
     import torch
     import transformers
 
@@ -205,11 +212,19 @@ def export_bundle(
             encoder_cases, verifier_cases, layers, heads, head_dim, family.atol, family.rtol,
         )
         if drafter is not None:
-            checked += validate_drafter(
-                ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu),
-                draft_cases, family.atol, family.rtol,
-            )
+            drafter_session = ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu)
+            checked += validate_drafter(drafter_session, draft_cases, family.atol, family.rtol)
         _say(progress, f"      {checked} shape cases agree with torch")
+        if drafter is not None and int8_drafter:
+            from .quantize import draft_agreement, write_int8_drafter
+
+            graphs["drafter_int8"] = dataclasses.replace(graphs["drafter"], file=INT8_DRAFTER_FILE)
+            write_int8_drafter(tmp / graphs["drafter"].file, tmp / INT8_DRAFTER_FILE)
+            agreement = draft_agreement(
+                drafter_session, ort.InferenceSession(str(tmp / INT8_DRAFTER_FILE), options, providers=cpu),
+                draft_cases)
+            _say(progress, f"      int8 drafter for the CPU: {agreement:.1%} of its drafts equal the fp32 drafter's "
+                           "(drafts change speed, never the output)")
 
         _say(progress, "[5/5] writing tokenizer and manifest")
         tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
@@ -271,7 +286,8 @@ def _export_quantized(src_dir, out_dir, *, force: bool, precision: str, progress
     check_destination(src, out, force)  # refuse before the fp32 export's heavy work
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.fp32.", dir=out.parent) as scratch:
-        export_bundle(src, Path(scratch) / "fp32", progress=progress, **options)
+        # int8_drafter=False: the int8 bundle's drafter is the quantized drafter itself
+        export_bundle(src, Path(scratch) / "fp32", progress=progress, int8_drafter=False, **options)
         return quantize_bundle(Path(scratch) / "fp32", out, force=force, progress=progress)
 
 

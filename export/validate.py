@@ -233,6 +233,13 @@ class DrafterCase:
     encoder_attention_mask: np.ndarray
     logits: np.ndarray  # torch's slot logits [B, k, V]
 
+    @property
+    def feeds(self) -> dict[str, np.ndarray]:
+        """drafter.onnx's inputs."""
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "slot_start": self.slot_start,
+                "position_offset": self.position_offset, "encoder_hidden_states": self.encoder_hidden,
+                "encoder_attention_mask": self.encoder_attention_mask}
+
 
 @torch.no_grad()
 def drafter_cases(drafter: torch.nn.Module, model: torch.nn.Module, vocab: int, pad_id: int, start_id: int,
@@ -262,10 +269,7 @@ def drafter_cases(drafter: torch.nn.Module, model: torch.nn.Module, vocab: int, 
 def validate_drafter(session, cases: list[DrafterCase], atol: float, rtol: float) -> int:
     """drafter.onnx must pick torch's argmax wherever it is decisive, and a tied one elsewhere."""
     for case in cases:
-        (draft_ids,) = session.run(None, {
-            "input_ids": case.input_ids, "attention_mask": case.attention_mask, "slot_start": case.slot_start,
-            "position_offset": case.position_offset, "encoder_hidden_states": case.encoder_hidden, "encoder_attention_mask": case.encoder_attention_mask,
-        })
+        (draft_ids,) = session.run(None, case.feeds)
         label = (f"drafter (batch {len(case.slot_start)}, prefix up to "
                  f"{int((case.slot_start + case.position_offset).max())})")
         if draft_ids.shape != case.logits.shape[:2]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .bundle_schema import DTYPES, show
 from .errors import BundleError
-from .manifest import GraphSpec, Manifest, TensorSpec
+from .manifest import DRAFTER_GRAPHS, GraphSpec, Manifest, TensorSpec
 
 ADVICE = "the bundle's files do not belong together; re-run `aggdec export`."
 # The last dim of a tensor of this role must equal this manifest field:
@@ -89,6 +89,7 @@ def _check_fields(manifest: Manifest, graph: str, side: str, tensors: Iterable[T
                   seen: set[str]) -> None:
     """Manifest sizes against the dims of tensors with a known role, wherever those dims are fixed."""
     m = manifest
+    graph = "drafter" if graph in DRAFTER_GRAPHS else graph  # both drafter graphs have the drafter's roles
     for tensor in tensors:
         where = f"{graph} {side[:-1]} {tensor.name!r} in {origin}"
         dims = tensor.dims
@@ -152,17 +153,21 @@ def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer
 
     ``sessions``: graph name ("encoder", "verifier", "drafter") -> the onnxruntime
     InferenceSession (or aggdec OrtSession) created for it; every graph of the manifest must
-    be there. ``tokenizer_vocab_size``: the tokenizer's size with added tokens.
+    be there, except that of a bundle's two drafter graphs (``DRAFTER_GRAPHS``) the one the
+    runtime did not open may be absent. ``tokenizer_vocab_size``: the tokenizer's size with added tokens.
     Checks each graph's real IO against the manifest's spec (names, element types, ranks,
     fixed dims), the manifest's sizes (d_model, num_heads, head_dim, top_k, draft_k,
     decoder_layers) against the dims where they appear, and the special ids against the
     tokenizer.
     """
-    missing = sorted(set(manifest.graphs) - set(sessions))
+    unopened = set(DRAFTER_GRAPHS) - set(sessions) if set(DRAFTER_GRAPHS) & set(sessions) else set()
+    missing = sorted(set(manifest.graphs) - set(sessions) - unopened)
     if missing:
         raise BundleError(f"no session for the bundle's graphs {', '.join(missing)} to check.")
     seen: set[str] = set()
     for graph, spec in manifest.graphs.items():
+        if graph not in sessions:
+            continue  # the drafter graph not opened (its IO equals the opened one's: bundle_schema)
         real = _compare_io(graph, spec, sessions[graph])
         for side in ("inputs", "outputs"):
             for origin, tensors in (("the manifest's graph spec", getattr(spec, side)), (spec.file, real[side])):

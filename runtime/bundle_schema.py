@@ -33,6 +33,10 @@ DTYPES = {
 }
 MODEL_DTYPES = ("float32", "float16", "bfloat16")  # the manifest's own `dtype`: the weights' precision
 PRECISIONS = ("fp32", "int8")  # how the graphs compute (int8: `aggdec quantize`, for the CPU)
+# One drafter, two graphs: "drafter" (float, every device) and, in fp32 bundles, "drafter_int8",
+# the same drafter with int8 matrix products for the CPU (export/quantize.py). A drafter only
+# proposes tokens, so its precision changes speed, never the output; the runtime opens one of them.
+DRAFTER_GRAPHS = ("drafter", "drafter_int8")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # tensor names may carry a layer index or a path ("key_cache.0", "/decoder/out"), never control characters
 _TENSOR_NAME = re.compile(r"[A-Za-z0-9_./:\-]{1,256}\Z")
@@ -313,6 +317,18 @@ def _cross_field(data: dict) -> None:
         raise Invalid(f"quantization must be set exactly when precision is not fp32 (precision: {show(precision)}, "
                       f"quantization: {'set' if data.get('quantization') is not None else 'none'})")
     has_drafter = "drafter" in graphs
+    if "drafter_int8" in graphs:
+        if not has_drafter:
+            raise Invalid("graphs has a 'drafter_int8' graph but no 'drafter' graph: drafter_int8 is the int8 copy "
+                          "of the bundle's drafter")
+        if precision != "fp32":
+            raise Invalid(f"graphs has a 'drafter_int8' graph in a {show(precision)} bundle: only fp32 bundles carry "
+                          "one (the drafter of an int8 bundle is int8 already)")
+        for side in ("inputs", "outputs"):
+            # the runtime drives either graph with the same arrays
+            if graphs["drafter_int8"][side] != graphs["drafter"][side]:
+                raise Invalid(f"graphs.drafter_int8.{side} differ from graphs.drafter.{side}: the two are one drafter "
+                              "and must have the same IO")
     for name in ("draft_k", "mask_token_id", "draft_window"):
         if (data.get(name) is not None) != has_drafter:
             raise Invalid(f"{name} must be set exactly when the bundle has a drafter graph "

@@ -58,6 +58,30 @@ def check_precision(manifest: Manifest, device: str, root: Path | str = "the bun
         )
 
 
+def drafter_graph(manifest: Manifest, device: str, int8_drafter: bool | None, root: Path | str = "the bundle"
+                  ) -> str | None:
+    """Which of the bundle's drafter graphs to open: "drafter_int8" (fp32 bundles exported by
+    this aggdec carry one) on the CPU unless ``int8_drafter`` is False, else "drafter"; None
+    when the bundle has no drafter. The drafter only proposes tokens, which the verifier checks,
+    so its precision never changes an output (only how many drafts are accepted)."""
+    if int8_drafter is not None and not isinstance(int8_drafter, bool):
+        raise InputError(f"int8_drafter must be True, False or None, got {int8_drafter!r}.")
+    if "drafter" not in manifest.graphs:
+        if int8_drafter:
+            raise BundleError(f"int8_drafter=True, but {str(root)!r} has no drafter; export it with --drafter.")
+        return None
+    if int8_drafter and device != "cpu":
+        raise ProviderError(f"int8_drafter=True runs on device 'cpu' only, not {device!r} (int8 MatMulInteger is a "
+                            "CPU kernel); leave it unset to use the float drafter there.")
+    if int8_drafter and manifest.precision == "fp32" and "drafter_int8" not in manifest.graphs:
+        raise BundleError(f"int8_drafter=True, but {str(root)!r} has no int8 drafter (drafter_int8): it was exported "
+                          "before aggdec wrote one, or with --no-int8-drafter; re-export it, or leave int8_drafter "
+                          "unset.")
+    if device == "cpu" and int8_drafter is not False and "drafter_int8" in manifest.graphs:
+        return "drafter_int8"
+    return "drafter"  # in an int8 bundle, that one is int8 already
+
+
 def _ort_cuda_available() -> bool:
     return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 
@@ -125,7 +149,7 @@ class Generator:
 
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
-                 engines: str | Path | None = None) -> None:
+                 engines: str | Path | None = None, int8_drafter: bool | None = None) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
@@ -140,6 +164,9 @@ class Generator:
         extra. NOT RUN YET on a TensorRT machine (README, TensorRT). IO binding there needs
         onnxruntime's CUDA provider too (it allocates the cache on the device); without it the
         cache goes through the host every call.
+        ``int8_drafter``: GAD's drafter with int8 products (the bundle's ``drafter_int8``
+        graph). None (the default): on the CPU when the bundle has one; True: require it;
+        False: the float drafter. Outputs are the same either way: drafts are only proposals.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
@@ -159,6 +186,7 @@ class Generator:
         self.root = Path(bundle_dir)
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
         check_precision(self.manifest, device, self.root)  # before any session is made
+        self.drafter_graph = drafter_graph(self.manifest, device, int8_drafter, self.root)
         self.device = device
         self.tf32 = tf32
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
@@ -169,14 +197,14 @@ class Generator:
             sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
         else:
             sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32)
-                        for name in ("encoder", "verifier", "drafter") if name in m.graphs}
+                        for name in ("encoder", "verifier", self.drafter_graph) if name is not None}
         # the graphs must be what the manifest says they are, before any text meets them
         check_consistency(m, sessions, self.codec.vocab_size)
         self._sessions = sessions
         self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
-        if "drafter" in sessions:
-            self.drafter = Drafter(sessions["drafter"], int(m.draft_k or 0), int(m.mask_token_id or 0),
+        if self.drafter_graph is not None:
+            self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
                                    int(m.draft_window or 0))
 
     def _seconds(self) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """The bundle manifest: the versioned contract between export and runtime.
 
 A bundle is a directory holding ``encoder.onnx``, ``verifier.onnx``, optionally
-``drafter.onnx``, ``tokenizer.json`` and ``manifest.json``. The manifest records what the
+``drafter.onnx`` (and ``drafter.int8.onnx``, the same drafter for the CPU), ``tokenizer.json``
+and ``manifest.json``. The manifest records what the
 runtime needs to drive the graphs (special ids, sizes, the exact IO of every graph) and a
 sha256 of every file, so a bundle that was altered after export is refused.
 
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bundle_schema import show, validate_manifest
+from .bundle_schema import DRAFTER_GRAPHS, show, validate_manifest  # noqa: F401 (DRAFTER_GRAPHS: re-exported)
 from .errors import BundleError, BundleNotFoundError
 
 # 2: fixed-capacity self-attention buffers written in place, per-layer cross K/V

@@ -93,6 +93,7 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
             # how the system ran (null where it does not apply: TF32 on the CPU, a peer's ORT options)
             "tf32": (info.runtime.get("tf32") if info else None) if m.device == "cuda" else None,
             "provider_options": info.runtime.get("provider_options") if info else None,
+            "drafter_graph": info.runtime.get("drafter_graph") if info else None,  # GAD: drafter or drafter_int8
             "time_split": _time_split(m),
         }
         if has_targets and m.batch_size == min(x.batch_size for x in measured if x.system == m.system):
