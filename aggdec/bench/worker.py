@@ -109,7 +109,8 @@ class AggdecSystem:
 
     def runtime(self) -> dict:
         return {"provider_options": self.generator.provider_options,
-                "tf32": self.generator.tf32 if self.generator.device == "cuda" else None}
+                "tf32": self.generator.tf32 if self.generator.device == "cuda" else None,
+                "bundle_precision": self.generator.manifest.precision}
 
     def run(self, texts: list[str]) -> list[dict]:
         results = self.generator.generate(texts, mode=self.mode, batch_size=len(texts),
