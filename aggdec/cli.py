@@ -210,7 +210,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                        help="sources, one per line, optionally TAB target [TAB target2] (default: uagec-test, "
                             "the UA-GEC test split from the ua-gec package)")
     bench.add_argument("--systems", nargs="+", metavar="NAME", help="systems to run (default: all): "
-                       + ", ".join(spec for spec in _bench_system_names()))
+                       + ", ".join(spec for spec in _bench_system_names())
+                       + " (aggdec-int8-*: the bundle quantized into --work; CPU only, skipped on cuda)")
     bench.add_argument("--device", nargs="+", choices=("cpu", "cuda"), default=["cpu"],
                        help="devices to run on; cuda is skipped with a note where there is no GPU (cpu)")
     bench.add_argument("--threads", type=int, default=1, help="threads per system (1)")

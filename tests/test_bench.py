@@ -31,7 +31,8 @@ def bench_run(reference_bundle, tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     data = root / "data.tsv"
     data.write_text("\n".join(SAMPLE.read_text(encoding="utf-8").splitlines()[:SENTENCES]) + "\n", encoding="utf-8")
-    systems = ["aggdec-greedy", "aggdec-iad", "aggdec-gad", "aggdec-gad++", "hf-greedy", "ct2-fp32", "ct2-int8"]
+    systems = ["aggdec-greedy", "aggdec-iad", "aggdec-gad", "aggdec-gad++", "aggdec-int8-iad", "aggdec-int8-gad",
+               "hf-greedy", "ct2-fp32", "ct2-int8"]  # aggdec-int8-greedy comes with the int8 modes, as their reference
     result = aggdec("bench", str(reference_bundle), "--checkpoint", str(MODEL), "--data", str(data),
                     "--systems", *systems, "--batch-size", "1", "4", "--out", str(root / "out"),
                     "--work", str(root / "work"), "--no-progress")
@@ -43,8 +44,9 @@ def test_bench_writes_every_figure_for_every_system(bench_run):
     assert result.returncode == 0, result.stderr
     report = json.loads((root / "out" / "bench.json").read_text())
     rows = {(r["system"], r["batch_size"]): r for r in report["summary"]["rows"]}
-    expected = {(system, size) for system in ("aggdec-greedy", "aggdec-iad", "aggdec-gad", "aggdec-gad++", "hf-greedy")
-                for size in (1, 4)}  # every aggdec mode batches
+    expected = {(system, size) for system in ("aggdec-greedy", "aggdec-iad", "aggdec-gad", "aggdec-gad++",
+                                              "aggdec-int8-greedy", "aggdec-int8-iad", "aggdec-int8-gad", "hf-greedy")
+                for size in (1, 4)}  # every aggdec mode batches, int8 too
     if _has("ctranslate2"):
         expected |= {("ct2-fp32", 1), ("ct2-fp32", 4), ("ct2-int8", 1), ("ct2-int8", 4)}
     else:
@@ -64,8 +66,12 @@ def test_bench_writes_every_figure_for_every_system(bench_run):
 def test_bench_confirms_lossless_modes_and_transformers_equal_greedy(bench_run):
     result, root, _ = bench_run
     rows = {(r["system"], r["batch_size"]): r for r in json.loads((root / "out" / "bench.json").read_text())["summary"]["rows"]}
-    for key in [("aggdec-greedy", 4), ("aggdec-iad", 1), ("aggdec-gad", 1), ("hf-greedy", 1), ("hf-greedy", 4)]:
+    for key in [("aggdec-greedy", 4), ("aggdec-iad", 1), ("aggdec-gad", 1), ("hf-greedy", 1), ("hf-greedy", 4),
+                ("aggdec-int8-greedy", 4), ("aggdec-int8-iad", 1), ("aggdec-int8-iad", 4), ("aggdec-int8-gad", 1)]:
         assert rows[key]["exact_match_vs_greedy"] == 1.0, key
+    for (system, _), row in rows.items():
+        int8 = "int8" in system and system.startswith("aggdec")
+        assert row["greedy_reference"] == ("aggdec-int8-greedy" if int8 else "aggdec-greedy"), system
     # IAD on a mostly-copying model verifies whole blocks of the source per call
     split = rows[("aggdec-iad", 1)]["time_split"]
     assert split["tokens_per_iteration"] >= 3
@@ -80,6 +86,39 @@ def test_bench_outputs_are_the_runtimes_outputs(bench_run, reference_bundle):
     expected = [r.text for r in Generator(reference_bundle).generate(sources, mode="greedy", batch_size=1)]
     written = (root / "out" / "outputs" / "aggdec-greedy-cpu.txt").read_text(encoding="utf-8").splitlines()
     assert written == expected
+    int8 = Path(json.loads((root / "out" / "bench.json").read_text())["config"]["int8_bundle"])
+    expected = [r.text for r in Generator(int8).generate(sources, mode="greedy", batch_size=1)]
+    written = (root / "out" / "outputs" / "aggdec-int8-greedy-cpu.txt").read_text(encoding="utf-8").splitlines()
+    assert written == expected
+
+
+def test_int8_systems_run_the_quantized_bundle_and_are_reported_against_fp32(bench_run, reference_bundle):
+    from aggdec.runtime.manifest import load_manifest
+
+    _, root, _ = bench_run
+    report = json.loads((root / "out" / "bench.json").read_text())
+    config = report["config"]
+    assert Path(config["int8_bundle"]).parent == (root / "work").resolve()
+    assert load_manifest(config["int8_bundle"]).precision == "int8"
+    assert config["quantize_seconds"] > 0  # a fresh work directory: quantized in this run
+    rows = {(r["system"], r["batch_size"]): r for r in report["summary"]["rows"]}
+    for system in ("aggdec-int8-greedy", "aggdec-int8-iad", "aggdec-int8-gad"):
+        assert rows[(system, 1)]["bundle_precision"] == "int8"  # what the worker loaded, by its own report
+        assert rows[(system, 1)]["prepare_seconds"] == config["quantize_seconds"]
+    assert rows[("aggdec-iad", 1)]["bundle_precision"] == "fp32" and rows[("hf-greedy", 1)]["bundle_precision"] is None
+    greedy = rows[("aggdec-int8-greedy", 1)]
+    # speedups stay against fp32 greedy; int8 greedy's own is its gain from quantizing
+    fp32_seconds = rows[("aggdec-greedy", 1)]["seconds"]
+    assert greedy["speedup_vs_aggdec_greedy"] == pytest.approx(fp32_seconds / greedy["seconds"], rel=1e-2)
+    int8 = next(e for e in report["summary"]["precisions"] if e["precision"] == "int8")
+    assert (int8["device"], int8["reference"], int8["sentences"]) == ("cpu", "aggdec-int8-greedy", SENTENCES)
+    assert int8["exact_match_vs_fp32_greedy"] == greedy["exact_match_vs_fp32_greedy"]
+    assert int8["f0.5"] == greedy["gec"]["f0.5"] and int8["fp32_f0.5"] == rows[("aggdec-greedy", 1)]["gec"]["f0.5"]
+    assert {m["system"]: m["counterpart"] for m in int8["systems"]} == {
+        "aggdec-int8-greedy": "aggdec-greedy", "aggdec-int8-iad": "aggdec-iad", "aggdec-int8-gad": "aggdec-gad"}
+    table = (root / "out" / "bench.md").read_text()
+    assert "## int8 against fp32 (CPU, batch 1)" in table and "| aggdec int8 IAD | " in table
+    assert f"int8 greedy equals fp32 greedy on {SENTENCES - int8['differing_from_fp32_greedy']} of {SENTENCES}" in table
 
 
 def test_bench_markdown_plots_and_acceptance(bench_run):
@@ -157,6 +196,101 @@ def test_a_checkpoint_without_a_bundle_is_exported_with_its_drafter_and_reused(t
     (root / "drafter" / "drafter.json").write_text((root / "drafter" / "drafter.json").read_text() + "\n")
     changed, _ = run()
     assert "aggdec bench: [1/5]" in changed.stderr
+
+
+def test_the_int8_bundle_is_quantized_once_and_again_when_the_bundle_changes(editing_bundle, tmp_path):
+    """The int8 systems' bundle is made in --work and reused while the fp32 bundle (its manifest
+    digest) and the quantizer are unchanged; int8 GAD without a drafter is skipped like GAD."""
+    import shutil
+
+    from aggdec.bench.bundles import QUANTIZER_SOURCES, source_digest
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(editing_bundle, bundle)
+    data = tmp_path / "data.txt"
+    data.write_text("the cat sat on the mat .\na dog ran .\n", encoding="utf-8")
+
+    def run() -> tuple[subprocess.CompletedProcess, dict]:
+        result = aggdec("bench", str(bundle), "--data", str(data), "--systems", "aggdec-int8-iad", "aggdec-int8-gad",
+                        "--batch-size", "1", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                        "--no-progress")
+        assert result.returncode == 0, result.stderr
+        return result, json.loads((tmp_path / "out" / "bench.json").read_text())
+
+    first, report = run()
+    assert "aggdec bench: [1/3] quantizing" in first.stderr and report["config"]["quantize_seconds"] > 0
+    ran = {r["system"] for r in report["summary"]["rows"]}
+    assert ran == {"aggdec-greedy", "aggdec-int8-greedy", "aggdec-int8-iad"}  # int8 greedy: the int8 IAD's reference
+    assert "aggdec-int8-gad skipped: the bundle has no drafter (export it with --drafter)" in report["notes"]
+    int8 = Path(report["config"]["int8_bundle"])
+    stamp = json.loads(int8.with_name(int8.name + ".made-from.json").read_text())
+    assert stamp["quantizer_sha256"] == source_digest(QUANTIZER_SOURCES) != source_digest()
+
+    again, report = run()
+    assert "quantizing" not in again.stderr and report["config"]["quantize_seconds"] is None
+    assert Path(report["config"]["int8_bundle"]) == int8
+    assert all(r["prepare_seconds"] is None for r in report["summary"]["rows"])
+    assert "reused from an earlier run" in (tmp_path / "out" / "bench.md").read_text()
+
+    manifest = bundle / "manifest.json"  # another manifest digest: another bundle, as far as the stamp can tell
+    manifest.write_text(manifest.read_text() + "\n")
+    changed, report = run()
+    assert "aggdec bench: [1/3] quantizing" in changed.stderr and report["config"]["quantize_seconds"] > 0
+
+
+def test_int8_systems_are_planned_for_the_cpu_only():
+    """On --device cpu cuda the int8 systems run on the CPU and are left out on cuda with a note
+    (Generator refuses an int8 bundle there); a cuda-only run quantizes nothing."""
+    from aggdec.bench.runner import plan_systems
+    from aggdec.bench.systems import with_references
+
+    names = with_references(["aggdec-iad", "aggdec-int8-iad", "aggdec-int8-gad", "ct2-int8"])
+    assert names == ["aggdec-greedy", "aggdec-int8-greedy", "aggdec-iad", "aggdec-int8-iad", "aggdec-int8-gad",
+                     "ct2-int8"]
+    runs, notes = plan_systems(names, ["cpu", "cuda"], has_drafter=True, has_checkpoint=True)
+    assert runs == {"aggdec-greedy": ["cpu", "cuda"], "aggdec-int8-greedy": ["cpu"], "aggdec-iad": ["cpu", "cuda"],
+                    "aggdec-int8-iad": ["cpu"], "aggdec-int8-gad": ["cpu"], "ct2-int8": ["cpu", "cuda"]}
+    assert "aggdec-int8-iad on cuda skipped: int8 bundles run on cpu only (their MatMulInteger products are a CPU " \
+           "kernel)" in notes and len(notes) == 3
+    runs, notes = plan_systems(names, ["cuda"], has_drafter=False, has_checkpoint=False)
+    assert list(runs) == ["aggdec-greedy", "aggdec-iad"]
+    assert "aggdec-int8-gad skipped: the bundle has no drafter (export it with --drafter)" in notes
+
+
+def test_each_precision_is_exact_against_its_own_greedy():
+    """int8 modes are compared with int8 greedy, not fp32 greedy: an int8 IAD that equals int8
+    greedy where int8 greedy differs from fp32 greedy is lossless; one that equals fp32 greedy
+    instead is a bug (the figures are computed from what the workers returned)."""
+    from aggdec.bench.analysis import not_lossless, summarize
+    from aggdec.bench.data import Example
+    from aggdec.bench.runner import Measured, WorkerInfo
+
+    examples = [Example("a b c", "a b c"), Example("d e", "d x")]
+
+    def outputs(*ids: tuple[int, ...]) -> list[dict]:
+        stats = {"iterations": 2, "drafted": 4, "accepted": 3, "encoder_seconds": 0.001, "verifier_seconds": 0.002,
+                 "drafter_seconds": 0.0, "total_seconds": 0.004, "batch_size": 1}
+        return [{"ids": list(i), "text": text, "stats": stats} for i, text in zip(ids, ("a b c", "d x"))]
+
+    fp32, int8 = ((1, 2, 3), (4, 5)), ((1, 2, 3), (4, 6))  # int8 greedy differs on the second sentence
+    measured = [Measured("aggdec-greedy", "cpu", 1, outputs(*fp32), [0.02, 0.02]),
+                Measured("aggdec-int8-greedy", "cpu", 1, outputs(*int8), [0.01, 0.01]),
+                Measured("aggdec-int8-iad", "cpu", 1, outputs(*int8), [0.005, 0.005]),
+                Measured("aggdec-int8-gad", "cpu", 1, outputs(*fp32), [0.005, 0.005])]
+    infos = {(m.system, "cpu"): WorkerInfo(0.1, 100.0, runtime={"bundle_precision": "int8" if "int8" in m.system
+                                                                 else "fp32"}) for m in measured}
+    summary = summarize(measured, examples, infos)
+    rows = {r["system"]: r for r in summary["rows"]}
+    assert (rows["aggdec-int8-iad"]["exact_match_vs_greedy"], rows["aggdec-int8-iad"]["exact_match_vs_fp32_greedy"]) \
+        == (1.0, 0.5)
+    assert rows["aggdec-int8-iad"]["speedup_vs_aggdec_greedy"] == 4.0  # speedups: against fp32 greedy
+    broken = not_lossless(summary["rows"])
+    assert [(r["system"], r["differing_from_greedy"]) for r in broken] == [("aggdec-int8-gad", 1)]
+    int8_summary = next(e for e in summary["precisions"] if e["precision"] == "int8")
+    assert (int8_summary["exact_match_vs_fp32_greedy"], int8_summary["differing_from_fp32_greedy"]) == (0.5, 1)
+    assert int8_summary["greedy_speedup_vs_fp32_greedy"] == 2.0
+    assert summary["acceptance"]["aggdec-int8-iad@cpu"]["greedy"] == "aggdec-int8-greedy"
+    assert [p["speedup"] for p in summary["acceptance"]["aggdec-int8-iad@cpu"]["points"]] == [2.0, 2.0]
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -13,11 +13,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from aggdec.bench.bundles import exported_bundle
 from aggdec.bench.data import UAGEC_TEST
-from aggdec.bench.systems import BY_NAME, REFERENCE, SYSTEMS
+from aggdec.bench.systems import BY_NAME, SYSTEMS, with_references
 from aggdec.runtime.errors import InputError
 
-REFERENCE_MODEL = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "uagec"
 QUICK_LIMIT, QUICK_BATCH_SIZES = 48, (1, 8)
 
 
@@ -63,54 +63,6 @@ def _check(options: BenchOptions) -> None:
         raise InputError(f"{str(options.checkpoint)!r} is not a Hugging Face checkpoint (no config.json).")
 
 
-def _exported_bundle(checkpoint: Path | None, work: Path) -> tuple[Path, Path]:
-    """A bundle of ``checkpoint`` (default: the committed reference model) and of the drafter
-    beside it (``CHECKPOINT/../drafter``, the layout of the reference models), exported into
-    ``work`` once and again whenever either changes: the peers and aggdec then always run the
-    same weights."""
-    import hashlib
-    import json
-
-    from aggdec.bench.runner import _checkpoint_digest
-
-    if checkpoint is None:
-        checkpoint = REFERENCE_MODEL / "model"
-        if not (checkpoint / "config.json").is_file():
-            raise InputError("the reference model lives in a source checkout (benchmarks/models/uagec); "
-                             "give --checkpoint (and optionally BUNDLE) instead.")
-    drafter = checkpoint.resolve().parent / "drafter"
-    has_drafter = (drafter / "drafter.json").is_file()
-    made_from = {"checkpoint": str(checkpoint.resolve()), "checkpoint_sha256": _checkpoint_digest(checkpoint),
-                 "drafter": str(drafter) if has_drafter else None,
-                 "drafter_sha256": _checkpoint_digest(drafter) if has_drafter else None,
-                 "exporter_sha256": _exporter_digest()}
-    bundle = work / ("bundle-" + hashlib.sha256(made_from["checkpoint"].encode()).hexdigest()[:12])
-    stamp = bundle.with_name(bundle.name + ".made-from.json")
-    if (bundle / "manifest.json").is_file() and stamp.is_file() and json.loads(stamp.read_text()) == made_from:
-        return bundle, checkpoint
-    try:
-        from aggdec.export import export_bundle
-    except ImportError as exc:
-        raise InputError(f"exporting {checkpoint} needs the export extra ({exc.name} is missing): "
-                         "pip install 'aggdec[export]', or give a BUNDLE exported from it") from None
-    export_bundle(checkpoint, bundle, force=True, drafter_dir=drafter if has_drafter else None,
-                  progress=lambda message: print(f"aggdec bench: {message}", file=sys.stderr, flush=True))
-    stamp.write_text(json.dumps(made_from, indent=1))
-    return bundle, checkpoint
-
-
-def _exporter_digest() -> str:
-    """The export code's own digest: a bundle from an older exporter is exported again."""
-    import hashlib
-
-    import aggdec.export
-
-    digest = hashlib.sha256()
-    for path in sorted(Path(aggdec.export.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()
-
-
 def _usable_devices(devices: tuple[str, ...], notes: list[str]) -> list[str]:
     from aggdec.runtime.session import ort as onnxruntime
 
@@ -128,7 +80,7 @@ def run_bench(options: BenchOptions) -> int:
     """Run the benchmark and write bench.json, bench.md and the plots under ``options.out``.
     Returns 1 when an output that is promised to equal greedy does not (a bug), else 0."""
     from aggdec import Generator
-    from aggdec.bench.analysis import summarize
+    from aggdec.bench.analysis import not_lossless, summarize
     from aggdec.bench.data import load_examples
     from aggdec.bench.report import environment, markdown, plots, write_json
     from aggdec.bench.runner import Bench, RunPlan
@@ -138,11 +90,11 @@ def run_bench(options: BenchOptions) -> int:
     batch_sizes = sorted(set(options.batch_sizes or (QUICK_BATCH_SIZES if options.quick else (1, 8, 32))))
     if 1 not in batch_sizes:
         batch_sizes.insert(0, 1)  # batch 1 is the reference every ratio is taken against
-    systems = [REFERENCE] + [name for name in options.systems if name != REFERENCE]
+    systems = with_references(options.systems)
     examples = load_examples(options.data, limit)
     work = options.work.resolve()
     if options.bundle is None:
-        bundle, checkpoint = _exported_bundle(options.checkpoint, work)
+        bundle, checkpoint = exported_bundle(options.checkpoint, work)
     else:
         bundle, checkpoint = options.bundle, options.checkpoint
 
@@ -152,6 +104,10 @@ def run_bench(options: BenchOptions) -> int:
     if len(decodable) < len(examples):
         notes.append(f"{len(examples) - len(decodable)} sentence(s) longer than the bundle's source limit are left out")
         examples = decodable
+    if generator.manifest.precision != "fp32":
+        notes.append(f"{bundle} is an {generator.manifest.precision} bundle: the aggdec systems without a precision "
+                     "in their name run it, and it cannot be quantized for the int8 ones; give the fp32 bundle it was "
+                     "made from to compare the two")
     max_new_tokens = options.max_new_tokens or generator.manifest.max_target_len - 1
     devices = _usable_devices(options.devices, notes)
     if not devices:
@@ -173,14 +129,17 @@ def run_bench(options: BenchOptions) -> int:
         bench.close()
     infos = {key: worker.info for key, worker in bench.workers.items()}
     summary = summarize(measured, examples, infos)
-    broken = [r for r in summary["rows"] if BY_NAME[r["system"]].kind == "aggdec" and BY_NAME[r["system"]].exact
-              and r["differing_from_greedy"]]
+    broken = not_lossless(summary["rows"])
     for r in broken:
-        bench.note(f"BUG: {r['system']} on {r['device']} at batch {r['batch_size']} differs from greedy "
-                   f"in {r['differing_from_greedy']} sentence(s)")
+        bench.note(f"BUG: {r['system']} on {r['device']} at batch {r['batch_size']} differs from "
+                   f"{r['greedy_reference']} in {r['differing_from_greedy']} sentence(s)")
     report = {
         "config": {"command": options.command, "data": options.data, "sentences": len(examples),
-                   "bundle": str(plan.bundle), "checkpoint": str(plan.checkpoint) if plan.checkpoint else None,
+                   "bundle": str(plan.bundle),
+                   # the int8 systems' bundle, quantized from it into --work (null: none ran)
+                   "int8_bundle": str(bench.bundles["int8"]) if bench.bundles.get("int8") else None,
+                   "quantize_seconds": round(bench.quantize_seconds, 3) if bench.quantize_seconds else None,
+                   "checkpoint": str(plan.checkpoint) if plan.checkpoint else None,
                    "systems": systems, "devices": devices, "batch_sizes": batch_sizes,
                    "threads": options.threads, "tf32": options.tf32, "max_new_tokens": max_new_tokens,
                    "quick": options.quick},

@@ -8,7 +8,7 @@ import statistics
 from aggdec.bench.data import Example
 from aggdec.bench.runner import Measured, WorkerInfo
 from aggdec.bench.scoring import edit_ratio, score
-from aggdec.bench.systems import BY_NAME, REFERENCE
+from aggdec.bench.systems import BY_NAME, PRECISION_REFERENCE, REFERENCE, SYSTEMS, reference_of
 
 # edit-ratio buckets for the acceptance table: (label, low exclusive, high inclusive)
 EDIT_BUCKETS = (("0 (unchanged)", -1.0, 0.0), ("(0, 0.1]", 0.0, 0.1), ("(0.1, 0.2]", 0.1, 0.2),
@@ -57,6 +57,23 @@ def _time_split(row: Measured) -> dict | None:
     }
 
 
+def _equal(m: Measured, reference: Measured | None) -> tuple[float | None, int | None]:
+    """The share of ``m``'s outputs whose token ids equal ``reference``'s, and how many differ."""
+    if reference is None:
+        return None, None
+    same = sum(a == b for a, b in zip(_ids(m), _ids(reference)))
+    return round(same / len(m.outputs), 4), len(m.outputs) - same
+
+
+def counterpart(name: str) -> str | None:
+    """The fp32 aggdec system that decodes as ``name`` does (same mode and options), or None."""
+    spec = BY_NAME[name]
+    if spec.kind != "aggdec" or spec.precision == "fp32":
+        return None
+    return next((s.name for s in SYSTEMS if s.kind == "aggdec" and s.precision == "fp32" and s.options == spec.options),
+                None)
+
+
 def summarize(measured: list[Measured], examples: list[Example], infos: dict[tuple[str, str], WorkerInfo]) -> dict:
     sources = [e.source for e in examples]
     targets = [e.target for e in examples]
@@ -64,7 +81,11 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
     by_key = {(m.system, m.device, m.batch_size): m for m in measured}
     rows = []
     for m in measured:
-        reference = by_key.get((REFERENCE, m.device, 1))
+        # "= greedy": against the greedy of the system's own precision (an int8 mode is lossless
+        # against int8 greedy); "= fp32 greedy": what quantizing changed
+        reference = by_key.get((reference_of(m.system), m.device, 1))
+        exact, differing = _equal(m, reference)
+        exact_fp32, differing_fp32 = _equal(m, by_key.get((REFERENCE, m.device, 1)))
         same_batch_greedy = by_key.get((REFERENCE, m.device, m.batch_size))
         ct2 = by_key.get(("ct2-fp32", m.device, m.batch_size))
         beam = by_key.get(("hf-beam5", m.device, m.batch_size))
@@ -83,9 +104,13 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
             "speedup_vs_aggdec_greedy": round(sum(same_batch_greedy.latencies) / seconds, 3) if same_batch_greedy else None,
             "speedup_vs_ct2_fp32": round(sum(ct2.latencies) / seconds, 3) if ct2 else None,
             "speedup_vs_hf_beam5": round(sum(beam.latencies) / seconds, 3) if beam else None,
-            "exact_match_vs_greedy": (round(sum(a == b for a, b in zip(_ids(m), _ids(reference))) / len(m.outputs), 4)
-                                      if reference else None),
-            "differing_from_greedy": sum(a != b for a, b in zip(_ids(m), _ids(reference))) if reference else None,
+            "greedy_reference": reference_of(m.system),
+            "exact_match_vs_greedy": exact,
+            "differing_from_greedy": differing,
+            # the precision of the bundle an aggdec worker loaded, as it reports it (null for a peer)
+            "bundle_precision": info.runtime.get("bundle_precision") if info else None,
+            "exact_match_vs_fp32_greedy": exact_fp32,
+            "differing_from_fp32_greedy": differing_fp32,
             "load_seconds": round(info.load_seconds, 3) if info else None,
             "prepare_seconds": round(info.prepare_seconds, 3) if info and info.prepare_seconds else None,
             "rss_after_load_mib": round(info.rss_after_load_mib, 1) if info else None,
@@ -102,19 +127,59 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
             if all(e.target2 is not None for e in examples):
                 row["gec_a2"] = score(sources, hyps, [e.target2 for e in examples])
         rows.append(row)
-    return {"rows": rows, "acceptance": acceptance(measured, sources),
+    return {"rows": rows, "precisions": precisions(rows), "acceptance": acceptance(measured, sources),
             "copy_gec": score(sources, sources, targets) if has_targets else None}
+
+
+def not_lossless(rows: list[dict]) -> list[dict]:
+    """The rows of exact aggdec systems that differ from their precision's greedy: a bug."""
+    return [r for r in rows if BY_NAME[r["system"]].kind == "aggdec" and BY_NAME[r["system"]].exact
+            and r["differing_from_greedy"]]
+
+
+def precisions(rows: list[dict]) -> list[dict]:
+    """Per bundle precision and device, at batch 1: what quantizing changed. Its greedy's exact
+    match with fp32 greedy and F0.5 against fp32's, and each of its systems' speedup over the
+    fp32 system that decodes the same way."""
+    at = {(r["system"], r["device"]): r for r in rows if r["batch_size"] == 1}
+    out = []
+    for precision, reference in PRECISION_REFERENCE.items():
+        for (system, device), greedy in at.items():
+            if system != reference:
+                continue
+            fp32 = at.get((REFERENCE, device))
+            members = []
+            for (name, where), r in at.items():
+                if where != device or r["bundle_precision"] != precision:
+                    continue
+                twin = at.get((counterpart(name), device))
+                members.append({"system": name, "counterpart": twin["system"] if twin else None,
+                                "speedup_vs_counterpart": round(twin["seconds"] / r["seconds"], 3) if twin else None,
+                                "exact_match_vs_greedy": r["exact_match_vs_greedy"],
+                                "exact_match_vs_fp32_greedy": r["exact_match_vs_fp32_greedy"],
+                                "f0.5": (r.get("gec") or {}).get("f0.5")})
+            out.append({"precision": precision, "device": device, "reference": reference,
+                        "sentences": greedy["sentences"],
+                        "greedy_speedup_vs_fp32_greedy": greedy["speedup_vs_aggdec_greedy"],
+                        "exact_match_vs_fp32_greedy": greedy["exact_match_vs_fp32_greedy"],
+                        "differing_from_fp32_greedy": greedy["differing_from_fp32_greedy"],
+                        "f0.5": (greedy.get("gec") or {}).get("f0.5"),
+                        "fp32_f0.5": ((fp32 or {}).get("gec") or {}).get("f0.5"),
+                        "systems": members})
+    return out
 
 
 def acceptance(measured: list[Measured], sources: list[str]) -> dict:
     """Per aggdec draft mode at batch 1: per-sentence speedup over greedy against the edit ratio
-    and against greedy's output length."""
+    and against greedy's output length. The greedy is the mode's own precision's, so that the
+    figures are what drafting gains, not what quantizing gains as well."""
     by_key = {(m.system, m.device, m.batch_size): m for m in measured}
     out = {}
     for m in measured:
         spec = BY_NAME[m.system]
-        greedy = by_key.get((REFERENCE, m.device, 1))
-        if m.batch_size != 1 or spec.kind != "aggdec" or m.system == REFERENCE or greedy is None:
+        reference = reference_of(m.system)
+        greedy = by_key.get((reference, m.device, 1))
+        if m.batch_size != 1 or spec.kind != "aggdec" or m.system == reference or greedy is None:
             continue
         points = []
         for source, mine, base, t_mine, t_base in zip(sources, m.outputs, greedy.outputs, m.latencies, greedy.latencies):
@@ -124,7 +189,7 @@ def acceptance(measured: list[Measured], sources: list[str]) -> dict:
                            "iterations": stats["iterations"], "greedy_iterations": base["stats"]["iterations"],
                            "tokens_per_iteration": round((len(mine["ids"]) + 1) / stats["iterations"], 3)})
         out[f"{m.system}@{m.device}"] = {
-            "system": m.system, "device": m.device, "points": points,
+            "system": m.system, "device": m.device, "greedy": reference, "points": points,
             "buckets": _buckets(m, greedy, points, "edit_ratio", EDIT_BUCKETS),
             "length_buckets": _buckets(m, greedy, points, "output_tokens", LENGTH_BUCKETS)}
     return out

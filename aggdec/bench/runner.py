@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggdec.bench.data import Example
-from aggdec.bench.systems import BY_NAME, REFERENCE, REQUIRES, SystemSpec
+from aggdec.bench.systems import BY_NAME, REFERENCE, REQUIRES, SystemSpec, reference_of
 from aggdec.runtime.errors import AggdecError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -22,7 +22,7 @@ WORKER = Path(__file__).with_name("worker.py")
 
 @dataclass
 class RunPlan:
-    bundle: Path
+    bundle: Path  # the fp32 bundle; the int8 systems run its quantization, made in work
     checkpoint: Path | None  # the Hugging Face checkpoint the peers load (None: aggdec only)
     examples: list[Example]
     systems: list[str]
@@ -123,12 +123,46 @@ def _log_tail(path: Path, lines: int = 3) -> str:
     return " | ".join(tail)
 
 
+def plan_systems(names: list[str], devices: list[str], *, has_drafter: bool,
+                 has_checkpoint: bool) -> tuple[dict[str, list[str]], list[str]]:
+    """The devices each system may run on here, and a note for each system or device left out.
+    Decided before anything is imported, converted or quantized, so that nothing is made for a
+    system that cannot run (an int8 bundle for a cuda-only run)."""
+    from aggdec.runtime.generator import PRECISION_DEVICES
+
+    runs: dict[str, list[str]] = {}
+    notes: list[str] = []
+    for name in names:
+        spec = BY_NAME[name]
+        if spec.needs_drafter and not has_drafter:
+            notes.append(f"{name} skipped: the bundle has no drafter (export it with --drafter)")
+            continue
+        if spec.kind != "aggdec" and not has_checkpoint:
+            notes.append(f"{name} skipped: peers need the Hugging Face checkpoint (--checkpoint DIR)")
+            continue
+        usable = []
+        for device in devices:
+            allowed = PRECISION_DEVICES[spec.precision]
+            if spec.kind == "aggdec" and device not in allowed:
+                # Generator would refuse the bundle there; the fp32 systems still run on it
+                notes.append(f"{name} on {device} skipped: {spec.precision} bundles run on "
+                             f"{' or '.join(allowed)} only (their MatMulInteger products are a CPU kernel)")
+                continue
+            usable.append(device)
+        if usable:
+            runs[name] = usable
+    return runs, notes
+
+
 class Bench:
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
         self.notes: list[str] = []
         self.workers: dict[tuple[str, str], Worker] = {}
         self.prepare_seconds: dict[str, float] = {}
+        # the bundle each precision's aggdec systems run (None: it could not be made)
+        self.bundles: dict[str, Path | None] = {"fp32": plan.bundle}
+        self.quantize_seconds: float | None = None  # None: the int8 bundle of an earlier run was reused
 
     def note(self, message: str) -> None:
         self.notes.append(message)
@@ -138,7 +172,7 @@ class Bench:
     def _config(self, spec: SystemSpec, device: str) -> dict:
         plan = self.plan
         return {"system": spec.name, "kind": spec.kind, "device": device, "threads": plan.threads,
-                "options": spec.options, "bundle": str(plan.bundle),
+                "options": spec.options, "bundle": str(self.bundles[spec.precision]),
                 "model": str(plan.checkpoint) if plan.checkpoint else None,
                 "work": str(plan.work / spec.name), "max_new_tokens": plan.max_new_tokens,
                 "tf32": plan.tf32 and device == "cuda"}
@@ -161,8 +195,28 @@ class Bench:
             return False
         return True
 
+    def _int8_bundle(self) -> Path | None:
+        """The fp32 bundle quantized into work, once for every int8 system (None: it failed, noted)."""
+        from aggdec.bench.bundles import quantized_bundle
+
+        if "int8" not in self.bundles:
+            try:
+                self.bundles["int8"], self.quantize_seconds = quantized_bundle(self.plan.bundle, self.plan.work)
+            except AggdecError as exc:  # no onnx, an int8 BUNDLE, a failed position check
+                self.note(f"quantizing {self.plan.bundle} for the int8 systems failed: {exc}")
+                self.bundles["int8"] = None
+        return self.bundles["int8"]
+
     def _prepare(self, spec: SystemSpec) -> bool:
-        """Convert the checkpoint for a peer that needs it; a stamp makes reruns skip it."""
+        """Convert the checkpoint for a peer that needs it, quantize the bundle for an int8
+        aggdec system; a stamp makes reruns skip it."""
+        if spec.kind == "aggdec" and spec.precision == "int8":
+            if self._int8_bundle() is None:
+                self.note(f"{spec.name} skipped: the bundle could not be quantized")
+                return False
+            if self.quantize_seconds is not None:  # shared by the int8 systems, as a peer's conversion is its own
+                self.prepare_seconds[spec.name] = self.quantize_seconds
+            return True
         if spec.kind not in ("ctranslate2", "optimum"):
             return True
         target = self.plan.work / spec.name
@@ -190,17 +244,20 @@ class Bench:
 
     def start(self, has_drafter: bool) -> list[SystemSpec]:
         plan = self.plan
-        chosen = []
-        for name in plan.systems:
-            spec = BY_NAME[name]
-            if spec.needs_drafter and not has_drafter:
-                self.note(f"{name} skipped: the bundle has no drafter (export it with --drafter)")
-            elif spec.kind != "aggdec" and plan.checkpoint is None:
-                self.note(f"{name} skipped: peers need the Hugging Face checkpoint (--checkpoint DIR)")
-            elif self._importable(spec) and self._prepare(spec):
-                chosen.append(spec)
+        runs, notes = plan_systems(plan.systems, plan.devices, has_drafter=has_drafter,
+                                   has_checkpoint=plan.checkpoint is not None)
+        for note in notes:
+            self.note(note)
+        chosen = [BY_NAME[name] for name in runs if self._importable(BY_NAME[name]) and self._prepare(BY_NAME[name])]
         for device in plan.devices:
             for spec in chosen:
+                if device not in runs[spec.name]:
+                    continue
+                reference = reference_of(spec.name)
+                if spec.name != reference and (reference, device) not in self.workers:
+                    # nothing to check it against: its "= greedy" would be blank, a broken one unnoticed
+                    self.note(f"{spec.name} on {device} skipped: {reference}, the greedy it must equal, is not running")
+                    continue
                 print(f"aggdec bench: loading {spec.name} on {device}", file=sys.stderr, flush=True)
                 try:
                     worker = Worker(spec, device, plan, self._config(spec, device), self._python(spec))

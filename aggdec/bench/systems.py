@@ -13,7 +13,11 @@ class SystemSpec:
     options: dict = field(default_factory=dict)
     batches: bool = True  # runs batch sizes above 1
     needs_drafter: bool = False
-    exact: bool = True  # promised to equal greedy token for token (checked, not assumed)
+    exact: bool = True  # promised to equal its precision's greedy token for token (checked, not assumed)
+    # aggdec systems: the bundle they run, the fp32 one the bench is given or its int8 quantization
+    # (`aggdec quantize`, CPU only). Peers keep "fp32": whatever their own compute type, they are
+    # compared with the fp32 checkpoint's greedy.
+    precision: str = "fp32"
 
 
 SYSTEMS: tuple[SystemSpec, ...] = (
@@ -25,6 +29,9 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     # the paper's high-efficiency GAD++ setting (beta 5, tau 3.0)
     SystemSpec("aggdec-gad++-he", "aggdec", "aggdec GAD++ (β5 τ3)", {"mode": "gad++", "beta": 5, "tau": 3.0},
                needs_drafter=True, exact=False),
+    SystemSpec("aggdec-int8-greedy", "aggdec", "aggdec int8 greedy", {"mode": "greedy"}, precision="int8"),
+    SystemSpec("aggdec-int8-iad", "aggdec", "aggdec int8 IAD", {"mode": "iad"}, precision="int8"),
+    SystemSpec("aggdec-int8-gad", "aggdec", "aggdec int8 GAD", {"mode": "gad"}, needs_drafter=True, precision="int8"),
     SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}),
     SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False),
     SystemSpec("optimum-greedy", "optimum", "optimum ORT greedy"),
@@ -33,7 +40,24 @@ SYSTEMS: tuple[SystemSpec, ...] = (
 )
 
 BY_NAME = {spec.name: spec for spec in SYSTEMS}
-REFERENCE = "aggdec-greedy"  # every system's outputs are compared with this one's
+REFERENCE = "aggdec-greedy"  # the fp32 greedy: every speedup is taken against it
+# what each precision's exact systems must equal token for token: int8 is lossless against the
+# int8 bundle's own greedy, which can differ from fp32 greedy where two candidates are close
+PRECISION_REFERENCE = {"fp32": REFERENCE, "int8": "aggdec-int8-greedy"}
+
+
+def reference_of(name: str) -> str:
+    """The greedy system whose outputs ``name``'s are compared with ("= greedy")."""
+    return PRECISION_REFERENCE[BY_NAME[name].precision]
+
+
+def with_references(names: list[str] | tuple[str, ...]) -> list[str]:
+    """``names`` after the greedy references they are compared with: aggdec greedy always (the
+    speedups' reference), aggdec int8 greedy whenever an int8 system runs."""
+    references = [REFERENCE] + [reference_of(name) for name in names]
+    ordered = list(dict.fromkeys(references))
+    return ordered + [name for name in dict.fromkeys(names) if name not in ordered]
+
 
 # the Python package each kind needs, for the note when it is missing
 REQUIRES = {"aggdec": "onnxruntime", "transformers": "transformers", "optimum": "optimum.onnxruntime",

@@ -110,6 +110,7 @@ class AggdecSystem:
     def runtime(self) -> dict:
         return {"provider_options": self.generator.provider_options,
                 "tf32": self.generator.tf32 if self.generator.device == "cuda" else None,
+                "bundle_precision": self.generator.manifest.precision,
                 "drafter_graph": self.generator.drafter_graph}  # drafter_int8 on the CPU when the bundle has one
 
     def run(self, texts: list[str]) -> list[dict]:

@@ -38,7 +38,8 @@ def test_cuda_cache_stays_on_the_device(bundle):
 
 
 def test_bench_runs_cpu_and_gpu_side_by_side(bundle, tmp_path):
-    """`aggdec bench --device cpu cuda`: both columns, the CPU-vs-GPU plot, GPU outputs = CPU greedy."""
+    """`aggdec bench --device cpu cuda`: both columns, the CPU-vs-GPU plot, GPU outputs = CPU greedy;
+    the int8 systems on the CPU only, with a note for cuda."""
     import json
     import subprocess
     import sys
@@ -46,14 +47,18 @@ def test_bench_runs_cpu_and_gpu_side_by_side(bundle, tmp_path):
     data = tmp_path / "data.txt"
     data.write_text("\n".join(random_texts(seed=9, count=6)) + "\n")
     done = subprocess.run([sys.executable, "-m", "aggdec", "bench", str(bundle("marian")), "--data", str(data),
-                           "--systems", "aggdec-greedy", "aggdec-iad", "--device", "cpu", "cuda",
+                           "--systems", "aggdec-greedy", "aggdec-iad", "aggdec-int8-iad", "--device", "cpu", "cuda",
                            "--batch-size", "1", "--max-new-tokens", str(MAX_NEW), "--out", str(tmp_path / "out"),
                            "--work", str(tmp_path / "work"), "--no-progress"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     rows = {(r["system"], r["device"]): r for r in report["summary"]["rows"]}
-    assert set(rows) == {(s, d) for s in ("aggdec-greedy", "aggdec-iad") for d in ("cpu", "cuda")}
+    assert set(rows) == {(s, d) for s in ("aggdec-greedy", "aggdec-iad") for d in ("cpu", "cuda")} | {
+        ("aggdec-int8-greedy", "cpu"), ("aggdec-int8-iad", "cpu")}
     assert rows[("aggdec-iad", "cuda")]["exact_match_vs_greedy"] == 1.0
+    assert rows[("aggdec-int8-iad", "cpu")]["exact_match_vs_greedy"] == 1.0
+    skipped = "aggdec-int8-iad on cuda skipped: int8 bundles run on cpu only"
+    assert any(note.startswith(skipped) for note in report["notes"])
     assert "cpu_vs_gpu.png" in report["plots"]
 
 
