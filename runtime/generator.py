@@ -15,6 +15,7 @@ from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
+from .decoding.sizing import CallCost
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.verifier import SLACK, Verifier
 from .errors import BundleError, InputError, ProviderError
@@ -203,6 +204,9 @@ class Generator:
         self._sessions = sessions
         self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
+        # GAD's measured costs (a verifier call by block width, a drafter call), kept across
+        # requests so that each starts from what the earlier ones measured
+        self._gad_costs = CallCost(DEFAULT_COST_RATIO[device])
         if self.drafter_graph is not None:
             self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
                                    int(m.draft_window or 0))
@@ -235,6 +239,7 @@ class Generator:
             pass
         for name, session in self._sessions.items():
             session.seconds = before[name]
+        self._gad_costs.reset()  # first calls are slow: not what the next decodes will cost
         return time.perf_counter() - started
 
     @property
@@ -460,7 +465,8 @@ class Generator:
                                     or not 1 <= draft_k <= drafter.k):
             raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({drafter.k}), "
                              f"got {draft_k!r}.")
-        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k, cost_ratio=DEFAULT_COST_RATIO[self.device])
+        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k, cost_ratio=DEFAULT_COST_RATIO[self.device],
+                              costs=self._gad_costs)
         if mode == "gad":
             return drafts, GREEDY
         beta = GAD_PLUS_BETA if beta is None else beta

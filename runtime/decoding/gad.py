@@ -22,7 +22,7 @@ import numpy as np
 
 from ..session import Session
 from .loop import Row
-from .sizing import BlockOptions, BlockSizer
+from .sizing import BlockOptions, BlockSizer, CallCost
 from .verifier import Batch
 
 
@@ -57,32 +57,36 @@ class Drafter:
 
 
 class DrafterDraft:
-    """GAD's draft source: one drafter call for the whole batch, a draft length chosen per row."""
+    """GAD's draft source: one drafter call for the whole batch, a draft length chosen per row.
+
+    A row's draft length weighs its acceptance history against measured costs (``costs``, a
+    :class:`CallCost` the Generator keeps across requests): a verifier call's cost per extra
+    position and the drafter call's cost, both in one-token verifier calls. A row whose drafts
+    keep failing takes plain greedy steps, as a drafter call is not free."""
 
     reads_encoder_output = True
 
     def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None, cost_ratio: float = 0.05,
-                 adaptive: bool = True) -> None:
+                 adaptive: bool = True, costs: CallCost | None = None) -> None:
         self.drafter = drafter
         self.pad_id = pad_id
         self.k = drafter.k if k is None else min(k, drafter.k)
         self.options = BlockOptions(max_block=self.k, adaptive=adaptive, cost_ratio=cost_ratio)
+        self.costs = CallCost(cost_ratio) if costs is None else costs
         self.seconds = 0.0
-        # running means of a drafter call and of a verifier call, for the sizers' cost model
-        self._drafter_call = self._verifier_call = 0.0
-        self._verifier_seen: float | None = None
+        self._last_call: tuple[int, float] | None = None
 
     def start(self, row: Row) -> None:
         row.state = BlockSizer(self.options)
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
         empty = np.zeros(0, dtype=np.int64)
-        if self._verifier_seen is not None:  # the verifier call since the last proposal
-            self._verifier_call = _mean(self._verifier_call, batch.verifier_seconds - self._verifier_seen)
-        self._verifier_seen = batch.verifier_seconds
-        fixed = self._drafter_call / self._verifier_call if self._verifier_call > 0 else 0.0
-        # rows whose drafts keep failing take plain greedy steps: a drafter call is not free
-        sizes = [min(row.state.size(fixed, allow_none=True), room) for row, room in zip(rows, rooms)]
+        if batch.last_call is not None and batch.last_call is not self._last_call:  # the call since the last proposal
+            self._last_call = batch.last_call
+            self.costs.observe(*batch.last_call)
+        one_token, ratio = self.costs.fit()
+        fixed = self.costs.drafter_seconds / one_token if one_token > 0 else 0.0
+        sizes = [min(row.state.size(fixed, allow_none=True, cost_ratio=ratio), room) for row, room in zip(rows, rooms)]
         drafting = [slot for slot, size in enumerate(sizes) if size > 0]
         if not drafting:
             return [empty] * len(rows)
@@ -93,7 +97,7 @@ class DrafterDraft:
         drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting], hidden, mask, self.pad_id)
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
-        self._drafter_call = _mean(self._drafter_call, elapsed)
+        self.costs.observe_drafter(elapsed)
         drafts = [empty] * len(rows)
         for place, slot in enumerate(drafting):
             drafts[slot] = drafted[place, : sizes[slot]]
@@ -104,7 +108,3 @@ class DrafterDraft:
             row.state.observe(drafted, accepted)
         else:
             row.state.skipped()
-
-
-def _mean(mean: float, value: float, weight: float = 0.2) -> float:
-    return value if mean == 0.0 else (1 - weight) * mean + weight * value

@@ -7,6 +7,7 @@ accepted. The choice changes speed only, never the output.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,16 +55,18 @@ class BlockSizer:
         self._ks = ks
         self._cost = 1.0 + options.cost_ratio * ks
 
-    def size(self, fixed_cost: float = 0.0, allow_none: bool = False) -> int:
+    def size(self, fixed_cost: float = 0.0, allow_none: bool = False, cost_ratio: float | None = None) -> int:
         """The draft length to check next. ``fixed_cost``: what drafting costs besides the
         verifier call, relative to a one-token call (GAD's drafter call), which favours longer
         drafts. ``allow_none``: 0 (a plain greedy step, without that cost) is a choice too, for
-        a row whose drafts keep failing."""
+        a row whose drafts keep failing. ``cost_ratio``: a measured one (:class:`CallCost`)
+        in place of the options' prior."""
         if not self.options.adaptive:
             return self.options.max_block
+        cost = self._cost if cost_ratio is None else 1.0 + cost_ratio * self._ks
         p = min(self._accepted / (self._accepted + self._rejected), 0.999)
         gain = (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
-        value = gain / (self._cost + fixed_cost)
+        value = gain / (cost + fixed_cost)
         best = int(np.argmax(value))
         if not allow_none or value[best] >= 1.0:
             self._rest = 1
@@ -77,7 +80,7 @@ class BlockSizer:
             self._probing = True
             fresh = self.options.prior_accepted / (self.options.prior_accepted + self.options.prior_rejected)
             fresh_gain = (1.0 - fresh ** (self._ks + 1.0)) / (1.0 - fresh)
-            return int(self._ks[int(np.argmax(fresh_gain / (self._cost + fixed_cost)))])
+            return int(self._ks[int(np.argmax(fresh_gain / (cost + fixed_cost)))])
         self._resting, self._rest = self._rest, min(2 * self._rest, MAX_REST)
         return 0
 
@@ -97,3 +100,65 @@ class BlockSizer:
         decay = self.options.decay
         self._accepted = decay * self._accepted + accepted
         self._rejected = decay * self._rejected + (1.0 if accepted < drafted else 0.0)
+
+
+class CallCost:
+    """What a verifier call costs, measured: seconds = one_token * (1 + ratio * (width - 1)),
+    fitted by least squares over the calls seen (``width``: the positions each row's block
+    holds; 1 is a plain step), with older calls weighing less so the fit follows the machine.
+
+    Why measured: the sizers weigh a draft's expected gain against its cost, and the cost of a
+    longer block relative to a step is a property of the model, precision and machine, not of
+    the device alone (measured on the small reference model, CPU, batch 1: 0.17 per extra
+    position in fp32, against the CPU prior of 0.05), and GAD's drafter call has to be
+    expressed in one-token calls, which a mean over mixed-width calls overstates. Until the
+    calls seen have varied in width, the ``prior_ratio`` stands in for the slope. Shared by
+    the decodes of one Generator (thread-safe), so a new request starts from what earlier ones
+    measured."""
+
+    MIN_SPREAD = 0.25  # variance of the widths seen below which the slope is not trusted
+    MAX_RATIO = 4.0  # a noisy fit is clamped to [0, MAX_RATIO]
+
+    def __init__(self, prior_ratio: float, decay: float = 0.98) -> None:
+        self.prior_ratio = prior_ratio
+        self.decay = decay
+        self._lock = threading.Lock()
+        self._n = self._w = self._ww = self._t = self._wt = 0.0
+        self.drafter_seconds = 0.0  # running mean of a drafter call (GAD)
+
+    def reset(self) -> None:
+        """Forget what was measured (after a warm-up, whose first calls are not typical)."""
+        with self._lock:
+            self._n = self._w = self._ww = self._t = self._wt = 0.0
+            self.drafter_seconds = 0.0
+
+    def observe(self, width: int, seconds: float) -> None:
+        with self._lock:
+            d = self.decay
+            self._n = d * self._n + 1.0
+            self._w = d * self._w + width
+            self._ww = d * self._ww + width * width
+            self._t = d * self._t + seconds
+            self._wt = d * self._wt + width * seconds
+
+    def observe_drafter(self, seconds: float, weight: float = 0.2) -> None:
+        with self._lock:
+            mean = self.drafter_seconds
+            self.drafter_seconds = seconds if mean == 0.0 else (1 - weight) * mean + weight * seconds
+
+    def fit(self) -> tuple[float, float]:
+        """(seconds of a one-token call, cost of one more position relative to it); (0, prior)
+        before any call was seen."""
+        with self._lock:
+            n, w, ww, t, wt = self._n, self._w, self._ww, self._t, self._wt
+        if n == 0.0:
+            return 0.0, self.prior_ratio
+        mean_w, mean_t = w / n, t / n
+        spread = ww / n - mean_w * mean_w
+        if spread >= self.MIN_SPREAD:
+            slope = (wt / n - mean_w * mean_t) / spread
+            one = mean_t - slope * (mean_w - 1.0)
+            if one > 0.0:
+                return one, min(max(slope / one, 0.0), self.MAX_RATIO)
+        # widths too alike to tell the slope: the prior ratio, scaled to the mean call
+        return mean_t / (1.0 + self.prior_ratio * (mean_w - 1.0)), self.prior_ratio

@@ -36,6 +36,7 @@ class Batch:
         self._mask = np.zeros((0, 0), dtype=np.int64)
         self.encoder_seconds = 0.0
         self.verifier_seconds = 0.0
+        self.last_call: tuple[int, float] | None = None
 
     @property
     def rows(self) -> int:
@@ -99,7 +100,8 @@ class Batch:
                 self._layout = self.buffers.layout
             outputs = session.run_bound(binding)
             top_logprobs, top_ids = outputs[0].numpy(), outputs[1].numpy()
-        self.verifier_seconds += time.perf_counter() - started
+        self.last_call = (new, time.perf_counter() - started)  # (positions per row, seconds): the cost model's data
+        self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids
 
     def keep(self, counts: np.ndarray) -> None:

@@ -262,3 +262,41 @@ def test_a_failing_row_tries_drafting_again_less_and_less_often():
         size = sizer.size(fixed_cost=1.0, allow_none=True)
         assert size > 0
         sizer.observe(size, size)
+
+
+def test_call_cost_fits_the_measured_cost_of_a_longer_block():
+    from aggdec.runtime.decoding.sizing import CallCost
+
+    costs = CallCost(prior_ratio=0.05)
+    assert costs.fit() == (0.0, 0.05)  # nothing seen: the prior
+    for _ in range(3):
+        costs.observe(8, 2.4)
+    one, ratio = costs.fit()  # one width only: the slope is unknown, the prior scales the mean
+    assert ratio == 0.05 and one == pytest.approx(2.4 / 1.35)
+    rng = np.random.default_rng(0)
+    for _ in range(400):  # a call of w positions costs 1 ms * (1 + 0.2 (w - 1)), with noise
+        width = int(rng.integers(1, 14))
+        costs.observe(width, 1e-3 * (1 + 0.2 * (width - 1)) * rng.uniform(0.95, 1.05))
+    one, ratio = costs.fit()
+    assert one == pytest.approx(1e-3, rel=0.05) and ratio == pytest.approx(0.2, rel=0.1)
+    costs.reset()
+    assert costs.fit() == (0.0, 0.05) and costs.drafter_seconds == 0.0
+
+
+def test_a_costly_drafter_makes_failing_rows_rest_sooner():
+    """The sizer's choice with the measured costs: where a drafter call costs two one-token
+    calls and each extra position 0.2 of one, a row accepting one draft token in two stops
+    drafting; with the old cheap estimates it would keep paying for the drafter."""
+    from aggdec.runtime.decoding.sizing import BlockOptions, BlockSizer
+
+    def first_rest(fixed: float, ratio: float) -> int | None:
+        sizer = BlockSizer(BlockOptions(max_block=12))
+        for iteration in range(40):
+            size = sizer.size(fixed, allow_none=True, cost_ratio=ratio)
+            if size == 0:
+                return iteration
+            sizer.observe(size, 1)  # one token of each draft accepted
+        return None
+
+    assert first_rest(fixed=2.0, ratio=0.2) is not None
+    assert first_rest(fixed=0.5, ratio=0.05) is None
