@@ -375,7 +375,7 @@ def _progress(total: int | None) -> Iterator[Any]:
 
 
 def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO, load: float = 0.0,
-                 warm_up: float = 0.0) -> None:
+                 warm_up: float = 0.0, costs: tuple[float, float, float] | None = None) -> None:
     tokens = sum(len(r.ids) for r in results)
     iterations = sum(r.stats.iterations for r in results)
     outside = max(wall - graphs, 0.0)
@@ -386,6 +386,10 @@ def _print_stats(results: list, mode: str, wall: float, graphs: float, out: Text
         f"not counted: load {load:.3f}s, warm-up {warm_up:.3f}s",
         file=out,
     )
+    if costs is not None and costs[0] > 0:  # GAD: what its draft lengths were chosen from
+        one_token, ratio, drafter = costs
+        print(f"aggdec: {mode}: measured costs: a one-token verifier call {1000 * one_token:.3f} ms, each extra "
+              f"block position +{ratio:.3f} of it, a drafter call {1000 * drafter:.3f} ms", file=out)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -432,7 +436,9 @@ def _generate(args: argparse.Namespace) -> int:
                 bar.update(1)
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     if args.stats:
-        _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up)
+        costs = (*generator.gad_costs.fit(), generator.gad_costs.drafter_seconds) if args.mode in ("gad", "gad++") \
+            else None
+        _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up, costs)
     return 1 if refused else 0
 
 

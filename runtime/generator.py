@@ -206,7 +206,7 @@ class Generator:
         self.drafter: Drafter | None = None
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured
-        self._gad_costs = CallCost(DEFAULT_COST_RATIO[device])
+        self.gad_costs = CallCost(DEFAULT_COST_RATIO[device])
         if self.drafter_graph is not None:
             self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
                                    int(m.draft_window or 0))
@@ -239,7 +239,7 @@ class Generator:
             pass
         for name, session in self._sessions.items():
             session.seconds = before[name]
-        self._gad_costs.reset()  # first calls are slow: not what the next decodes will cost
+        self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
         return time.perf_counter() - started
 
     @property
@@ -466,7 +466,7 @@ class Generator:
             raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({drafter.k}), "
                              f"got {draft_k!r}.")
         drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k, cost_ratio=DEFAULT_COST_RATIO[self.device],
-                              costs=self._gad_costs)
+                              costs=self.gad_costs)
         if mode == "gad":
             return drafts, GREEDY
         beta = GAD_PLUS_BETA if beta is None else beta

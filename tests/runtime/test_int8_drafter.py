@@ -87,8 +87,11 @@ def test_generate_fp32_drafter_flag(gad_bundle, tmp_path, capsys):  # noqa: F811
     outputs = []
     for extra in (["--mode", "greedy"], ["--mode", "gad"], ["--mode", "gad", "--fp32-drafter"]):
         assert main(["generate", str(gad_bundle("marian")), "--input", str(source), "--max-new-tokens", "12",
-                     *extra]) == 0
-        outputs.append(capsys.readouterr().out)
+                     "--stats", *extra]) == 0
+        captured = capsys.readouterr()
+        outputs.append(captured.out)
+        # GAD's --stats also says what its draft lengths were chosen from
+        assert ("measured costs: a one-token verifier call" in captured.err) == ("gad" in extra), captured.err
     assert outputs[0].strip() and outputs[1] == outputs[0] and outputs[2] == outputs[0]
 
 
