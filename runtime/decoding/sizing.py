@@ -141,7 +141,8 @@ class CallCost:
             self._t = d * self._t + seconds
             self._wt = d * self._wt + width * seconds
 
-    def observe_drafter(self, seconds: float, weight: float = 0.2) -> None:
+    def observe_drafter(self, seconds: float, weight: float = 0.05) -> None:
+        # a slow-moving mean: one drafter call delayed by the machine should not make every row rest
         with self._lock:
             mean = self.drafter_seconds
             self.drafter_seconds = seconds if mean == 0.0 else (1 - weight) * mean + weight * seconds

@@ -70,12 +70,21 @@ def test_report_matches_what_the_runtime_accepts(tmp_path, editing_marian_dir, t
     from aggdec.export import export_bundle
     from aggdec.runtime.generator import Generator
 
+    from aggdec.runtime.decoding.arrivals import Arrivals
+    from aggdec.runtime.decoding.common import GREEDY
+    from aggdec.runtime.decoding.gad import DrafterDraft
+
     report = json.loads((trained_drafter_dir / REPORT_FILE).read_text())
     export_bundle(editing_marian_dir, tmp_path / "bundle", drafter_dir=trained_drafter_dir, progress=None)
     heldout = (trained_drafter_dir.parent / "sources.txt").read_text().splitlines()[-report["heldout"]:]
-    results = Generator(tmp_path / "bundle", threads=1).generate(heldout, mode="gad")
-    accepted = sum(sum(r.stats.accepted) for r in results)
-    iterations = sum(len(r.stats.accepted) for r in results)
+    # what the report simulates: the trained (float) drafter, all k of its drafts checked every
+    # iteration (generate's draft lengths follow measured timings, and the CPU's default
+    # drafter is its int8 copy: both change the counts, never the outputs)
+    generator = Generator(tmp_path / "bundle", threads=1, int8_drafter=False)
+    drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False)
+    done = list(generator._decode(Arrivals.of(generator.encode(heldout)), generator.limits(None), drafts, GREEDY, 16))
+    accepted = sum(sum(d.trace.accepted) for d in done)
+    iterations = sum(len(d.trace.accepted) for d in done)
     assert (accepted, iterations) == (report["target_tokens"], report["iterations"])
 
 

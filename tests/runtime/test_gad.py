@@ -208,11 +208,12 @@ def test_trained_drafter_on_the_editing_model(tmp_path, editing_marian_dir, trai
         generator = Generator(tmp_path / "bundle", int8_drafter=int8_drafter)
         results = generator.generate(texts, mode="gad", max_new_tokens=60)
         assert [r.ids for r in results] == expected
-        tokens_per_call = sum(len(r.ids) for r in results) / sum(r.stats.iterations for r in results)
-        assert tokens_per_call >= 3.0, (generator.drafter_graph, tokens_per_call)
         assert any(0 < a < d + 1 for r in results for d, a in zip(r.stats.drafted, r.stats.accepted))  # rejections
+        # several tokens per verifier call, with drafts of the full k: generate's draft lengths
+        # follow measured timings, which would make the figure vary from run to run
         fixed_rate[generator.drafter_graph] = fixed_k_rate(generator, texts, GREEDY, 60)
-    # int8 costs the drafter little acceptance (drafts of the full k, so that timings play no part)
+        assert fixed_rate[generator.drafter_graph] >= 3.0, fixed_rate
+    # int8 costs the drafter little acceptance
     assert fixed_rate["drafter_int8"] >= 0.9 * fixed_rate["drafter"], fixed_rate
 
     from transformers import AutoModelForSeq2SeqLM
