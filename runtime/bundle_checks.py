@@ -18,9 +18,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .bundle_schema import DTYPES, show
+from .bundle_schema import DRAFTER_GRAPHS, DTYPES, show
 from .errors import BundleError
-from .manifest import DRAFTER_GRAPHS, GraphSpec, Manifest, TensorSpec
+from .manifest import GraphSpec, Manifest, TensorSpec
 
 ADVICE = "the bundle's files do not belong together; re-run `aggdec export`."
 # The last dim of a tensor of this role must equal this manifest field:

@@ -15,8 +15,8 @@ from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
-from .decoding.sizing import CallCost
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
+from .decoding.sizing import CallCost
 from .decoding.verifier import SLACK, Verifier
 from .errors import BundleError, InputError, ProviderError
 from .manifest import TOKENIZER_FILE, Manifest, load_manifest

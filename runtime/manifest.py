@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bundle_schema import DRAFTER_GRAPHS, show, validate_manifest  # noqa: F401 (DRAFTER_GRAPHS: re-exported)
+from .bundle_schema import show, validate_manifest
 from .errors import BundleError, BundleNotFoundError
 
 # 2: fixed-capacity self-attention buffers written in place, per-layer cross K/V

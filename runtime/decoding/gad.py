@@ -60,8 +60,7 @@ class Drafter:
 # that tracked a long stretch often fails for good when the output turns repetitive; with 0.8
 # a row kept drafting k for five to eight failed calls after a run of successes. Measured with
 # benchmarks/gad_decay_ab.py (1,500 sentences, one process): 0.5 against 0.8 took 0.962x the
-# GAD time, 0.922x on outputs over 64 tokens (a scratch run before it: 0.971x, 0.924x; 0.3:
-# 0.968x, 0.931x; 0.8 against itself: 0.996x, 1.004x, the noise).
+# GAD time, 0.922x on outputs over 64 tokens (0.8 against itself, the noise: 0.996x, 1.004x).
 DECAY = 0.5
 
 
@@ -95,7 +94,9 @@ class DrafterDraft:
             self.costs.observe(*batch.last_call)
         one_token, ratio = self.costs.fit()
         fixed = self.costs.drafter_seconds / one_token if one_token > 0 else 0.0
-        sizes = [min(row.state.size(fixed, allow_none=True, cost_ratio=ratio), room) for row, room in zip(rows, rooms)]
+        block_cost = self.costs.block_cost(ratio, self.k)  # once per iteration, shared by the rows
+        sizes = [min(row.state.size(fixed, allow_none=True, block_cost=block_cost), room)
+                 for row, room in zip(rows, rooms)]
         drafting = [slot for slot, size in enumerate(sizes) if size > 0]
         if not drafting:
             return [empty] * len(rows)

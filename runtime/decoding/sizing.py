@@ -55,15 +55,16 @@ class BlockSizer:
         self._ks = ks
         self._cost = 1.0 + options.cost_ratio * ks
 
-    def size(self, fixed_cost: float = 0.0, allow_none: bool = False, cost_ratio: float | None = None) -> int:
+    def size(self, fixed_cost: float = 0.0, allow_none: bool = False, block_cost: np.ndarray | None = None) -> int:
         """The draft length to check next. ``fixed_cost``: what drafting costs besides the
         verifier call, relative to a one-token call (GAD's drafter call), which favours longer
         drafts. ``allow_none``: 0 (a plain greedy step, without that cost) is a choice too, for
-        a row whose drafts keep failing. ``cost_ratio``: a measured one (:class:`CallCost`)
-        in place of the options' prior."""
+        a row whose drafts keep failing. ``block_cost``: the cost of checking 1..max_block drafts
+        relative to a one-token call, measured (:meth:`CallCost.block_cost`), in place of the
+        options' prior."""
         if not self.options.adaptive:
             return self.options.max_block
-        cost = self._cost if cost_ratio is None else 1.0 + cost_ratio * self._ks
+        cost = self._cost if block_cost is None else block_cost
         p = min(self._accepted / (self._accepted + self._rejected), 0.999)
         gain = (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
         value = gain / (cost + fixed_cost)
@@ -109,12 +110,12 @@ class CallCost:
 
     Why measured: the sizers weigh a draft's expected gain against its cost, and the cost of a
     longer block relative to a step is a property of the model, precision and machine, not of
-    the device alone (measured on the small reference model, CPU, batch 1: 0.17 per extra
-    position in fp32, against the CPU prior of 0.05), and GAD's drafter call has to be
-    expressed in one-token calls, which a mean over mixed-width calls overstates. Until the
-    calls seen have varied in width, the ``prior_ratio`` stands in for the slope. Shared by
-    the decodes of one Generator (thread-safe), so a new request starts from what earlier ones
-    measured."""
+    the device alone (on the small reference model, CPU, batch 1, fp32, `aggdec generate --mode
+    gad --stats` prints 0.13 to 0.15 per extra position, against the CPU prior of 0.05), and
+    GAD's drafter call has to be expressed in one-token calls, which a mean over mixed-width
+    calls overstates. Until the calls seen have varied in width, the ``prior_ratio`` stands in
+    for the slope. Shared by the decodes of one Generator (thread-safe), so a new request starts
+    from what earlier ones measured."""
 
     MIN_SPREAD = 0.25  # variance of the widths seen below which the slope is not trusted
     MAX_RATIO = 4.0  # a noisy fit is clamped to [0, MAX_RATIO]
@@ -146,6 +147,10 @@ class CallCost:
         with self._lock:
             mean = self.drafter_seconds
             self.drafter_seconds = seconds if mean == 0.0 else (1 - weight) * mean + weight * seconds
+
+    def block_cost(self, ratio: float, max_block: int) -> np.ndarray:
+        """The cost of a block checking 1..max_block drafts, in one-token calls, for BlockSizer."""
+        return 1.0 + ratio * np.arange(1, max_block + 1, dtype=np.float64)
 
     def fit(self) -> tuple[float, float]:
         """(seconds of a one-token call, cost of one more position relative to it); (0, prior)

@@ -288,12 +288,13 @@ def test_a_costly_drafter_makes_failing_rows_rest_sooner():
     """The sizer's choice with the measured costs: where a drafter call costs two one-token
     calls and each extra position 0.2 of one, a row accepting one draft token in two stops
     drafting; with the old cheap estimates it would keep paying for the drafter."""
-    from aggdec.runtime.decoding.sizing import BlockOptions, BlockSizer
+    from aggdec.runtime.decoding.sizing import BlockOptions, BlockSizer, CallCost
 
     def first_rest(fixed: float, ratio: float) -> int | None:
         sizer = BlockSizer(BlockOptions(max_block=12))
+        block_cost = CallCost(prior_ratio=0.05).block_cost(ratio, 12)
         for iteration in range(40):
-            size = sizer.size(fixed, allow_none=True, cost_ratio=ratio)
+            size = sizer.size(fixed, allow_none=True, block_cost=block_cost)
             if size == 0:
                 return iteration
             sizer.observe(size, 1)  # one token of each draft accepted
