@@ -1,61 +1,128 @@
 """Where served throughput goes, without HTTP: the decode loop fed like a server (closed loop,
-texts in arrival order, never closed) against Generator.generate (all texts known, sorted by
-length), on the same sentences, in one process.
+texts in arrival order, a queue that is never closed) against Generator.generate (all texts
+known, sorted by length), on the same sentences, in one process, with and without the loop's
+measures for mixed lengths (cohorts by source length, encoder calls by length).
 
-    python benchmarks/serve_closed_loop.py BUNDLE [--limit 256] [--concurrency 32] [--slots 8 16 32]
+    python benchmarks/serve_closed_loop.py BUNDLE [--limit 512] [--concurrency 32] [--slots 32] [--passes 2]
+
+For each variant it prints texts per second, the encoder's and the verifier's seconds, and the
+verifier calls with their mean rows, cache span and source span (the positions every row of a
+call attends over). "one batch" turns both measures off (the loop before them); "cohorts" is
+the default on the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from contextlib import contextmanager
 
+import numpy as np
+
+import aggdec.runtime.decoding.verifier as verifier_module
+import aggdec.runtime.generator as generator_module
 from aggdec import Generator
 from aggdec.bench.data import load_examples
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
 
+VARIANTS = {
+    "one batch": {"classes": (), "call_tokens": 10**9},  # every joining text in one encoder call
+    "cohorts": {"classes": generator_module.LENGTH_CLASSES["cpu"],
+                "call_tokens": verifier_module.ENCODER_CALL_TOKENS},
+}
 
-def closed_loop(generator: Generator, ids: list[list[int]], concurrency: int, slots: int, linger: float) -> float:
-    """Texts per second with ``concurrency`` texts in flight, each replaced as it finishes."""
+
+@contextmanager
+def variant(name: str):
+    settings = VARIANTS[name]
+    saved = generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS
+    generator_module.LENGTH_CLASSES["cpu"] = settings["classes"]
+    verifier_module.ENCODER_CALL_TOKENS = settings["call_tokens"]
+    try:
+        yield
+    finally:
+        generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS = saved
+
+
+class Calls:
+    """Records each verifier call's rows and spans (wraps Batch.verify, which runs as always)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int]] = []
+        original = verifier_module.Batch.verify
+        calls = self
+
+        def verify(batch, tokens):
+            out = original(batch, tokens)
+            calls.rows.append((tokens.shape[0], batch.buffers.capacity, batch.buffers.source_capacity))
+            return out
+
+        verifier_module.Batch.verify = verify
+
+    def summary(self) -> str:
+        if not self.rows:
+            return "no call"
+        a = np.array(self.rows, dtype=np.float64)
+        return (f"{len(a)} calls, {a[:, 0].mean():.1f} rows, cache span {a[:, 1].mean():.0f}, "
+                f"source span {a[:, 2].mean():.0f} (means per call)")
+
+
+def closed_loop(generator: Generator, ids: list[list[int]], concurrency: int, slots: int, passes: int,
+                linger: float) -> float:
+    """Texts per second with ``concurrency`` texts in flight, each replaced by the next (in order,
+    ``passes`` times over the list) as it finishes."""
+    total = passes * len(ids)
     work = Arrivals()
     rows = generator.decoder(work, "iad", slots, linger=linger)
     sent = 0
     started = time.perf_counter()
-    for _ in range(min(concurrency, len(ids))):
-        work.put(Work(sent, ids[sent]))
+    for _ in range(min(concurrency, total)):
+        work.put(Work(sent, ids[sent % len(ids)]))
         sent += 1
     finished = 0
     for _ in rows:
         finished += 1
-        if finished == len(ids):
+        if finished == total:
             break
-        if sent < len(ids):
-            work.put(Work(sent, ids[sent]))
+        if sent < total:
+            work.put(Work(sent, ids[sent % len(ids)]))
             sent += 1
     seconds = time.perf_counter() - started
     work.abandon()
-    return len(ids) / seconds
+    return total / seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
-    parser.add_argument("--limit", type=int, default=256)
+    parser.add_argument("--limit", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--passes", type=int, default=2, help="closed loop: times over the sentences")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     generator = Generator(args.bundle, threads=args.threads)
     texts = [e.source for e in load_examples("uagec-test", limit=args.limit)]
     ids = [generator.prepare(text)[1] for text in texts]
     generator.generate(texts[:8], mode="iad")  # warm-up
-    started = time.perf_counter()
-    generator.generate(texts, mode="iad", batch_size=32)
-    offline = len(texts) / (time.perf_counter() - started)
-    print(f"offline iad, batch 32, sorted by length: {offline:.1f} texts/s")
-    for slots in args.slots:
-        rate = closed_loop(generator, ids, args.concurrency, slots, 0.005)
-        print(f"closed loop, {args.concurrency} in flight, {slots} slots: {rate:.1f} texts/s ({rate / offline:.2f}x)")
+    calls = Calls()
+    print(f"{len(texts)} UA-GEC test sentences, IAD, {args.threads} thread(s); closed loop: {args.concurrency} in "
+          f"flight, {args.slots} slots, {args.passes} passes")
+    for name in VARIANTS:
+        with variant(name):
+            for run in ("offline", "closed loop"):
+                calls.rows.clear()
+                before = dict(generator.verifier.seconds)
+                started = time.perf_counter()
+                if run == "offline":
+                    generator.generate(texts, mode="iad", batch_size=args.slots)
+                    rate = len(texts) / (time.perf_counter() - started)
+                else:
+                    rate = closed_loop(generator, ids, args.concurrency, args.slots, args.passes, 0.005)
+                texts_done = len(texts) * (1 if run == "offline" else args.passes)
+                spent = {k: (v - before[k]) / texts_done * 1000 for k, v in generator.verifier.seconds.items()}
+                print(f"{name:>9} {run:>11}: {rate:6.1f} texts/s; per text: encoder {spent['encoder']:.2f} ms, "
+                      f"verifier {spent['verifier']:.2f} ms; {calls.summary()}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verifi
 # per extra block position, relative to a one-token call (see BlockOptions)
 DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005, "tensorrt": 0.005}
 DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64, "tensorrt": 64}
+# Source lengths that split a batch into cohorts (runtime/decoding/loop.py: decode). On the CPU a
+# call's cost grows with the span its longest row makes every row attend over; a server's
+# arrival-order batches mix lengths (benchmarks/results/serve-cpu). A GPU call costs about the
+# same at any span and more calls would cost more: one batch.
+LENGTH_CLASSES = {"cpu": (32, 64), "cuda": (), "tensorrt": ()}
 _END = object()  # the end of a stream's results
 
 
@@ -435,7 +440,8 @@ class Generator:
     def _decode(self, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
                 verification: Verification, batch_size: int, linger: float = 0.0):
         return decode(self.verifier, work, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
-                      self.io_binding, keep_hidden=drafts.reads_encoder_output, linger=linger)
+                      self.io_binding, keep_hidden=drafts.reads_encoder_output, linger=linger,
+                      classes=LENGTH_CLASSES[self.device])
 
     def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
                       tau: float | None = None, draft_k: int | None = None) -> None:

@@ -174,12 +174,34 @@ class SlotBuffers:
     def _ensure_source(self, needed: int) -> None:
         if needed <= self.source_capacity:
             return
-        source = bucket(needed, self.max_source)
+        self._resize_source(bucket(needed, self.max_source))
+
+    def _resize_source(self, source: int) -> None:
         self._relayout(self._cross, self.cross_shape(), self.cross_shape(source=source), axis=2)
         if self._hidden is not None and self.rows:
             self._relayout([self._hidden], (self.rows, self.source_capacity, self.d_model),
                            (self.rows, source, self.d_model), axis=1)
         self.source_capacity = source
+        self.layout += 1
+
+    def shrink(self, needed: int) -> None:
+        """Give back capacity the current rows no longer need: self-attention down to ``needed``
+        positions (bucketed), source down to the longest current source.
+
+        A batch that never empties (a server's) would otherwise keep the capacity of the longest
+        row it ever held, and every later call would attend over it. Only positions past every
+        row's length are dropped, and those are masked, so results are unchanged.
+        """
+        if self.rows == 0:
+            return
+        capacity = bucket(needed, self.max_target)
+        if capacity < self.capacity:
+            self._relayout(self._self, self.self_shape(), self.self_shape(capacity=capacity), axis=2)
+            self.capacity = capacity
+            self.layout += 1
+        source = bucket(int(self.mask[: self.rows].sum(axis=1).max()), self.max_source)
+        if source < self.source_capacity:
+            self._resize_source(source)
 
     def add_rows(self, cross: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray | None) -> range:
         """Append rows from one encoder call (cross [m, H, S, Dh] per layer and kind); their slots."""

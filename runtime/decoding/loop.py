@@ -17,6 +17,7 @@ yielded as rows finish, with the caller's index.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -87,96 +88,149 @@ class Finished:
     seconds: dict[str, float]
 
 
+@dataclass
+class Cohort:
+    """The rows of one length class and the batch (buffers, binding) whose calls they share."""
+
+    batch: Batch
+    rows: list[Row] = field(default_factory=list)  # rows[slot]
+    seconds: float = 0.0  # time its calls took, since it last had no row, on the loop's clock
+
+
+def length_class(length: int, bounds: Sequence[int]) -> int:
+    """Which class a source of ``length`` tokens belongs to: the number of bounds below it."""
+    return bisect.bisect_left(bounds, length)
+
+
+def next_cohort(cohorts: Sequence[Cohort]) -> Cohort:
+    """The cohort with rows whose calls have taken the least time: classes get fair shares of
+    time, not of calls (fair queuing), so a class of a few long rows, whose calls are cheap,
+    gets more of them than the crowded class of short rows, and a long text is not held back
+    a turn of every other class per token."""
+    return min((cohort for cohort in cohorts if cohort.rows), key=lambda cohort: cohort.seconds)
+
+
 def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
            verification: Verification, slots: int, pad_id: int, bound: bool, keep_hidden: bool = False,
-           linger: float = 0.0) -> Iterator[Finished]:
-    """Decode the sources of ``work`` as they arrive, at most ``slots`` rows per verifier call;
-    yields rows as they finish, and returns once ``work`` is closed and done. A row's own
-    limits (``Work.limits``) replace ``limits``; a cancelled row is dropped without a result.
-    ``linger``: when the batch is empty, seconds to wait for more sources after the first."""
-    rows: list[Row] = []  # rows[slot]
+           linger: float = 0.0, classes: Sequence[int] = ()) -> Iterator[Finished]:
+    """Decode the sources of ``work`` as they arrive, at most ``slots`` rows at once; yields
+    rows as they finish, and returns once ``work`` is closed and done. A row's own limits
+    (``Work.limits``) replace ``limits``; a cancelled row is dropped without a result.
+    ``linger``: when no row is decoding, seconds to wait for more sources after the first.
+
+    ``classes``: source lengths (ascending) that split the rows into cohorts by length, each
+    with a batch of its own; one cohort takes each verifier call (:func:`next_cohort`). A call
+    attends over its longest row's cache and source for every row, so a long text among short
+    ones multiplies their cost. An offline run avoids that by sorting its texts; a server gets
+    them in arrival order. Empty: one batch."""
     arrived = work.take(slots, wait=True, linger=linger)
     if not arrived:
         return
     # a closed queue's size is known: no more buffer rows than it can ever fill
-    batch = verifier.batch(min(slots, len(arrived) + len(work)) if work.closed else slots, bound, keep_hidden)
+    size = min(slots, len(arrived) + len(work)) if work.closed else slots
+    cohorts: dict[int, Cohort] = {}
+    clock = 0.0  # the seconds of the cohort that took the last call: where a cohort that was empty starts
     while True:
-        free = batch.slots - len(rows)
+        live = sum(len(cohort.rows) for cohort in cohorts.values())
+        free = slots - live
         if not arrived and free and len(work) and (
-                free >= max(1, batch.slots // 4) or (work.closed and len(work) <= free)):
-            # refill in groups, one encoder call each: a quarter of the slots, or whatever is left
+                free >= max(1, slots // 4) or (work.closed and len(work) <= free)):
+            # refill in groups: a quarter of the slots, or whatever is left
             arrived = work.take(free, wait=False)
-        if not rows and not arrived:
+        if not live and not arrived:
             if work.finished:
                 return
-            arrived = work.take(batch.slots, wait=True, linger=linger)
+            arrived = work.take(slots, wait=True, linger=linger)
             continue
         if arrived:
-            _admit(batch, arrived, rows, limits, drafts, pad_id)
+            joining: dict[int, list[Work]] = {}
+            for item in arrived:
+                joining.setdefault(length_class(len(item.source), classes), []).append(item)
+            for klass, group in joining.items():
+                cohort = cohorts.get(klass)
+                if cohort is None:  # its buffers are made on first use and kept
+                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, keep_hidden))
+                if not cohort.rows:  # no credit and no debt from before it was empty
+                    cohort.seconds = clock
+                _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id)
             arrived = []
-
-        started = time.perf_counter()
-        verifier_before, drafter_before = batch.verifier_seconds, drafts.seconds
-        lengths = batch.lengths[: len(rows)]
-        pendings = [row.trace.tokens[int(lengths[slot]):] for slot, row in enumerate(rows)]
-        # a row's block is its pending tokens plus its draft; every padded block must fit the cache
-        limit = batch.block_limit()
-        rooms = [max(0, min(row.trace.draft_room(row.limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
-        proposed = drafts.propose(batch, rows, rooms)
-        widths = [len(pend) + len(draft) for pend, draft in zip(pendings, proposed)]
-        if len(rows) > 1 and WIDTH_QUANTILE < 1.0:
-            # Blocks are padded to the widest: one row's long draft would make every row pay for
-            # it. The width is capped at a quantile of the rows' wishes; longer drafts are cut
-            # (a shorter draft changes speed, never the output).
-            cap = max(2, int(np.quantile(widths, WIDTH_QUANTILE)))
-            proposed = [draft[: max(0, cap - len(pend))] for pend, draft in zip(pendings, proposed)]
-            widths = [min(w, max(cap, len(pend))) for w, pend in zip(widths, pendings)]
-        width = max(widths)
-        tokens = np.full((len(rows), width), pad_id, dtype=np.int64)
-        for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
-            tokens[slot, : len(pend)] = pend
-            tokens[slot, len(pend) : len(pend) + len(draft)] = draft
-        top_logprobs, top_ids = batch.verify(tokens)
-
-        kept = np.zeros(len(rows), dtype=np.int64)
-        for slot, (row, pend, draft) in enumerate(zip(rows, pendings, proposed)):
-            first = len(pend) - 1  # the position scoring draft[0]: after the last pending token
-            end = first + len(draft) + 1
-            accepted = verification.accepted(draft, top_ids[slot, first:end], top_logprobs[slot, first:end])
-            kept[slot] = len(pend) + accepted
-            appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[slot, first + accepted, 0])],
-                                        row.limits)
-            row.trace.drafted.append(len(draft))
-            row.trace.accepted.append(appended)
-            drafts.observe(row, len(draft), accepted, appended)
-        batch.keep(kept)
-
-        shares = {"verifier": (batch.verifier_seconds - verifier_before) / len(rows),
-                  "drafter": (drafts.seconds - drafter_before) / len(rows),
-                  "total": (time.perf_counter() - started) / len(rows)}
-        for row in rows:
-            for name, value in shares.items():
-                row.seconds[name] += value
+        cohort = next_cohort(list(cohorts.values()))
+        clock = cohort.seconds
+        yield from _step(cohort, work, drafts, verification, pad_id)
         if work.abandoned:
             return
-        cancelled = work.cancelled()
-        for slot in reversed(range(len(rows))):  # from the end: a moved row is never one still to check
-            row = rows[slot]
-            if row.index in cancelled:
-                work.forget(row.index)
-            elif row.trace.done:
-                work.forget(row.index)  # before the yield: a cancel from now on has nothing to drop
-                yield Finished(row.index, row.trace, row.seconds)
-            else:
-                continue
-            if batch.remove(slot) is not None:
-                rows[slot] = rows[-1]
-            rows.pop()
+
+
+def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Verification,
+          pad_id: int) -> Iterator[Finished]:
+    """One draft-then-verify call for the rows of ``cohort``; yields those that finish."""
+    batch, rows = cohort.batch, cohort.rows
+    started = time.perf_counter()
+    verifier_before, drafter_before = batch.verifier_seconds, drafts.seconds
+    lengths = batch.lengths[: len(rows)]
+    pendings = [row.trace.tokens[int(lengths[slot]):] for slot, row in enumerate(rows)]
+    # a row's block is its pending tokens plus its draft; every padded block must fit the cache
+    limit = batch.block_limit()
+    rooms = [max(0, min(row.trace.draft_room(row.limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
+    proposed = drafts.propose(batch, rows, rooms)
+    widths = [len(pend) + len(draft) for pend, draft in zip(pendings, proposed)]
+    if len(rows) > 1 and WIDTH_QUANTILE < 1.0:
+        # Blocks are padded to the widest: one row's long draft would make every row pay for
+        # it. The width is capped at a quantile of the rows' wishes; longer drafts are cut
+        # (a shorter draft changes speed, never the output).
+        cap = max(2, int(np.quantile(widths, WIDTH_QUANTILE)))
+        proposed = [draft[: max(0, cap - len(pend))] for pend, draft in zip(pendings, proposed)]
+        widths = [min(w, max(cap, len(pend))) for w, pend in zip(widths, pendings)]
+    width = max(widths)
+    tokens = np.full((len(rows), width), pad_id, dtype=np.int64)
+    for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
+        tokens[slot, : len(pend)] = pend
+        tokens[slot, len(pend) : len(pend) + len(draft)] = draft
+    top_logprobs, top_ids = batch.verify(tokens)
+
+    kept = np.zeros(len(rows), dtype=np.int64)
+    for slot, (row, pend, draft) in enumerate(zip(rows, pendings, proposed)):
+        first = len(pend) - 1  # the position scoring draft[0]: after the last pending token
+        end = first + len(draft) + 1
+        accepted = verification.accepted(draft, top_ids[slot, first:end], top_logprobs[slot, first:end])
+        kept[slot] = len(pend) + accepted
+        appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[slot, first + accepted, 0])],
+                                    row.limits)
+        row.trace.drafted.append(len(draft))
+        row.trace.accepted.append(appended)
+        drafts.observe(row, len(draft), accepted, appended)
+    batch.keep(kept)
+
+    elapsed = time.perf_counter() - started
+    cohort.seconds += elapsed
+    shares = {"verifier": (batch.verifier_seconds - verifier_before) / len(rows),
+              "drafter": (drafts.seconds - drafter_before) / len(rows),
+              "total": elapsed / len(rows)}
+    for row in rows:
+        for name, value in shares.items():
+            row.seconds[name] += value
+    if work.abandoned:
+        return
+    cancelled = work.cancelled()
+    for slot in reversed(range(len(rows))):  # from the end: a moved row is never one still to check
+        row = rows[slot]
+        if row.index in cancelled:
+            work.forget(row.index)
+        elif row.trace.done:
+            work.forget(row.index)  # before the yield: a cancel from now on has nothing to drop
+            yield Finished(row.index, row.trace, row.seconds)
+        else:
+            continue
+        if batch.remove(slot) is not None:
+            rows[slot] = rows[-1]
+        rows.pop()
 
 
 def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLimits, drafts: DraftSource,
            pad_id: int) -> None:
-    """Encode the arrived sources in one call and give each a free slot."""
+    """Encode the arrived sources and give each a free slot (shortest first: the encoder calls
+    group similar lengths)."""
+    arrived = sorted(arrived, key=lambda work: len(work.source))
     before = batch.encoder_seconds
     started = time.perf_counter()
     batch.admit([work.source for work in arrived], pad_id)

@@ -10,6 +10,7 @@ makes the graph overwrite them.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -21,6 +22,36 @@ from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_na
 # cache positions beyond max_target_len: a row's decoder prefix is at most two tokens, so a
 # batch's padded block never writes past the allocation (see Batch.block_limit)
 SLACK = 2
+
+
+# An encoder call's fixed cost in padded source tokens. Measured on the reference model, CPU,
+# 1 thread: ~0.4 ms a call against ~0.08 ms a token, at any batch size (the encoder is compute
+# bound, so batching saves little and padding is pure waste).
+ENCODER_CALL_TOKENS = 6
+
+
+def length_groups(lengths: list[int], call_tokens: int = ENCODER_CALL_TOKENS) -> list[range]:
+    """Split ``lengths`` into consecutive runs, one encoder call each, at the least cost.
+
+    A run's cost is ``call_tokens`` plus its size times its longest length (every source is
+    padded to it); the split minimizing the sum is found exactly (O(n^2), n is at most a
+    batch). Sorted lengths give the best runs; any order is correct.
+    """
+    n = len(lengths)
+    best = [0.0] + [math.inf] * n  # best[i]: least cost of lengths[:i]
+    start = [0] * (n + 1)  # start[i]: where the last run of that split begins
+    for end in range(1, n + 1):
+        longest = 0
+        for begin in range(end - 1, -1, -1):
+            longest = max(longest, lengths[begin])
+            cost = best[begin] + call_tokens + (end - begin) * longest
+            if cost < best[end]:
+                best[end], start[end] = cost, begin
+    groups, end = [], n
+    while end > 0:
+        groups.append(range(start[end], end))
+        end = start[end]
+    return groups[::-1]
 
 
 class Batch:
@@ -47,7 +78,18 @@ class Batch:
         return self.buffers.slots
 
     def admit(self, sources: list[list[int]], pad_id: int) -> range:
-        """Encode ``sources`` into the next free slots; returns their slots."""
+        """Encode ``sources`` into the next free slots, in order; returns their slots.
+
+        One encoder call per run of similar lengths (:func:`length_groups`): a call pads every
+        source to its longest, and encoder time grows with padded tokens, so one long source
+        in a call of short ones would multiply its cost (a server admits texts in arrival order).
+        """
+        first = self.rows
+        for group in length_groups([len(ids) for ids in sources], ENCODER_CALL_TOKENS):
+            self._encode([sources[i] for i in group], pad_id)
+        return range(first, self.rows)
+
+    def _encode(self, sources: list[list[int]], pad_id: int) -> None:
         width = max(len(ids) for ids in sources)
         input_ids = np.full((len(sources), width), pad_id, dtype=np.int64)
         mask = np.zeros((len(sources), width), dtype=np.int64)
@@ -61,7 +103,6 @@ class Batch:
         hidden = out["encoder_hidden_states"] if self.buffers.keep_hidden else None
         slots = self.buffers.add_rows([out[name] for name in cross_names(layers)], mask, hidden)
         self.lengths[slots.start : slots.stop] = 0
-        return slots
 
     def block_limit(self) -> int:
         """The longest block the next call may take: every row's padded block must fit."""
@@ -113,6 +154,9 @@ class Batch:
         moved = self.buffers.remove_row(slot)
         if moved is not None:
             self.lengths[slot] = self.lengths[moved]
+        # room for the remaining rows' cache and one more block as wide as the last
+        width = self.last_call[0] if self.last_call is not None else 1
+        self.buffers.shrink(int(self.lengths[: self.rows].max(initial=0)) + width)
         return moved
 
 
