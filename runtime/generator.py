@@ -240,7 +240,8 @@ class Generator:
         source = (words + [m.eos_token_id])[: m.max_source_len]
         limits = self._limits(min(max_new_tokens, m.max_target_len - 1))
         rows = max(1, min(int(batch_size), 2))
-        for _ in self._decode(Arrivals.of([list(source) for _ in range(rows)]), limits, drafts, verification, rows):
+        for _ in self._decode(Arrivals.of([list(source) for _ in range(rows)]), limits, drafts, verification, rows,
+                              known=True):
             pass
         for name, session in self._sessions.items():
             session.seconds = before[name]
@@ -326,7 +327,7 @@ class Generator:
                 raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
         encoded = self.encode(texts)
         results: list[GenerationResult | None] = [None] * len(encoded)
-        for done in self._decode(Arrivals.of(encoded), limits, drafts, verification, batch_size):
+        for done in self._decode(Arrivals.of(encoded), limits, drafts, verification, batch_size, known=True):
             results[done.index] = self._result(done, batch_size, texts[done.index])
         return results  # type: ignore[return-value]
 
@@ -418,7 +419,7 @@ class Generator:
         drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
         ids = self._checked_ids(source_ids)
         limits = self._limits(max_new_tokens)
-        (done,) = self._decode(Arrivals.of([ids]), limits, drafts, verification, 1)
+        (done,) = self._decode(Arrivals.of([ids]), limits, drafts, verification, 1, known=True)
         return self._result(done, 1)
 
     def _checked_ids(self, source_ids: Sequence[int]) -> list[int]:
@@ -438,10 +439,14 @@ class Generator:
         return ids
 
     def _decode(self, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
-                verification: Verification, batch_size: int, linger: float = 0.0):
+                verification: Verification, batch_size: int, linger: float = 0.0, known: bool = False):
+        """``known``: ``work`` holds every text from the start (``Arrivals.of``), so it is taken
+        shortest first and a batch's rows already have similar lengths; cohorts would only
+        split its calls. Otherwise texts come in arrival order and the device's length
+        classes apply."""
+        classes = () if known else LENGTH_CLASSES[self.device]
         return decode(self.verifier, work, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
-                      self.io_binding, keep_hidden=drafts.reads_encoder_output, linger=linger,
-                      classes=LENGTH_CLASSES[self.device])
+                      self.io_binding, keep_hidden=drafts.reads_encoder_output, linger=linger, classes=classes)
 
     def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
                       tau: float | None = None, draft_k: int | None = None) -> None:

@@ -27,33 +27,60 @@ from tests.support.tiny import FAMILIES
 MAX_NEW = 24
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("classes", [(), (2, 4, 8, 16)])
-def test_rows_in_length_cohorts_equal_transformers(family, classes, gad_bundle, random_checkpoint,  # noqa: F811
-                                                    monkeypatch):
-    """With the rows split into cohorts (here at 2, 4, 8 and 16 tokens, so that the ragged texts
-    fall into five) or in one batch, every row is transformers' greedy output, and with classes
-    the calls do go to several batches."""
-    monkeypatch.setitem(generator_module.LENGTH_CLASSES, "cpu", classes)
-    texts = ragged_texts(seed=11 + len(family), count=14)
-    expected = transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
-    batches: set[int] = set()
+def in_arrival_order(generator: Generator, texts: list[str], mode: str, batch_size: int) -> list[tuple[int, ...]]:
+    """``texts`` through the decode loop as a server feeds it (a queue, not a sorted list)."""
+    work = Arrivals()
+    limits = generator.limits(MAX_NEW)
+    for index, text in enumerate(texts):
+        work.put(Work(index, generator.prepare(text)[1], limits))
+    work.close()
+    got = {done.index: generator.result(done).ids for done in generator.decoder(work, mode, batch_size)}
+    return [got[index] for index in range(len(texts))]
+
+
+@pytest.fixture
+def batches_used(monkeypatch) -> set[int]:
+    """The batches that verifier calls went to (Batch.verify runs as always)."""
+    used: set[int] = set()
     original = Batch.verify
 
     def verify(self, tokens):
-        batches.add(id(self))
+        used.add(id(self))
         return original(self, tokens)
 
     monkeypatch.setattr(Batch, "verify", verify)
+    return used
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("classes", [(), (2, 4, 8, 16)])
+def test_rows_in_length_cohorts_equal_transformers(family, classes, gad_bundle, random_checkpoint,  # noqa: F811
+                                                    batches_used, monkeypatch):
+    """Texts in arrival order, with the rows split into cohorts (here at 2, 4, 8 and 16 tokens,
+    so that the ragged texts fall into five) or in one batch: every row is transformers' greedy
+    output, and with classes the calls do go to several batches."""
+    monkeypatch.setitem(generator_module.LENGTH_CLASSES, "cpu", classes)
+    texts = ragged_texts(seed=11 + len(family), count=14)
+    expected = transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
     for binding in (True, False):
         generator = Generator(gad_bundle(family), io_binding=binding)
         for mode in ("greedy", "iad", "gad"):
             for batch_size in (3, 64):
-                batches.clear()
-                got = [r.ids for r in generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW,
-                                                         batch_size=batch_size)]
+                batches_used.clear()
+                got = in_arrival_order(generator, texts, mode, batch_size)
                 assert got == expected, f"{mode} at batch {batch_size} (binding {binding}, classes {classes})"
-                assert (len(batches) >= 3) == bool(classes)
+                assert (len(batches_used) >= 3) == bool(classes)
+
+
+def test_a_known_list_is_decoded_in_one_batch(bundle, batches_used, monkeypatch):
+    """generate() knows every text and takes them shortest first, so its batches already hold
+    similar lengths: cohorts would only split its calls."""
+    monkeypatch.setitem(generator_module.LENGTH_CLASSES, "cpu", (2, 4, 8, 16))
+    generator = Generator(bundle("marian"))
+    texts = ragged_texts(seed=4, count=12)
+    results = generator.generate(texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=4)
+    assert len(batches_used) == 1
+    assert [r.ids for r in results] == in_arrival_order(generator, texts, "iad", 4)
 
 
 def test_texts_arriving_while_cohorts_decode_come_out_as_alone(bundle, monkeypatch):
