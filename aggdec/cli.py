@@ -88,6 +88,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     train.add_argument("--glancing", type=float, default=0.0, help="glancing ratio, 0 = off (0)")
     train.add_argument("--heldout", type=int, default=100, help="sources held out for the acceptance report (100)")
     train.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (cpu)")
+    train.add_argument("--no-speed", dest="speed", action="store_false", default=None,
+                       help="skip timing GAD against greedy on the held-out sources with the runtime (CPU, "
+                            "1 thread; a temporary bundle is exported for it)")
 
     gen = commands.add_parser("generate", help="decode one input per line with a bundle")
     gen.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")

@@ -12,7 +12,9 @@ Rows leave and join (continuous batching): a finished row frees its slot at once
 row moves into it, so the verifier always runs on exactly the live rows) and queued sources
 take free slots, including sources that arrive while the batch runs (:class:`Arrivals`).
 Sources are taken shortest first, so that rows of a batch have similar lengths; results are
-yielded as rows finish, with the caller's index.
+yielded as rows finish, with the caller's index. Where sources come in arrival order (a
+server), rows can also be split by source length into cohorts, each with a batch of its own,
+that take turns (``decode``'s ``classes``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def _sources(path: Path, count: int, seed: int = 0) -> Path:
 
 def _quick(**overrides) -> TrainOptions:
     """A few-step run on small batches: exercises everything, learns nothing much."""
-    settings = dict(k=4, layers=1, steps=2, batch_tokens=200, heldout=3, max_new_tokens=12, warmup_steps=2)
+    settings = dict(k=4, layers=1, steps=2, batch_tokens=200, heldout=3, max_new_tokens=12, warmup_steps=2,
+                    speed=False)
     return TrainOptions(**{**settings, **overrides})
 
 
@@ -240,4 +241,13 @@ def test_run_from_args_trains_one_epoch_by_default(tmp_path, random_checkpoint, 
     report = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
     assert report["steps"] == 1  # 8 training sources fit one 4096-token batch: one epoch is one step
     assert report["options"]["seed"] == 1
-    assert "Tok." in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Tok." in err
+    # by default, GAD is timed against greedy on the held-out sources by the runtime, on a real bundle
+    speed = report["runtime"]
+    assert speed["sentences"] == 2 and speed["drafter_graph"] == "drafter_int8"
+    assert speed["greedy_seconds"] > 0 and speed["gad_seconds"] > 0
+    assert speed["speedup"] == pytest.approx(speed["greedy_seconds"] / speed["gad_seconds"], rel=1e-2)
+    assert 1.0 <= speed["gad_tokens_per_call"] <= 4.0  # k + 1 at most
+    assert speed["verifier_call_ms"] > 0 and speed["drafter_call_ms"] > 0
+    assert "on the runtime (CPU, 1 thread, batch 1, 2 held-out sources): GAD" in err
