@@ -28,20 +28,20 @@ from aggdec.runtime.decoding.arrivals import Arrivals, Work
 VARIANTS = {
     "one batch": {"classes": (), "call_tokens": 10**9},  # every joining text in one encoder call
     "cohorts": {"classes": generator_module.LENGTH_CLASSES["cpu"],
-                "call_tokens": verifier_module.ENCODER_CALL_TOKENS},
+                "call_tokens": verifier_module.ENCODER_CALL_TOKENS["cpu"]},
 }
 
 
 @contextmanager
 def variant(name: str):
     settings = VARIANTS[name]
-    saved = generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS
+    saved = generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS["cpu"]
     generator_module.LENGTH_CLASSES["cpu"] = settings["classes"]
-    verifier_module.ENCODER_CALL_TOKENS = settings["call_tokens"]
+    verifier_module.ENCODER_CALL_TOKENS["cpu"] = settings["call_tokens"]
     try:
         yield
     finally:
-        generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS = saved
+        generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS["cpu"] = saved
 
 
 class Calls:

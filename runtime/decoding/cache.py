@@ -190,9 +190,11 @@ class SlotBuffers:
 
         A batch that never empties (a server's) would otherwise keep the capacity of the longest
         row it ever held, and every later call would attend over it. Only positions past every
-        row's length are dropped, and those are masked, so results are unchanged.
+        row's length are dropped, and those are masked, so results are unchanged. Host buffers
+        only: device buffers are edited through the host, and a GPU call costs about the same
+        at any span.
         """
-        if self.rows == 0:
+        if self.rows == 0 or self.device != "cpu":
             return
         capacity = bucket(needed, self.max_target)
         if capacity < self.capacity:
