@@ -7,8 +7,8 @@ measures for mixed lengths (cohorts by source length, encoder calls by length).
 
 For each variant it prints texts per second, the encoder's and the verifier's seconds, and the
 verifier calls with their mean rows, cache span and source span (the positions every row of a
-call attends over). "one batch" turns both measures off (the loop before them); "cohorts" is
-the default on the CPU.
+call attends over). "one batch" turns both measures off (the loop before them, except that
+spans are given back in both: that cannot be turned off); "cohorts" is the default on the CPU.
 """
 
 from __future__ import annotations
