@@ -214,6 +214,7 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     if work.abandoned:
         return
     cancelled = work.cancelled()
+    before = len(rows)
     for slot in reversed(range(len(rows))):  # from the end: a moved row is never one still to check
         row = rows[slot]
         if row.index in cancelled:
@@ -226,6 +227,8 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         if batch.remove(slot) is not None:
             rows[slot] = rows[-1]
         rows.pop()
+    if len(rows) < before:
+        batch.shrink()
 
 
 def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLimits, drafts: DraftSource,

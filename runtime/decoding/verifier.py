@@ -156,10 +156,13 @@ class Batch:
         moved = self.buffers.remove_row(slot)
         if moved is not None:
             self.lengths[slot] = self.lengths[moved]
-        # room for the remaining rows' cache and one more block as wide as the last
+        return moved
+
+    def shrink(self) -> None:
+        """After rows left: spans down to what the rest need, with room for one more block as
+        wide as the last (once per step, however many rows left in it)."""
         width = self.last_call[0] if self.last_call is not None else 1
         self.buffers.shrink(int(self.lengths[: self.rows].max(initial=0)) + width)
-        return moved
 
 
 class Verifier:
