@@ -607,7 +607,7 @@ def _speed_on_runtime(src: Path, drafter_dir: Path, texts: list[str], progress: 
 
     Measured rather than predicted from Tok. and those costs: on the reference drafter the
     prediction, ``Tok / (drafter + 1 + ratio * k)`` one-token calls, said 1.17x where GAD ran
-    2.01x, as the graphs' costs leave out each iteration's work outside them (which GAD saves)
+    2.01x (a one-off run, not committed), as the graphs' costs leave out each iteration's work outside them (which GAD saves)
     and GAD sizes each draft instead of checking all k.
     """
     from ..runtime.generator import Generator
