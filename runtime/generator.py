@@ -16,7 +16,7 @@ from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
-from .decoding.sizing import CallCost
+from .decoding.sizing import AcceptancePrior, CallCost
 from .decoding.verifier import SLACK, Verifier
 from .errors import BundleError, InputError, ProviderError
 from .manifest import TOKENIZER_FILE, Manifest, load_manifest
@@ -212,6 +212,9 @@ class Generator:
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured
         self.gad_costs = CallCost(DEFAULT_COST_RATIO[device])
+        # per drafting mode, the acceptance its rows have seen: a new row's first draft length
+        # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
+        self.draft_priors = {mode: AcceptancePrior() for mode in ("iad", "gad", "gad++")}
         if self.drafter_graph is not None:
             self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
                                    int(m.draft_window or 0))
@@ -246,6 +249,8 @@ class Generator:
         for name, session in self._sessions.items():
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
+        for prior in self.draft_priors.values():
+            prior.reset()  # the warm-up's made-up text is not the workload
         return time.perf_counter() - started
 
     @property
@@ -467,7 +472,7 @@ class Generator:
         if mode == "greedy":
             return NoDraft(), GREEDY
         if mode == "iad":
-            return SourceDraft(self._block_options(block), self._limits(None)), GREEDY
+            return SourceDraft(self._block_options(block), self._limits(None), self.draft_priors[mode]), GREEDY
         drafter = self.drafter
         if drafter is None:
             raise BundleError(f"mode {mode!r} needs a drafter, and the bundle {str(self.root)!r} has none; "
@@ -477,7 +482,7 @@ class Generator:
             raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({drafter.k}), "
                              f"got {draft_k!r}.")
         drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k, cost_ratio=DEFAULT_COST_RATIO[self.device],
-                              costs=self.gad_costs)
+                              costs=self.gad_costs, prior=self.draft_priors[mode])
         if mode == "gad":
             return drafts, GREEDY
         beta = GAD_PLUS_BETA if beta is None else beta

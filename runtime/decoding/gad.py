@@ -22,7 +22,7 @@ import numpy as np
 
 from ..session import Session
 from .loop import Row
-from .sizing import BlockOptions, BlockSizer, CallCost
+from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
 from .verifier import Batch
 
 
@@ -75,17 +75,18 @@ class DrafterDraft:
     reads_encoder_output = True
 
     def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None, cost_ratio: float = 0.05,
-                 adaptive: bool = True, costs: CallCost | None = None) -> None:
+                 adaptive: bool = True, costs: CallCost | None = None, prior: AcceptancePrior | None = None) -> None:
         self.drafter = drafter
         self.pad_id = pad_id
         self.k = drafter.k if k is None else min(k, drafter.k)
         self.options = BlockOptions(max_block=self.k, adaptive=adaptive, cost_ratio=cost_ratio, decay=DECAY)
         self.costs = CallCost(cost_ratio) if costs is None else costs
+        self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
         self.seconds = 0.0
         self._last_call: tuple[int, float] | None = None
 
     def start(self, row: Row) -> None:
-        row.state = BlockSizer(self.options)
+        row.state = BlockSizer(self.options, self.prior)
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
         empty = np.zeros(0, dtype=np.int64)

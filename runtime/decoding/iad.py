@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .common import DecodeLimits
-from .sizing import BlockOptions, BlockSizer
+from .sizing import AcceptancePrior, BlockOptions, BlockSizer
 from .loop import Row
 from .verifier import Batch
 
@@ -75,9 +75,10 @@ class SourceDraft:
     seconds = 0.0  # no graph of its own
     reads_encoder_output = False
 
-    def __init__(self, options: BlockOptions, limits: DecodeLimits) -> None:
+    def __init__(self, options: BlockOptions, limits: DecodeLimits, prior: AcceptancePrior | None = None) -> None:
         self.options = options
         self.limits = limits
+        self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
 
     def start(self, row: Row) -> None:
         start = self.limits.start_ids
@@ -85,7 +86,7 @@ class SourceDraft:
         output[0] = _SENTINEL
         output[1 : len(start)] = start[1:]
         source = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])
-        row.state = _Alignment(source, output, len(start), BlockSizer(self.options))
+        row.state = _Alignment(source, output, len(start), BlockSizer(self.options, self.prior))
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
         drafts = []
