@@ -9,6 +9,11 @@ loop, tokenization, IO binding), and the verifier's cost for a block of T tokens
 one token, the curve that IAD's block-size rule (`BlockOptions.cost_ratio`) is tuned on.
 
     python benchmarks/decode_overhead.py [--device cpu|cuda] [--tf32] [--threads 2] [--repeats 5] [--out results.json]
+    python benchmarks/decode_overhead.py --bundle BUNDLE [--sentences 100] ...   # a real bundle on UA-GEC
+
+``--bundle``: the same measurement on an exported bundle (e.g. the small reference model, where
+a step is short and the loop's share is larger), decoding the first ``--sentences`` sources of the
+UA-GEC test split to their own length; ms / token is then over the tokens each produced.
 
 Needs the [export] extra (torch, transformers) to build the model; decoding is torch-free.
 """
@@ -85,6 +90,7 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--bundle", type=Path, help="measure this bundle on UA-GEC test sources instead")
     args = parser.parse_args()
 
     from aggdec.export import export_bundle
@@ -99,22 +105,30 @@ def main() -> int:
         return 2
 
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint, bundle = Path(tmp) / "ckpt", Path(tmp) / "bundle"
-        print("building and exporting a Transformer-base-sized Marian ...", file=sys.stderr)
-        build_checkpoint(checkpoint, args.vocab, seed=0)
-        export_bundle(checkpoint, bundle, progress=lambda m: print("  " + m, file=sys.stderr))
+        bundle, max_new = args.bundle, None
+        if bundle is None:
+            checkpoint, bundle, max_new = Path(tmp) / "ckpt", Path(tmp) / "bundle", NEW_TOKENS
+            print("building and exporting a Transformer-base-sized Marian ...", file=sys.stderr)
+            build_checkpoint(checkpoint, args.vocab, seed=0)
+            export_bundle(checkpoint, bundle, progress=lambda m: print("  " + m, file=sys.stderr))
         generator = Generator(bundle, device=args.device, threads=args.threads, io_binding=True, tf32=args.tf32)
         # the same graphs with every input and output going through numpy each call (the CPU
         # default): what binding costs or saves on this device
         unbound = Generator(bundle, device=args.device, threads=args.threads, io_binding=False, tf32=args.tf32)
-        rng = np.random.default_rng(0)
-        texts = [" ".join(f"w{i}" for i in rng.integers(0, args.vocab - 3, size=20)) for _ in range(args.sentences)]
+        if args.bundle is None:
+            rng = np.random.default_rng(0)
+            texts = [" ".join(f"w{i}" for i in rng.integers(0, args.vocab - 3, size=20)) for _ in range(args.sentences)]
+        else:
+            from aggdec.bench.uagec import load_pairs
+
+            texts = [pair.source for pair in load_pairs("test")][: args.sentences]
         for runner in (generator, unbound):  # onnxruntime's first-call work, not measured
             for mode in ("greedy", "iad"):
                 runner.warm_up(mode)
 
         report: dict = {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-                        "device": args.device, "threads": args.threads, "new_tokens": NEW_TOKENS, "modes": {}}
+                        "device": args.device, "threads": args.threads, "bundle": str(args.bundle or "random base"),
+                        "new_tokens": max_new or "each sentence's own", "modes": {}}
         if args.device == "cuda":
             from aggdec.bench.report import gpu_environment
 
@@ -124,15 +138,16 @@ def main() -> int:
         runs = (("greedy, IO binding", generator, "greedy"), ("iad, IO binding", generator, "iad"),
                 ("greedy, no IO binding", unbound, "greedy"), ("iad, no IO binding", unbound, "iad"))
         samples: dict[str, dict[str, list[float]]] = {
-            label: {"wall": [], "outside": [], "iterations": [], "drafted": []} for label, _, _ in runs}
+            label: {"wall": [], "outside": [], "iterations": [], "drafted": [], "tokens": []} for label, _, _ in runs}
         for _ in range(args.repeats):
             for text in texts:
                 for label, runner, mode in runs:  # interleaved, so machine drift hits every run alike
                     graphs_before, started = runner.graph_seconds, time.perf_counter()
-                    result = runner.generate([text], mode=mode, max_new_tokens=NEW_TOKENS)[0]
+                    result = runner.generate([text], mode=mode, max_new_tokens=max_new)[0]
                     wall = time.perf_counter() - started
-                    assert len(result.ids) == NEW_TOKENS
+                    assert max_new is None or len(result.ids) == max_new
                     sample = samples[label]
+                    sample["tokens"].append(len(result.ids))
                     sample["wall"].append(wall)
                     sample["outside"].append(wall - (runner.graph_seconds - graphs_before))
                     sample["iterations"].append(result.stats.iterations)
@@ -140,7 +155,10 @@ def main() -> int:
         for label, sample in samples.items():
             wall, outside = statistics.median(sample["wall"]), statistics.median(sample["outside"])
             report["modes"][label] = {"median_seconds": wall, "median_outside_seconds": outside,
-                                      "outside_share": outside / wall, "ms_per_token": 1000 * wall / NEW_TOKENS,
+                                      # sentences of their own lengths: the share of all the time, not of a median
+                                      "outside_share": (sum(sample["outside"]) / sum(sample["wall"]) if args.bundle
+                                                        else outside / wall),
+                                      "ms_per_token": 1000 * sum(sample["wall"]) / sum(sample["tokens"]),
                                       "median_iterations": statistics.median(sample["iterations"]),
                                       "mean_drafted_per_iteration": statistics.mean(sample["drafted"])}
         source_ids = generator.encode(texts[:1])[0]
@@ -148,7 +166,8 @@ def main() -> int:
             generator, source_ids, [1, 2, 4, 8, 16, 32, 64], args.repeats)
 
     print(json.dumps(report, indent=2))
-    print("\n| mode | median s / sentence (64 tokens) | ms / token | outside ORT | share outside |", file=sys.stderr)
+    print(f"\n| mode | median s / sentence ({report['new_tokens']} tokens) | ms / token | outside ORT | share outside |",
+          file=sys.stderr)
     print("|---|---|---|---|---|", file=sys.stderr)
     for mode, row in report["modes"].items():
         print(f"| {mode} | {row['median_seconds']:.3f} | {row['ms_per_token']:.2f} | "

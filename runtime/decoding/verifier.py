@@ -66,6 +66,13 @@ class Batch:
         self._binding = verifier.verifier.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
         self._mask = np.zeros((0, 0), dtype=np.int64)
+        # a call's token ids, written in place: while the rows and the block width stay (a greedy
+        # step after a greedy step), the binding made for them still holds and nothing is bound
+        self._ids = np.zeros(slots * self.buffers.max_target, dtype=np.int64)
+        self._bound_for: tuple[int, int] | None = None  # (layout, width) of the call-specific bindings
+        m = verifier.manifest
+        self._names = (self_cache_names(m.decoder_layers), self_cache_out_names(m.decoder_layers),
+                       cross_names(m.decoder_layers))
         self.encoder_seconds = 0.0
         self.verifier_seconds = 0.0
         self.last_call: tuple[int, float] | None = None
@@ -114,35 +121,43 @@ class Batch:
         """Top-K (log-probs, ids) for the position after each of ``tokens`` ([rows, T])."""
         rows, new = tokens.shape
         assert rows == self.rows, f"{rows} blocks for {self.rows} rows"
-        lengths = np.ascontiguousarray(self.lengths[:rows])
+        lengths = self.lengths[:rows]  # a prefix of a 1-D array: contiguous, and kept current by keep()
         self.buffers.ensure_capacity(int(lengths.max(initial=0)) + new)
-        layers = self._verifier.manifest.decoder_layers
-        names = self_cache_names(layers), self_cache_out_names(layers), cross_names(layers)
+        names = self._names
         session = self._verifier.verifier
         started = time.perf_counter()
         if self._binding is None:
-            feeds = {"input_ids": tokens, "past_lengths": lengths,
+            feeds = {"input_ids": tokens, "past_lengths": np.ascontiguousarray(lengths),
                      "encoder_attention_mask": self.buffers.source_mask(), **self.buffers.feeds(names[0], names[2])}
             out = session.run(feeds)
             self.buffers.store([out[name] for name in names[1]])
             top_logprobs, top_ids = out["top_logprobs"], out["top_ids"]
         else:
             binding = self._binding
-            binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens))
-            binding.bind_cpu_input("past_lengths", lengths)
-            # Outputs come back in the order they were first bound: the candidates, then the
-            # buffers. The candidates are rebound every call (their T varies; a binding left in
-            # place would keep last call's array); the buffers and the mask only when the
-            # batch's layout changed, which saves most of the binding work of a step.
-            binding.bind_output("top_logprobs", "cpu")
-            binding.bind_output("top_ids", "cpu")
+            ids = self._ids[: rows * new].reshape(rows, new)
+            np.copyto(ids, tokens)
             if self._layout != self.buffers.layout:
+                # Outputs come back in the order they were first bound: the candidates, then the
+                # buffers. The buffers and the mask are bound only when the batch's layout changed.
+                if self._layout == -1:
+                    binding.bind_output("top_logprobs", "cpu")
+                    binding.bind_output("top_ids", "cpu")
                 self._mask = self.buffers.source_mask()  # held here: the binding keeps only a pointer
                 binding.bind_cpu_input("encoder_attention_mask", self._mask)
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
+            if self._bound_for != (self._layout, new):
+                # The ids and lengths are read from these arrays at each run (bound by pointer,
+                # rewritten in place); the candidates are rebound because their T changed (a
+                # binding left in place would keep last call's shape).
+                binding.bind_cpu_input("input_ids", ids)
+                binding.bind_cpu_input("past_lengths", lengths)
+                binding.bind_output("top_logprobs", "cpu")
+                binding.bind_output("top_ids", "cpu")
+                self._bound_for = (self._layout, new)
             outputs = session.run_bound(binding)
-            top_logprobs, top_ids = outputs[0].numpy(), outputs[1].numpy()
+            # copies: with the binding kept, the next run writes into the same output memory
+            top_logprobs, top_ids = outputs[0].numpy().copy(), outputs[1].numpy().copy()
         self.last_call = (new, time.perf_counter() - started)  # (positions per row, seconds): the cost model's data
         self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids

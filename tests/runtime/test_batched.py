@@ -158,3 +158,49 @@ def test_a_format_1_bundle_is_refused_with_advice_to_re_export(bundle, tmp_path)
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="(?s)format_version 1.*[Rr]e-export"):
         Generator(root)
+
+
+class CountingBinding:
+    """onnxruntime's own IOBinding, counting the bind calls made on it."""
+
+    def __init__(self, binding) -> None:
+        self.binding, self.binds = binding, 0
+
+    def __getattr__(self, name):
+        attribute = getattr(self.binding, name)
+        if name.startswith("bind_"):
+            def counted(*args, **kwargs):
+                self.binds += 1
+                return attribute(*args, **kwargs)
+            return counted
+        return attribute
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_steps_of_one_shape_bind_nothing_and_each_result_stays_its_own(family, bundle):
+    generator = Generator(bundle(family))
+    m = generator.manifest
+    session = generator.verifier.verifier
+    batch = generator.verifier.batch(2, bound=True)
+    counting = batch._binding = CountingBinding(batch._binding)
+    session.run_bound = (lambda run: lambda binding: run(binding.binding))(session.run_bound)
+    batch.admit(generator.encode(["w1 w2 w3", "w4"]), m.pad_token_id)
+    start = m.decoder_start_token_id
+    first = batch.verify(np.full((2, 1), start, dtype=np.int64))
+    batch.keep(np.ones(2, dtype=np.int64))
+    held = tuple(array.copy() for array in first)
+    binds = counting.binds
+    second = batch.verify(first[1][:, :, 0])  # the same shape: nothing is bound again
+    assert counting.binds == binds
+    assert all(np.array_equal(a, b) for a, b in zip(first, held))  # not overwritten by the next call
+    batch.keep(np.ones(2, dtype=np.int64))
+    block = np.concatenate([second[1][:, :, 0], np.full((2, 2), 5, dtype=np.int64)], axis=1)
+    batch.verify(block)  # a new width: ids, lengths and candidates are bound anew, the buffers are not
+    assert counting.binds == binds + 4
+    # and the steps gave what an unbound batch computes
+    unbound = generator.verifier.batch(2, bound=False)
+    unbound.admit(generator.encode(["w1 w2 w3", "w4"]), m.pad_token_id)
+    again = unbound.verify(np.full((2, 1), start, dtype=np.int64))
+    unbound.keep(np.ones(2, dtype=np.int64))
+    assert np.array_equal(again[1], first[1])
+    assert np.array_equal(unbound.verify(first[1][:, :, 0])[1], second[1])
