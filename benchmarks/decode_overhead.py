@@ -93,7 +93,6 @@ def main() -> int:
     parser.add_argument("--bundle", type=Path, help="measure this bundle on UA-GEC test sources instead")
     args = parser.parse_args()
 
-    from aggdec.export import export_bundle
     from aggdec.runtime.errors import AggdecError
     from aggdec.runtime.generator import Generator
     from aggdec.runtime.session import check_device
@@ -107,6 +106,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         bundle, max_new = args.bundle, None
         if bundle is None:
+            from aggdec.export import export_bundle  # torch: only to build the random model
+
             checkpoint, bundle, max_new = Path(tmp) / "ckpt", Path(tmp) / "bundle", NEW_TOKENS
             print("building and exporting a Transformer-base-sized Marian ...", file=sys.stderr)
             build_checkpoint(checkpoint, args.vocab, seed=0)
