@@ -66,8 +66,8 @@ class Batch:
         self._binding = verifier.verifier.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
         self._mask = np.zeros((0, 0), dtype=np.int64)
-        # a call's token ids, written in place: while the rows and the block width stay (a greedy
-        # step after a greedy step), the binding made for them still holds and nothing is bound
+        # a call's token ids, written in place: on the CPU, while the rows and the block width stay
+        # (a greedy step after a greedy step), the binding made for them still holds
         self._ids = np.zeros(slots * self.buffers.max_target, dtype=np.int64)
         self._bound_for: tuple[int, int] | None = None  # (layout, width) of the call-specific bindings
         m = verifier.manifest
@@ -146,10 +146,12 @@ class Batch:
                 binding.bind_cpu_input("encoder_attention_mask", self._mask)
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
-            if self._bound_for != (self._layout, new):
-                # The ids and lengths are read from these arrays at each run (bound by pointer,
-                # rewritten in place); the candidates are rebound because their T changed (a
-                # binding left in place would keep last call's shape).
+            if self._bound_for != (self._layout, new) or session.device != "cpu":
+                # On the CPU the ids and lengths are read from these arrays at each run (bound by
+                # pointer, rewritten in place), so they are bound again only for a new layout or
+                # width, as are the candidates (a binding left in place would keep last call's
+                # shape). For a device, onnxruntime copies a bound host input at bind time
+                # (IOBinding::BindInput), so there they are bound every call.
                 binding.bind_cpu_input("input_ids", ids)
                 binding.bind_cpu_input("past_lengths", lengths)
                 binding.bind_output("top_logprobs", "cpu")
