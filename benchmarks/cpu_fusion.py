@@ -14,7 +14,11 @@ CPU provider, 1 thread, each variant a small ONNX graph of the reference model's
    scales, then the row scale), for the FFN (N = 1024) and the vocabulary head (N = 8000), with
    a check that each keeps positions independent.
 
-    python benchmarks/cpu_fusion.py [--runs 400]
+4. With ``--bundle BUNDLE``: what onnxruntime's graph optimization adds to loading the bundle's
+   graphs (sessions created at each optimization level, medians of 5), i.e. what saving the
+   optimized graphs could save at start-up, against the whole ``Generator(BUNDLE)``.
+
+    python benchmarks/cpu_fusion.py [--runs 400] [--bundle BUNDLE]
 """
 
 from __future__ import annotations
@@ -173,13 +177,45 @@ def int8_chain(runs: int) -> None:
                   f"positions independent in both: {independent}")
 
 
+def load_time(bundle: str) -> None:
+    import onnxruntime as ort
+
+    from aggdec import Generator
+    from aggdec.runtime.manifest import load_manifest
+
+    manifest = load_manifest(bundle)
+    files = [f"{bundle}/{spec.file}" for spec in manifest.graphs.values()]
+    print(f"4. loading {len(files)} graphs of {bundle}, sessions at each optimization level (medians of 5)")
+    for level in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"):
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            for path in files:
+                options = ort.SessionOptions()
+                options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+                options.intra_op_num_threads = 1
+                options.log_severity_level = 3
+                ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            times.append(time.perf_counter() - started)
+        print(f"   {level:20s} {np.median(times):.3f} s")
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        Generator(bundle, threads=1)
+        times.append(time.perf_counter() - started)
+    print(f"   Generator(BUNDLE) (manifest and hashes checked, tokenizer, sessions): {np.median(times):.3f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--bundle", help="also time loading this bundle's graphs at each optimization level")
     args = parser.parse_args(argv)
     dispatch(args.runs)
     shared_input(args.runs)
     int8_chain(args.runs)
+    if args.bundle:
+        load_time(args.bundle)
 
 
 if __name__ == "__main__":
