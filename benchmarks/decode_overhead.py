@@ -167,7 +167,8 @@ def main() -> int:
             generator, source_ids, [1, 2, 4, 8, 16, 32, 64], args.repeats)
 
     print(json.dumps(report, indent=2))
-    print(f"\n| mode | median s / sentence ({report['new_tokens']} tokens) | ms / token | outside ORT | share outside |",
+    tokens = report["new_tokens"]
+    print(f"\n| mode | median s / sentence ({tokens} tokens) | ms / token | outside ORT | share outside |",
           file=sys.stderr)
     print("|---|---|---|---|---|", file=sys.stderr)
     for mode, row in report["modes"].items():

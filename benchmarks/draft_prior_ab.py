@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sources = [pair.source for pair in load_pairs("test")][: args.limit]
     block = BlockOptions(max_block=args.max_block) if args.max_block and args.mode == "iad" else None
-    sides = {"fixed": Generator(args.bundle, threads=args.threads), "shared": Generator(args.bundle, threads=args.threads)}
+    sides = {side: Generator(args.bundle, threads=args.threads) for side in ("fixed", "shared")}
     for generator in sides.values():
         generator.warm_up(args.mode)
     sides["fixed"].draft_priors = dict.fromkeys(sides["fixed"].draft_priors)  # None: BlockOptions' prior only

@@ -469,6 +469,8 @@ class Generator:
             raise InputError("draft_k applies to modes 'gad' and 'gad++' only.")
         if block is not None and mode != "iad":
             raise InputError("block applies to mode 'iad' only.")
+        if block is not None and not isinstance(block, BlockOptions):
+            raise InputError(f"block must be an aggdec.runtime.decoding.iad.BlockOptions, not {type(block).__name__}.")
         if mode == "greedy":
             return NoDraft(), GREEDY
         if mode == "iad":

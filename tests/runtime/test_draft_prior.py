@@ -83,3 +83,11 @@ def test_a_learned_prior_changes_the_first_iad_block_and_no_output(bundle):
     learned = generator.generate([text], mode="iad", max_new_tokens=40)[0]
     assert learned.stats.drafted[0] > fresh.stats.drafted[0]
     assert learned.ids == fresh.ids == greedy
+
+
+@pytest.mark.parametrize("block", [{"max_block": 3}, 5])
+def test_a_block_that_is_not_block_options_is_refused(block, bundle):
+    from aggdec.runtime.errors import InputError
+
+    with pytest.raises(InputError, match="BlockOptions"):
+        Generator(bundle("marian")).generate(["w1 w2"], mode="iad", block=block)

@@ -5,6 +5,7 @@ import pytest
 
 from aggdec.runtime.decoding.common import DecodeLimits, RowTrace
 from aggdec.runtime.decoding.iad import BlockOptions, BlockSizer, align
+from aggdec.runtime.errors import InputError
 
 S = -1  # the sentinel both sequences start with
 
@@ -115,3 +116,13 @@ def test_replaced_word_aligns_with_the_expected_position():
 
 def test_a_unique_match_wins_over_the_expected_position():
     assert align(arr(5, 6), arr(5, 6, 7, 8), expected=3) == 2
+
+
+@pytest.mark.parametrize("options", [
+    {"max_block": 2.5}, {"max_block": True}, {"adaptive": 1}, {"cost_ratio": float("nan")},
+    {"prior_accepted": -3.0}, {"prior_rejected": float("inf")}, {"prior_accepted": 0, "prior_rejected": 0},
+    {"decay": 0}, {"decay": 1.5}, {"decay": "0.5"},
+])
+def test_nonsense_block_options_are_refused_with_the_field_named(options):
+    with pytest.raises(InputError, match=next(iter(options)).split("_")[0]):
+        BlockOptions(**options)
