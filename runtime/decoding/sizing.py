@@ -128,9 +128,7 @@ class BlockSizer:
         if not self.options.adaptive:
             return self.options.max_block
         cost = self._cost if block_cost is None else block_cost
-        p = min(self._accepted / (self._accepted + self._rejected), 0.999)
-        gain = (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
-        value = gain / (cost + fixed_cost)
+        value = self._gain(self._accepted, self._rejected) / (cost + fixed_cost)
         best = int(np.argmax(value))
         if not allow_none or value[best] >= 1.0:
             self._rest = 1
@@ -142,11 +140,16 @@ class BlockSizer:
         if self._trying:  # try with the draft length a fresh row would get
             self._trying = False
             self._probing = True
-            fresh = self._start[0] / (self._start[0] + self._start[1])
-            fresh_gain = (1.0 - fresh ** (self._ks + 1.0)) / (1.0 - fresh)
-            return int(self._ks[int(np.argmax(fresh_gain / (cost + fixed_cost)))])
+            return int(self._ks[int(np.argmax(self._gain(*self._start) / (cost + fixed_cost)))])
         self._resting, self._rest = self._rest, min(2 * self._rest, MAX_REST)
         return 0
+
+    def _gain(self, accepted: float, rejected: float) -> np.ndarray:
+        """Expected tokens from checking 1..max_block drafts at a per-token acceptance rate of
+        accepted / (accepted + rejected), capped below 1 (a rate of 1 would make every length
+        equally infinite)."""
+        p = min(accepted / (accepted + rejected), 0.999)
+        return (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
 
     def skipped(self) -> None:
         """An iteration without a draft."""

@@ -126,3 +126,21 @@ def test_a_unique_match_wins_over_the_expected_position():
 def test_nonsense_block_options_are_refused_with_the_field_named(options):
     with pytest.raises(InputError, match=next(iter(options)).split("_")[0]):
         BlockOptions(**options)
+
+
+def test_a_prior_with_no_rejections_sizes_probes_like_fresh_rows(recwarn):
+    # a rate of 1 (prior_rejected=0) is capped like a measured one: a probe after a rest drafts
+    # the length a fresh row would, not a length from a 0/0
+    options = BlockOptions(max_block=8, prior_rejected=0.0)
+    fresh = BlockSizer(options).size(fixed_cost=50.0)
+    sizer = BlockSizer(options)
+    probes = []
+    for _ in range(40):
+        size = sizer.size(fixed_cost=50.0, allow_none=True)
+        if size:
+            probes.append(size)
+            sizer.observe(size, 0)
+        else:
+            sizer.skipped()
+    assert len(probes) > 1 and all(size == fresh for size in probes[1:])
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
