@@ -184,7 +184,7 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         proposed = [draft[: max(0, cap - len(pend))] for pend, draft in zip(pendings, proposed)]
         widths = [min(w, max(cap, len(pend))) for w, pend in zip(widths, pendings)]
     width = max(widths)
-    tokens = np.full((len(rows), width), pad_id, dtype=np.int64)
+    tokens = batch.block(width, pad_id)
     for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
         tokens[slot, : len(pend)] = pend
         tokens[slot, len(pend) : len(pend) + len(draft)] = draft

@@ -66,11 +66,11 @@ class Batch:
         self._binding = verifier.verifier.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
         self._mask = np.zeros((0, 0), dtype=np.int64)
-        # a call's token ids, written in place: on the CPU, while the rows and the block width stay
-        # (a greedy step after a greedy step), the binding made for them still holds
+        # a call's token ids (see block()), written in place: on the CPU, while the rows and the
+        # block width stay (a greedy step after a greedy step), the binding made for them holds
         self._ids = np.zeros(slots * self.buffers.max_target, dtype=np.int64)
-        self._bound_for: tuple[int, int] | None = None  # (layout, width) of the call-specific bindings
-        m = verifier.manifest
+        self._block: np.ndarray | None = None  # the view block() last handed out
+        self._bound_width = 0  # the block width the ids, lengths and candidates are bound for
         self._names = (self_cache_names(m.decoder_layers), self_cache_out_names(m.decoder_layers),
                        cross_names(m.decoder_layers))
         self.encoder_seconds = 0.0
@@ -117,8 +117,19 @@ class Batch:
         """The longest block the next call may take: every row's padded block must fit."""
         return self.buffers.max_target - int(self.lengths[: self.rows].max(initial=0))
 
+    def block(self, width: int, pad_id: int) -> np.ndarray:
+        """A [rows, width] array of ``pad_id`` to write the next call's tokens into: :meth:`verify`
+        reads it where it is (no copy, and on the CPU no new binding while the width stays). The
+        next ``block`` overwrites it."""
+        if self.rows * width > self._ids.size:  # too wide for any cache: verify says so
+            return np.full((self.rows, width), pad_id, dtype=np.int64)
+        self._block = self._ids[: self.rows * width].reshape(self.rows, width)
+        self._block.fill(pad_id)
+        return self._block
+
     def verify(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Top-K (log-probs, ids) for the position after each of ``tokens`` ([rows, T])."""
+        """Top-K (log-probs, ids) for the position after each of ``tokens`` ([rows, T]), best
+        written into :meth:`block`'s array; any other array is copied there."""
         rows, new = tokens.shape
         assert rows == self.rows, f"{rows} blocks for {self.rows} rows"
         lengths = self.lengths[:rows]  # a prefix of a 1-D array: contiguous, and kept current by keep()
@@ -134,29 +145,29 @@ class Batch:
             top_logprobs, top_ids = out["top_logprobs"], out["top_ids"]
         else:
             binding = self._binding
-            ids = self._ids[: rows * new].reshape(rows, new)
-            np.copyto(ids, tokens)
-            if self._layout != self.buffers.layout:
+            ids = tokens
+            if tokens is not self._block:
+                ids = self._ids[: rows * new].reshape(rows, new)
+                np.copyto(ids, tokens)
+            relaid = self._layout != self.buffers.layout
+            if relaid or self._bound_width != new or session.device != "cpu":
                 # Outputs come back in the order they were first bound: the candidates, then the
-                # buffers. The buffers and the mask are bound only when the batch's layout changed.
-                if self._layout == -1:
-                    binding.bind_output("top_logprobs", "cpu")
-                    binding.bind_output("top_ids", "cpu")
+                # buffers (bound below on a batch's first call). On the CPU the ids and lengths are
+                # read from these arrays at each run (bound by pointer, rewritten in place), so
+                # they are bound again only when the rows or the width change, as are the
+                # candidates (a binding left in place would keep last call's shape). For a device,
+                # onnxruntime copies a bound host input at bind time (IOBinding::BindInput), so
+                # there they are bound every call.
+                binding.bind_output("top_logprobs", "cpu")
+                binding.bind_output("top_ids", "cpu")
+                binding.bind_cpu_input("input_ids", ids)
+                binding.bind_cpu_input("past_lengths", lengths)
+                self._bound_width = new
+            if relaid:  # the buffers and the mask: only when the batch's layout changed
                 self._mask = self.buffers.source_mask()  # held here: the binding keeps only a pointer
                 binding.bind_cpu_input("encoder_attention_mask", self._mask)
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
-            if self._bound_for != (self._layout, new) or session.device != "cpu":
-                # On the CPU the ids and lengths are read from these arrays at each run (bound by
-                # pointer, rewritten in place), so they are bound again only for a new layout or
-                # width, as are the candidates (a binding left in place would keep last call's
-                # shape). For a device, onnxruntime copies a bound host input at bind time
-                # (IOBinding::BindInput), so there they are bound every call.
-                binding.bind_cpu_input("input_ids", ids)
-                binding.bind_cpu_input("past_lengths", lengths)
-                binding.bind_output("top_logprobs", "cpu")
-                binding.bind_output("top_ids", "cpu")
-                self._bound_for = (self._layout, new)
             outputs = session.run_bound(binding)
             # copies: with the binding kept, the next run writes into the same output memory
             top_logprobs, top_ids = outputs[0].numpy().copy(), outputs[1].numpy().copy()
