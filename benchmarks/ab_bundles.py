@@ -17,7 +17,8 @@ mode with beta 1 ever differs from its own bundle's greedy (a bug).
 from __future__ import annotations
 
 import argparse
-import time
+
+from alternate import alternate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,32 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     for generator in bundles.values():  # warm-up: arenas and kernel choice out of the timings
         for mode in modes:
             generator.generate(sources[:4], mode=mode)
-    seconds = {(k, m): 0.0 for k in bundles for m in modes}
-    calls = {(k, m): 0 for k in bundles for m in modes}
-    outputs: dict[tuple[str, str], list] = {(k, m): [] for k in bundles for m in modes}
-    for index, source in enumerate(sources):
-        order = list(bundles.items()) if index % 2 == 0 else list(bundles.items())[::-1]
-        for mode in modes:
-            for name, generator in order:
-                started = time.perf_counter()
-                result = generator.generate([source], mode=mode)[0]
-                seconds[name, mode] += time.perf_counter() - started
-                calls[name, mode] += result.stats.iterations
-                outputs[name, mode].append(result.ids)
-
+    done = alternate({(name, mode): (lambda source, g=generator, m=mode: g.generate([source], mode=m)[0])
+                      for name, generator in bundles.items() for mode in modes}, sources)
     n, failed = len(sources), False
     sides = {side: f"{path} ({bundles[side].drafter_graph or 'no drafter'})" for side, path in (("A", args.a), ("B", args.b))}
     print(f"{n} UA-GEC test sentences, batch 1, CPU, {args.threads} thread(s); A = {sides['A']}, B = {sides['B']}")
     for mode in modes:
         for name in bundles:
-            tokens = sum(len(ids) for ids in outputs[name, mode])
-            same = sum(x == y for x, y in zip(outputs[name, mode], outputs[name, "greedy"]))
+            side = done[name, mode]
+            same = sum(x == y for x, y in zip(side.outputs, done[name, "greedy"].outputs))
             failed |= same != n
-            print(f"  {name} {mode:6s} {seconds[name, mode]:8.2f} s  {tokens / max(calls[name, mode], 1):5.2f} "
+            print(f"  {name} {mode:6s} {side.total:8.2f} s  {side.tokens_per_call():5.2f} "
                   f"tokens/call  = own greedy {same}/{n}  over own greedy "
-                  f"{seconds[name, 'greedy'] / seconds[name, mode]:.2f}x")
-        print(f"  B/A time {mode}: {seconds['B', mode] / seconds['A', mode]:.3f}   "
-              f"B = A outputs: {sum(x == y for x, y in zip(outputs['A', mode], outputs['B', mode]))}/{n}")
+                  f"{done[name, 'greedy'].total / side.total:.2f}x")
+        print(f"  B/A time {mode}: {done['B', mode].total / done['A', mode].total:.3f}   "
+              f"B = A outputs: {sum(x == y for x, y in zip(done['A', mode].outputs, done['B', mode].outputs))}/{n}")
     return 1 if failed else 0
 
 

@@ -14,7 +14,8 @@ status 1 if not).
 from __future__ import annotations
 
 import argparse
-import time
+
+from alternate import alternate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,24 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     for generator in sides.values():
         generator.warm_up(args.mode)
     sides["fixed"].draft_priors = dict.fromkeys(sides["fixed"].draft_priors)  # None: BlockOptions' prior only
-    seconds = dict.fromkeys(sides, 0.0)
-    calls = dict.fromkeys(sides, 0)
-    outputs: dict[str, list] = {side: [] for side in sides}
-    for index, source in enumerate(sources):
-        order = list(sides.items()) if index % 2 == 0 else list(sides.items())[::-1]
-        for side, generator in order:
-            started = time.perf_counter()
-            result = generator.generate([source], mode=args.mode, block=block)[0]
-            seconds[side] += time.perf_counter() - started
-            calls[side] += result.stats.iterations
-            outputs[side].append(result.ids)
-    same = outputs["fixed"] == outputs["shared"]
+    done = alternate({name: (lambda source, g=generator: g.generate([source], mode=args.mode, block=block)[0])
+                      for name, generator in sides.items()}, sources)
+    same = done["fixed"].outputs == done["shared"].outputs
     accepted, rejected = sides["shared"].draft_priors[args.mode].start(block or BlockOptions())
     print(f"{len(sources)} UA-GEC test sentences, {args.mode}, batch 1, CPU, {args.threads} thread(s), "
           f"max block {args.max_block or 'default'}")
-    print(f"  shared prior: {seconds['fixed'] / seconds['shared']:.3f}x the fixed prior's speed "
-          f"(fixed {seconds['fixed']:.2f} s, shared {seconds['shared']:.2f} s); verifier calls per sentence "
-          f"{calls['fixed'] / len(sources):.2f} fixed, {calls['shared'] / len(sources):.2f} shared; learned rate "
+    fixed, shared = done["fixed"], done["shared"]
+    print(f"  shared prior: {fixed.total / shared.total:.3f}x the fixed prior's speed "
+          f"(fixed {fixed.total:.2f} s, shared {shared.total:.2f} s); verifier calls per sentence "
+          f"{fixed.calls / len(sources):.2f} fixed, {shared.calls / len(sources):.2f} shared; learned rate "
           f"{accepted / (accepted + rejected):.3f}; same outputs: {same}")
     return 0 if same else 1
 

@@ -11,7 +11,8 @@ be: the decay changes draft lengths, never an output; exit status 1 if not).
 from __future__ import annotations
 
 import argparse
-import time
+
+from alternate import alternate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,23 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     for generator, decay in sides.values():
         gad.DECAY = decay  # read when a decode's draft source is made
         generator.warm_up("gad")
-    seconds = {side: 0.0 for side in sides}
-    long_seconds = {side: 0.0 for side in sides}
-    outputs: dict[str, list] = {side: [] for side in sides}
-    for index, source in enumerate(sources):
-        order = list(sides.items()) if index % 2 == 0 else list(sides.items())[::-1]
-        for side, (generator, decay) in order:
+    def side(generator, decay):
+        def run(source):
             gad.DECAY = decay
-            started = time.perf_counter()
-            ids = generator.generate([source], mode="gad")[0].ids
-            elapsed = time.perf_counter() - started
-            seconds[side] += elapsed
-            long_seconds[side] += elapsed if len(ids) > 64 else 0.0
-            outputs[side].append(ids)
-    same = outputs["A"] == outputs["B"]
+            return generator.generate([source], mode="gad")[0]
+        return run
+
+    done = alternate({name: side(*pair) for name, pair in sides.items()}, sources)
+    long_seconds = {name: sum(t for t, ids in zip(d.seconds, d.outputs) if len(ids) > 64) for name, d in done.items()}
+    same = done["A"].outputs == done["B"].outputs
     print(f"{len(sources)} UA-GEC test sentences, batch 1, CPU, {args.threads} thread(s); A: decay {args.decay_a}, "
           f"B: decay {args.decay_b}")
-    print(f"  GAD time B/A {seconds['B'] / seconds['A']:.3f} (A {seconds['A']:.2f} s, B {seconds['B']:.2f} s); "
+    a, b = done["A"].total, done["B"].total
+    print(f"  GAD time B/A {b / a:.3f} (A {a:.2f} s, B {b:.2f} s); "
           f"outputs over 64 tokens B/A {long_seconds['B'] / max(long_seconds['A'], 1e-9):.3f}; "
           f"B = A outputs: {same}")
     return 0 if same else 1

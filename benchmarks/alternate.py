@@ -1,0 +1,42 @@
+"""The A/B loop the benchmarks/*_ab.py scripts share: every side decodes the same sentences in
+one process, one sentence at a time, the sides' order reversed every other sentence, so machine
+drift and cache warmth hit all sides alike. A side is a function of one source text that returns
+the runtime's GenerationResult; it may set anything it needs first (a module constant, an option).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Side:
+    """What one side did, sentence by sentence."""
+
+    seconds: list[float] = field(default_factory=list)
+    outputs: list[tuple[int, ...]] = field(default_factory=list)
+    calls: int = 0  # verifier calls
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds)
+
+    def tokens_per_call(self) -> float:
+        return sum(len(ids) for ids in self.outputs) / max(self.calls, 1)
+
+
+def alternate(sides: dict[Any, Callable[[str], Any]], sources: Sequence[str]) -> dict[Any, Side]:
+    """Run every side on every source, alternating; the results per side."""
+    done = {key: Side() for key in sides}
+    order = list(sides.items())
+    for index, source in enumerate(sources):
+        for key, run in (order if index % 2 == 0 else order[::-1]):
+            started = time.perf_counter()
+            result = run(source)
+            done[key].seconds.append(time.perf_counter() - started)
+            done[key].outputs.append(result.ids)
+            done[key].calls += result.stats.iterations
+    return done
