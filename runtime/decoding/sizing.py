@@ -69,7 +69,7 @@ class AcceptancePrior:
     IAD on grammar correction keeps nearly every source token (measured on the UA-GEC test
     split: about 9 of every 10 drafted tokens per call, a learned rate of 0.92 to 0.97), while IAD on
     translation or a weak GAD drafter keep few. The options' prior (an optimistic 0.9) made a
-    correction's first block about 14 tokens, so an unchanged 25-token sentence took two
+    correction's first draft 13 tokens on the CPU, so an unchanged 25-token sentence took two
     verifier calls where one would do. This keeps the accepted tokens and the failed drafts of
     every row it is given (shared by the decodes of one Generator, thread-safe), decayed so it
     follows a change of workload, and starts each new row from that rate, weighted as the
