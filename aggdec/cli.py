@@ -76,6 +76,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     train.add_argument("--out", required=True, metavar="DIR", help="where the drafter and checkpoints go")
     train.add_argument("--k", type=int, default=25, help="tokens drafted per call (25)")
     train.add_argument("--layers", type=int, default=2, help="drafter decoder layers (2)")
+    train.add_argument("--encoder-layers", type=int, default=0,
+                       help="drafter-only layers over the verifier's encoder output, run once per request (0)")
     train.add_argument("--window", type=int, default=16,
                        help="output tokens the drafter reads before its slots, 0 = all (16): a bounded window "
                             "keeps a drafter call's cost flat as the output grows")

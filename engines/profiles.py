@@ -46,7 +46,7 @@ ENGINES_FORMAT = 1
 ENGINES_MANIFEST = "engines.json"
 TIMING_CACHE = "timing.cache"
 DEFAULT_MAX_BLOCK = 64  # the runtime's IAD max block on CUDA (runtime/generator.DEFAULT_MAX_BLOCK)
-GRAPHS = ("encoder", "verifier", "drafter")
+GRAPHS = ("encoder", "verifier", "drafter", "drafter_source")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 from aggdec.runtime.errors import BundleError
 from aggdec.runtime.manifest import Manifest, manifest_digest
 
-from .profiles import default_engines_dir, read_engines_manifest, select_engine
+from .profiles import GRAPHS, default_engines_dir, read_engines_manifest, select_engine
 
 
 def check_tensorrt() -> None:
@@ -28,7 +28,7 @@ def engine_sessions(bundle: Path, manifest: Manifest, engines_dir: Path | None, 
         raise BundleError(f"no TensorRT engines in {directory}; build them with `aggdec build-engines {bundle}`.")
     engines = read_engines_manifest(directory, manifest_digest(bundle))
     sessions = {}
-    for graph in ("encoder", "verifier", "drafter"):
+    for graph in GRAPHS:
         if graph not in manifest.graphs:
             continue
         entry = None

@@ -6,6 +6,10 @@ serves both models), and predicts every slot at once (SpecDec's Spec-Drafter, wi
 verifier's encoder standing in for the drafter's own deep encoder). [MASK] is an extra
 embedding row, id ``vocab_size``, so it never collides with the tokenizer's vocabulary.
 
+Optionally (``encoder_layers``) a few drafter-only layers re-encode the verifier's encoder
+output first: they depend on the source alone, so the runtime runs them once per request
+(``drafter_source.onnx``), not once per drafter call.
+
 The architecture is the same for every family: pre-LayerNorm blocks whose attention inner
 size is the verifier's (heads x head_dim), so its attention projections, embeddings and
 output head can be initialised from the verifier. Saved as safetensors + ``drafter.json``.
@@ -38,6 +42,9 @@ class DrafterConfig:
     # The drafter reads only the last ``window`` output tokens (0: all of them), so that a call
     # costs O(window + k) however long the output grows; positions stay absolute.
     window: int = 0
+    # Drafter-only layers over the verifier's encoder output (self-attention + feed-forward),
+    # run once per request; 0: the drafter cross-attends the encoder output as it is.
+    encoder_layers: int = 0
     pad_token_id: int = 0
     eos_token_id: int = 1
     family: str = ""
@@ -92,6 +99,29 @@ class _Layer(nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ffn_norm(x))))
 
 
+class _SourceLayer(nn.Module):
+    """A drafter-only encoder layer over the verifier's encoder output (pre-LayerNorm).
+
+    Its two residual branches start at zero (``o`` and ``fc2``), so a new layer is the identity
+    and a drafter with extra layers starts out exactly as one without them."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.self_norm = nn.LayerNorm(config.d_model)
+        self.self_attn = _Attention(config)
+        self.ffn_norm = nn.LayerNorm(config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.ffn_dim)
+        self.fc2 = nn.Linear(config.ffn_dim, config.d_model)
+        for zeroed in (self.self_attn.o, self.fc2):
+            nn.init.zeros_(zeroed.weight)
+            nn.init.zeros_(zeroed.bias)
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        h = self.self_norm(x)
+        x = x + self.self_attn(h, h, bias)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ffn_norm(x))))
+
+
 def _mask_bias(mask: Tensor) -> Tensor:
     """[B, L] 0/1 key mask -> additive [B, 1, 1, L]."""
     return ((1 - mask.to(torch.float32)) * torch.finfo(torch.float32).min)[:, None, None, :]
@@ -104,6 +134,7 @@ class Drafter(nn.Module):
         self.embed = nn.Embedding(config.vocab_size + 1, config.d_model)  # + [MASK]
         self.positions = nn.Embedding(config.max_positions, config.d_model)
         self.layers = nn.ModuleList(_Layer(config) for _ in range(config.layers))
+        self.source_layers = nn.ModuleList(_SourceLayer(config) for _ in range(config.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size)
 
@@ -114,16 +145,31 @@ class Drafter(nn.Module):
                                       position_offset))
 
     def slot_logits(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, encoder_hidden: Tensor,
-                    encoder_attention_mask: Tensor, position_offset: Tensor | None = None) -> Tensor:
+                    encoder_attention_mask: Tensor, position_offset: Tensor | None = None,
+                    memory: Tensor | None = None) -> Tensor:
         """Logits [B, k, V] of the k [MASK] slots that start at ``slot_start[b]`` in each row;
-        ``position_offset[b]``: the output position of the row's first input token (its window's)."""
-        hidden = self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask, position_offset)
+        ``position_offset[b]``: the output position of the row's first input token (its window's);
+        ``memory``: :meth:`memory` of ``encoder_hidden``, when computed already."""
+        hidden = self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask, position_offset,
+                              memory)
         index = slot_start.unsqueeze(1) + torch.arange(self.config.k, dtype=torch.int64, device=slot_start.device)[None]
         slots = torch.gather(hidden, 1, index.unsqueeze(2).expand(-1, -1, hidden.shape[2]))
         return self.head(slots)
 
+    def memory(self, encoder_hidden: Tensor, encoder_attention_mask: Tensor) -> Tensor:
+        """What the drafter cross-attends: the encoder output through the drafter-only layers
+        (itself when there are none). It depends on the source alone."""
+        bias = _mask_bias(encoder_attention_mask)
+        for layer in self.source_layers:
+            encoder_hidden = layer(encoder_hidden, bias)
+        return encoder_hidden
+
     def _hidden(self, input_ids: Tensor, attention_mask: Tensor, encoder_hidden: Tensor,
-                encoder_attention_mask: Tensor, position_offset: Tensor | None = None) -> Tensor:
+                encoder_attention_mask: Tensor, position_offset: Tensor | None = None,
+                memory: Tensor | None = None) -> Tensor:
+        """``memory``: :meth:`memory` of ``encoder_hidden`` when the caller has it already."""
+        if memory is None:
+            memory = self.memory(encoder_hidden, encoder_attention_mask)
         positions = torch.arange(input_ids.shape[1], dtype=torch.int64, device=input_ids.device).unsqueeze(0)
         if position_offset is not None:
             # clamped: a padded position past the table must not index out of it
@@ -131,7 +177,7 @@ class Drafter(nn.Module):
         x = self.embed(input_ids) + self.positions(positions)
         self_bias, cross_bias = _mask_bias(attention_mask), _mask_bias(encoder_attention_mask)
         for layer in self.layers:
-            x = layer(x, encoder_hidden, self_bias, cross_bias)
+            x = layer(x, memory, self_bias, cross_bias)
         return self.final_norm(x)
 
 
@@ -178,14 +224,15 @@ def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int,
             torch.tensor([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=torch.int64))
 
 
-def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0, window: int = 0
-                              ) -> Drafter:
+def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0, window: int = 0,
+                              encoder_layers: int = 0) -> Drafter:
     """A drafter shaped after ``model`` and initialised from it where shapes allow.
 
     Copied: the token embeddings, the output head (and BART/Marian's final_logits_bias), and
     the self- and cross-attention projections of the verifier's first ``layers`` decoder
     layers (the attention inner size is the verifier's, so these always fit). The rest
-    (norms, feed-forward, positions, [MASK]) starts fresh: families differ there.
+    (norms, feed-forward, positions, [MASK], drafter-only encoder layers) starts fresh:
+    families differ there.
     """
     from .families import family_for
 
@@ -199,7 +246,7 @@ def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, se
         vocab_size=vocab, d_model=int(model.config.d_model), num_heads=parts.num_heads, head_dim=parts.head_dim,
         ffn_dim=ffn_dim, layers=layers, k=k, max_positions=max_positions,
         pad_token_id=int(model.config.pad_token_id), eos_token_id=int(model.config.eos_token_id),
-        family=family.name, window=window,
+        family=family.name, window=window, encoder_layers=encoder_layers,
     )
     torch.manual_seed(seed)
     drafter = Drafter(config)
@@ -220,7 +267,11 @@ def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, se
 
 
 class DrafterGraph(nn.Module):
-    """What drafter.onnx computes: the argmax id of each of the k slots (never logits)."""
+    """What drafter.onnx computes: the argmax id of each of the k slots (never logits).
+
+    Its ``encoder_hidden_states`` is what the drafter cross-attends: the encoder output, or, when
+    the drafter has ``encoder_layers``, drafter_source.onnx's output (those layers run there,
+    once per request, not here)."""
 
     def __init__(self, drafter: Drafter) -> None:
         super().__init__()
@@ -229,5 +280,17 @@ class DrafterGraph(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, position_offset: Tensor,
                 encoder_hidden_states: Tensor, encoder_attention_mask: Tensor) -> Tensor:
         logits = self.drafter.slot_logits(input_ids, attention_mask, slot_start, encoder_hidden_states,
-                                          encoder_attention_mask, position_offset)
+                                          encoder_attention_mask, position_offset, memory=encoder_hidden_states)
         return torch.argmax(logits, dim=-1)
+
+
+class DrafterSourceGraph(nn.Module):
+    """What drafter_source.onnx computes: the drafter-only encoder layers over the encoder output,
+    once per request (bundles whose drafter has ``encoder_layers``)."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, encoder_hidden_states: Tensor, encoder_attention_mask: Tensor) -> Tensor:
+        return self.drafter.memory(encoder_hidden_states, encoder_attention_mask)

@@ -21,8 +21,8 @@ from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import Driver, check_position_independence, cpu_session, isolate_positions, validation_cases
 from .safety import check_destination, check_options, guarded, make_temp, move_into_place, one_line, remove_temp
-from .specs import drafter_spec, dynamic_axes, encoder_spec, verifier_spec
-from .validate import drafter_cases, reference_cases, validate, validate_drafter
+from .specs import drafter_source_spec, drafter_spec, dynamic_axes, encoder_spec, verifier_spec
+from .validate import drafter_cases, reference_cases, validate, validate_drafter, validate_drafter_source
 
 INT8_DRAFTER_FILE = "drafter.int8.onnx"
 DEFAULT_TOP_K = 8
@@ -187,7 +187,8 @@ def export_bundle(
         tmp = make_temp(out)
         enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model))
         ver_spec = verifier_spec(layers, heads, head_dim, top_k)
-        graph_names = "encoder, verifier and drafter" if drafter is not None else "encoder and verifier"
+        graph_names = ("encoder and verifier" if drafter is None else "encoder, verifier and drafter"
+                       + (" (with its source layers)" if drafter.config.encoder_layers else ""))
         _say(progress, f"[3/5] tracing {graph_names} to ONNX")
         encoder_graph = EncoderGraph(model, family.encoder(model), parts).eval()
         verifier_graph = VerifierGraph(model, parts, top_k, suppressed, vocab).eval()
@@ -196,11 +197,15 @@ def export_bundle(
         _isolate_positions(tmp / ver_spec.file)
         graphs = {"encoder": enc_spec, "verifier": ver_spec}
         if drafter is not None:
-            from .drafter import DrafterGraph
+            from .drafter import DrafterGraph, DrafterSourceGraph
 
             graphs["drafter"] = drafter_spec(int(config.d_model), drafter.config.k)
             _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, int(config.d_model)),
                    tmp / graphs["drafter"].file, graphs["drafter"], opset)
+            if drafter.config.encoder_layers:  # run once per request, so a graph of its own
+                graphs["drafter_source"] = drafter_source_spec(int(config.d_model))
+                _trace(DrafterSourceGraph(drafter).eval(), _drafter_dummy(drafter, int(config.d_model))[4:],
+                       tmp / graphs["drafter_source"].file, graphs["drafter_source"], opset)
 
         _say(progress, "[4/5] validating the graphs against torch with onnxruntime")
         options = ort.SessionOptions()
@@ -214,6 +219,10 @@ def export_bundle(
         if drafter is not None:
             drafter_session = ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu)
             checked += validate_drafter(drafter_session, draft_cases, family.atol, family.rtol)
+            if "drafter_source" in graphs:
+                checked += validate_drafter_source(
+                    ort.InferenceSession(str(tmp / graphs["drafter_source"].file), options, providers=cpu),
+                    draft_cases, family.atol, family.rtol)
         _say(progress, f"      {checked} shape cases agree with torch")
         if drafter is not None and int8_drafter:
             from .quantize import draft_agreement, write_int8_drafter

@@ -267,8 +267,8 @@ def _figures(reference: Driver, quantized: Driver, cases: list[Case]) -> dict:
             "mean_logprob_error": round(float(error.mean()) if error.size else 0.0, 6)}
 
 
-def _draft_agreement(reference: tuple[Driver, object], quantized: tuple[Driver, object], cases: list[Case],
-                     manifest: Manifest) -> float:
+def _draft_agreement(reference: tuple[Driver, object, object], quantized: tuple[Driver, object, object],
+                     cases: list[Case], manifest: Manifest) -> float:
     """Share of drafted ids the quantized drafter (on the quantized encoder) has in common with
     the fp32 one (on the fp32 encoder): drafts only change speed, never the output."""
     from ..runtime.decoding.gad import Drafter
@@ -279,10 +279,11 @@ def _draft_agreement(reference: tuple[Driver, object], quantized: tuple[Driver, 
         prefixes = [[manifest.decoder_start_token_id] + rng.integers(3, manifest.vocab_size, size=n).tolist()
                     for n in rng.integers(0, 9, size=len(case.ids))]
         drafts = []
-        for driver, session in (reference, quantized):
+        for driver, session, source in (reference, quantized):  # (driver, drafter, drafter_source or None)
             drafter = Drafter(session, int(manifest.draft_k or 0), int(manifest.mask_token_id or 0),
-                              int(manifest.draft_window or 0))
-            drafts.append(drafter.draft(prefixes, driver.encode(case)["hidden"], case.mask, manifest.pad_token_id))
+                              int(manifest.draft_window or 0), source)
+            memory = drafter.memory(driver.encode(case)["hidden"], case.mask)
+            drafts.append(drafter.draft(prefixes, memory, case.mask, manifest.pad_token_id))
         same += int((drafts[0] == drafts[1]).sum())
         total += drafts[0].size
     return round(same / max(total, 1), 6)
@@ -342,7 +343,7 @@ def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
         say(f"[1/3] quantizing {', '.join(graphs)} (per-row int8 activations, per-column int8 weights)")
         counts = {}
         for name, spec in graphs.items():
-            if name == "drafter":  # proposals only: onnxruntime's faster dynamic quantization will do
+            if name in ("drafter", "drafter_source"):  # proposals only: onnxruntime's dynamic quantization will do
                 _load_graph(src / spec.file)  # the same refusal of external data as the other graphs
                 counts[name] = write_int8_drafter(src / spec.file, tmp / spec.file)
                 continue
@@ -363,8 +364,9 @@ def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
         figures["draft_agreement"] = None
         if "drafter" in graphs:
             figures["draft_agreement"] = _draft_agreement(
-                (Driver(reference["encoder"], reference["verifier"], manifest), reference["drafter"]),
-                (q_driver, quantized["drafter"]), cases, manifest)
+                (Driver(reference["encoder"], reference["verifier"], manifest), reference["drafter"],
+                 reference.get("drafter_source")),
+                (q_driver, quantized["drafter"], quantized.get("drafter_source")), cases, manifest)
         say(f"      against the fp32 graphs: top-1 agreement {figures['top1_agreement']:.4f}, log-prob error "
             f"max {figures['max_logprob_error']:.4f} mean {figures['mean_logprob_error']:.4f}"
             + (f", drafts in common {figures['draft_agreement']:.4f}" if figures["draft_agreement"] is not None

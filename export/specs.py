@@ -58,10 +58,24 @@ def drafter_spec(d_model: int, k: int) -> GraphSpec:
             TensorSpec("attention_mask", "int64", ("batch", "draft_len")),
             TensorSpec("slot_start", "int64", ("batch",)),  # where each row's [MASK] slots begin
             TensorSpec("position_offset", "int64", ("batch",)),  # the output position of input_ids[:, 0]
+            # the encoder output; in a bundle with drafter_source, that graph's drafter_memory
             TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
         ),
         outputs=(TensorSpec("draft_ids", "int64", ("batch", k)),),
+    )
+
+
+def drafter_source_spec(d_model: int) -> GraphSpec:
+    """The drafter-only encoder layers (``DrafterConfig.encoder_layers``), run once per request:
+    the encoder output in, what drafter.onnx then reads as ``encoder_hidden_states`` out."""
+    return GraphSpec(
+        file="drafter_source.onnx",
+        inputs=(
+            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
+            TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
+        ),
+        outputs=(TensorSpec("drafter_memory", "float32", ("batch", "source_len", d_model)),),
     )
 
 

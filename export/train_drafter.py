@@ -60,6 +60,7 @@ _RESUMABLE_CHANGES = frozenset({"steps", "epochs", "checkpoint_every", "device",
 class TrainOptions:
     k: int = 25  # [MASK] slots drafted per call
     layers: int = 2  # drafter decoder layers
+    encoder_layers: int = 0  # drafter-only layers over the verifier's encoder output (once per request)
     window: int = 16  # output tokens the drafter reads before its slots (0: all of them)
     steps: int | None = None  # optimizer steps; exclusive with epochs (default: 1 epoch)
     epochs: int | None = None
@@ -140,7 +141,7 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
     targets = _distill(model, tokenizer, sources, src, out / DISTILL_FILE, options.max_new_tokens, device, progress)
 
     drafter = new_drafter_from_verifier(model, layers=options.layers, k=options.k, seed=options.seed,
-                                        window=options.window).to(device)
+                                        window=options.window, encoder_layers=options.encoder_layers).to(device)
     layout = _layout(model, tokenizer, drafter)
     examples = _examples(tokenizer, sources, targets, layout, drafter.config.max_positions, _position_limit(model))
     cut = len(examples) - options.heldout
@@ -212,6 +213,8 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"k must be at least 1 (tokens drafted per call), got {options.k}.")
     if options.layers < 1:
         raise ExportError(f"layers must be at least 1, got {options.layers}.")
+    if options.encoder_layers < 0:
+        raise ExportError(f"encoder_layers must be 0 (none) or more, got {options.encoder_layers}.")
     if options.window < 0:
         raise ExportError(f"window must be 0 (the whole output) or a number of tokens, got {options.window}.")
     if options.steps is not None and options.epochs is not None:
@@ -660,15 +663,17 @@ def _evaluate(drafter: Drafter, model: nn.Module, examples: list[_Example], layo
     tokens = iterations = correct = scored = 0
     for start in range(0, len(examples), _EVAL_BATCH):
         chunk = examples[start : start + _EVAL_BATCH]
-        memory, memory_mask = _encode(model, chunk, layout, device)
+        encoded, memory_mask = _encode(model, chunk, layout, device)
+        memory = drafter.memory(encoded, memory_mask)  # once per source, as the runtime does
         p = [layout.first_p] * len(chunk)
         tokens += sum(len(ex.target) - layout.first_p for ex in chunk)
         while active := [row for row, ex in enumerate(chunk) if p[row] < len(ex.target)]:
             ids, mask, slot_start, offset = layout.inputs([layout.prefix(chunk[row], p[row]) for row in active],
                                                           device)
             index = torch.tensor(active, device=device)
-            drafts = drafter.slot_logits(ids, mask, slot_start, memory.index_select(0, index),
-                                         memory_mask.index_select(0, index), offset).argmax(-1).tolist()
+            drafts = drafter.slot_logits(ids, mask, slot_start, encoded.index_select(0, index),
+                                         memory_mask.index_select(0, index), offset,
+                                         memory=memory.index_select(0, index)).argmax(-1).tolist()
             for row, draft in zip(active, drafts):
                 expected = chunk[row].target[p[row] : p[row] + layout.k]
                 hits = [d == e for d, e in zip(draft, expected)]

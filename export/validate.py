@@ -232,12 +232,13 @@ class DrafterCase:
     encoder_hidden: np.ndarray
     encoder_attention_mask: np.ndarray
     logits: np.ndarray  # torch's slot logits [B, k, V]
+    memory: np.ndarray  # what the drafter cross-attends: torch's drafter-only layers over encoder_hidden
 
     @property
     def feeds(self) -> dict[str, np.ndarray]:
-        """drafter.onnx's inputs."""
+        """drafter.onnx's inputs (its encoder_hidden_states: the memory drafter_source computes)."""
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "slot_start": self.slot_start,
-                "position_offset": self.position_offset, "encoder_hidden_states": self.encoder_hidden,
+                "position_offset": self.position_offset, "encoder_hidden_states": self.memory,
                 "encoder_attention_mask": self.encoder_attention_mask}
 
 
@@ -260,9 +261,11 @@ def drafter_cases(drafter: torch.nn.Module, model: torch.nn.Module, vocab: int, 
             prefixes = [[start_id] + rng.integers(3, vocab, size=n - 1).tolist() for n in lengths]
             draft_ids, draft_mask, slot_start, offset = drafter_inputs(prefixes, drafter.config.k,
                                                                        drafter.config.mask_token_id, pad_id, window)
-            logits = drafter.slot_logits(draft_ids, draft_mask, slot_start, hidden, torch.from_numpy(mask), offset)
+            memory = drafter.memory(hidden, torch.from_numpy(mask))
+            logits = drafter.slot_logits(draft_ids, draft_mask, slot_start, hidden, torch.from_numpy(mask), offset,
+                                         memory=memory)
             cases.append(DrafterCase(draft_ids.numpy(), draft_mask.numpy(), slot_start.numpy(), offset.numpy(),
-                                     hidden.numpy(), mask, logits.numpy()))
+                                     hidden.numpy(), mask, logits.numpy(), memory.numpy()))
     return cases
 
 
@@ -280,4 +283,20 @@ def validate_drafter(session, cases: list[DrafterCase], atol: float, rtol: float
         if np.any(best - chosen > tolerance):
             raise ValidationError(f"{label}: a drafted id is not torch's argmax (logit gap up to "
                                   f"{float((best - chosen).max()):.2e}).")
+    return len(cases)
+
+
+def validate_drafter_source(session, cases: list[DrafterCase], atol: float, rtol: float) -> int:
+    """drafter_source.onnx must compute torch's drafter memory at every real source position
+    (padded positions are never attended)."""
+    for case in cases:
+        (memory,) = session.run(None, {"encoder_hidden_states": case.encoder_hidden,
+                                       "encoder_attention_mask": case.encoder_attention_mask})
+        label = f"drafter_source (batch {len(case.slot_start)}, source {case.encoder_hidden.shape[1]})"
+        if memory.shape != case.memory.shape:
+            raise ValidationError(f"{label}: output has shape {memory.shape}, expected {case.memory.shape}.")
+        real = case.encoder_attention_mask.astype(bool)
+        gap = np.abs(memory - case.memory)[real]
+        if np.any(gap > atol + rtol * np.abs(case.memory[real])):
+            raise ValidationError(f"{label}: differs from torch by up to {float(gap.max()):.2e}.")
     return len(cases)

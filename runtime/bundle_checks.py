@@ -28,6 +28,8 @@ ADVICE = "the bundle's files do not belong together; re-run `aggdec export`."
 LAST_DIM_FIELDS = (
     ("encoder", "outputs", True, 3, "d_model"),  # hidden states for the drafter
     ("drafter", "inputs", True, 3, "d_model"),
+    ("drafter_source", "inputs", True, 3, "d_model"),
+    ("drafter_source", "outputs", True, 3, "d_model"),
     ("verifier", "outputs", None, 3, "top_k"),  # [batch, new_len, top_k] candidates, never full logits
     ("drafter", "outputs", False, 2, "draft_k"),
 )

@@ -329,6 +329,9 @@ def _cross_field(data: dict) -> None:
             if graphs["drafter_int8"][side] != graphs["drafter"][side]:
                 raise Invalid(f"graphs.drafter_int8.{side} differ from graphs.drafter.{side}: the two are one drafter "
                               "and must have the same IO")
+    if "drafter_source" in graphs and not has_drafter:
+        raise Invalid("graphs has a 'drafter_source' graph but no 'drafter' graph: drafter_source is the drafter's "
+                      "own encoder layers")
     for name in ("draft_k", "mask_token_id", "draft_window"):
         if (data.get(name) is not None) != has_drafter:
             raise Invalid(f"{name} must be set exactly when the bundle has a drafter graph "

@@ -193,6 +193,8 @@ class Generator:
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
         check_precision(self.manifest, device, self.root)  # before any session is made
         self.drafter_graph = drafter_graph(self.manifest, device, int8_drafter, self.root)
+        # the drafter-only encoder layers, once per source (bundles whose drafter has them)
+        self.drafter_source_graph = "drafter_source" if "drafter_source" in self.manifest.graphs else None
         self.device = device
         self.tf32 = tf32
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
@@ -203,7 +205,8 @@ class Generator:
             sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
         else:
             sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32)
-                        for name in ("encoder", "verifier", self.drafter_graph) if name is not None}
+                        for name in ("encoder", "verifier", self.drafter_graph, self.drafter_source_graph)
+                        if name is not None}
         # the graphs must be what the manifest says they are, before any text meets them
         check_consistency(m, sessions, self.codec.vocab_size)
         self._sessions = sessions
@@ -217,11 +220,13 @@ class Generator:
         self.draft_priors = {mode: AcceptancePrior() for mode in ("iad", "gad", "gad++")}
         if self.drafter_graph is not None:
             self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
-                                   int(m.draft_window or 0))
+                                   int(m.draft_window or 0), sessions.get("drafter_source"))
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
         seconds["drafter"] = self.drafter.session.seconds if self.drafter is not None else 0.0
+        if "drafter_source" in self._sessions:  # per source, like the encoder (and counted with it per row)
+            seconds["encoder"] += self._sessions["drafter_source"].seconds
         return seconds
 
     @property
@@ -451,7 +456,7 @@ class Generator:
         classes apply."""
         classes = () if known else LENGTH_CLASSES[self.device]
         return decode(self.verifier, work, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
-                      self.io_binding, keep_hidden=drafts.reads_encoder_output, linger=linger, classes=classes)
+                      self.io_binding, linger=linger, classes=classes)
 
     def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
                       tau: float | None = None, draft_k: int | None = None) -> None:
@@ -570,8 +575,8 @@ class _Counted:
         return self.inner.seconds
 
     @property
-    def reads_encoder_output(self) -> bool:
-        return self.inner.reads_encoder_output
+    def memory(self):
+        return self.inner.memory
 
     def start(self, row) -> None:
         self.inner.start(row)

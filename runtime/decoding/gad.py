@@ -27,16 +27,29 @@ from .verifier import Batch
 
 
 class Drafter:
-    """drafter.onnx: k tokens after each row's output so far, in one non-autoregressive pass."""
+    """drafter.onnx: k tokens after each row's output so far, in one non-autoregressive pass.
 
-    def __init__(self, session: Session, k: int, mask_id: int, window: int = 0) -> None:
+    ``source``: drafter_source.onnx, the drafter-only encoder layers of a bundle whose drafter
+    has them; :meth:`memory` runs it once per source, and every :meth:`draft` reads its output."""
+
+    def __init__(self, session: Session, k: int, mask_id: int, window: int = 0, source: Session | None = None
+                 ) -> None:
         self.session = session
         self.k = k
         self.mask_id = mask_id
         self.window = window  # output tokens read before the slots; 0: all of them
+        self.source = source
 
-    def draft(self, prefixes: Sequence[list[int]], hidden: np.ndarray, mask: np.ndarray, pad_id: int) -> np.ndarray:
-        """[rows, k] drafts after each prefix (the output, decoder start included)."""
+    def memory(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """What :meth:`draft` reads of sources whose encoder output is ``hidden`` [m, S, d]: the
+        output itself, or the drafter-only layers over it."""
+        if self.source is None:
+            return hidden
+        return self.source.run({"encoder_hidden_states": hidden, "encoder_attention_mask": mask})["drafter_memory"]
+
+    def draft(self, prefixes: Sequence[list[int]], memory: np.ndarray, mask: np.ndarray, pad_id: int) -> np.ndarray:
+        """[rows, k] drafts after each prefix (the output, decoder start included); ``memory``:
+        :meth:`memory` of the rows' sources."""
         seen = [prefix[-self.window:] if self.window else prefix for prefix in prefixes]
         width = max(len(p) for p in seen) + self.k
         ids = np.full((len(seen), width), pad_id, dtype=np.int64)
@@ -50,7 +63,7 @@ class Drafter:
             "attention_mask": attention,
             "slot_start": np.array([len(p) for p in seen], dtype=np.int64),
             "position_offset": np.array([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=np.int64),
-            "encoder_hidden_states": hidden,
+            "encoder_hidden_states": memory,
             "encoder_attention_mask": mask,
         })
         return out["draft_ids"]
@@ -72,8 +85,6 @@ class DrafterDraft:
     position and the drafter call's cost, both in one-token verifier calls. A row whose drafts
     keep failing takes plain greedy steps, as a drafter call is not free."""
 
-    reads_encoder_output = True
-
     def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None, cost_ratio: float = 0.05,
                  adaptive: bool = True, costs: CallCost | None = None, prior: AcceptancePrior | None = None) -> None:
         self.drafter = drafter
@@ -84,6 +95,7 @@ class DrafterDraft:
         self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
         self.seconds = 0.0
         self._last_call: tuple[int, float] | None = None
+        self.memory = drafter.memory  # the batch keeps it per row (Batch): once per source
 
     def start(self, row: Row) -> None:
         row.state = BlockSizer(self.options, self.prior)

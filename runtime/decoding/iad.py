@@ -73,7 +73,7 @@ class SourceDraft:
     """IAD's draft source: each row's own source, after the position its output is aligned with."""
 
     seconds = 0.0  # no graph of its own
-    reads_encoder_output = False
+    memory = None  # IAD's drafts are the source's tokens: it reads no encoder output
 
     def __init__(self, options: BlockOptions, limits: DecodeLimits, prior: AcceptancePrior | None = None) -> None:
         self.options = options

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,7 +51,9 @@ class Row:
 class DraftSource(Protocol):
     """Where drafts come from."""
 
-    reads_encoder_output: bool  # the batch must keep the encoder's hidden states (a drafter reads them)
+    # What the batch keeps of each row's encoder output for the draft source, computed once when
+    # the row is encoded: (hidden [m, S, d], mask [m, S]) -> [m, S, d]. None: it reads none.
+    memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None
 
     def start(self, row: Row) -> None:
         """Set up ``row.state`` when the row joins."""
@@ -71,7 +73,7 @@ class NoDraft:
     """Greedy decoding: one token per row per call."""
 
     seconds = 0.0
-    reads_encoder_output = False
+    memory = None
 
     def start(self, row: Row) -> None:
         pass
@@ -113,7 +115,7 @@ def next_cohort(cohorts: Sequence[Cohort]) -> Cohort:
 
 
 def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
-           verification: Verification, slots: int, pad_id: int, bound: bool, keep_hidden: bool = False,
+           verification: Verification, slots: int, pad_id: int, bound: bool,
            linger: float = 0.0, classes: Sequence[int] = ()) -> Iterator[Finished]:
     """Decode the sources of ``work`` as they arrive, at most ``slots`` rows at once; yields
     rows as they finish, and returns once ``work`` is closed and done. A row's own limits
@@ -151,7 +153,7 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
             for klass, group in joining.items():
                 cohort = cohorts.get(klass)
                 if cohort is None:  # its buffers are made on first use and kept
-                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, keep_hidden))
+                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory))
                 if not cohort.rows:  # no credit and no debt from before it was empty
                     cohort.seconds = clock
                 _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -56,12 +57,16 @@ def length_groups(lengths: list[int], call_tokens: int) -> list[range]:
 
 
 class Batch:
-    def __init__(self, verifier: Verifier, slots: int, bound: bool, keep_hidden: bool) -> None:
+    def __init__(self, verifier: Verifier, slots: int, bound: bool,
+                 memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> None:
+        """``memory``: what a draft source reads of each row's encoder output, kept per row
+        (:attr:`SlotBuffers.hidden`) and computed once, when the row is encoded; None: nothing."""
         m = verifier.manifest
         self._verifier = verifier
+        self._memory = memory
         self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
                                    m.max_target_len + SLACK, m.max_source_len, verifier.verifier.device, bound,
-                                   keep_hidden)
+                                   memory is not None)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = verifier.verifier.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
@@ -107,9 +112,10 @@ class Batch:
             mask[row, : len(ids)] = 1
         started = time.perf_counter()
         out = self._verifier.encoder.run({"input_ids": input_ids, "attention_mask": mask})
+        # a draft source's per-source work (drafter_source) counts as encoding: once per row
+        hidden = self._memory(out["encoder_hidden_states"], mask) if self._memory is not None else None
         self.encoder_seconds += time.perf_counter() - started
         layers = self._verifier.manifest.decoder_layers
-        hidden = out["encoder_hidden_states"] if self.buffers.keep_hidden else None
         slots = self.buffers.add_rows([out[name] for name in cross_names(layers)], mask, hidden)
         self.lengths[slots.start : slots.stop] = 0
 
@@ -199,8 +205,9 @@ class Verifier:
         self.verifier = verifier
         self.manifest = manifest
 
-    def batch(self, slots: int, bound: bool, keep_hidden: bool = False) -> Batch:
-        return Batch(self, slots, bound, keep_hidden)
+    def batch(self, slots: int, bound: bool,
+              memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Batch:
+        return Batch(self, slots, bound, memory)
 
     @property
     def seconds(self) -> dict[str, float]:

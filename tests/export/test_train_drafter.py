@@ -135,6 +135,7 @@ def fake_checkpoint(tmp_path) -> Path:
 @pytest.mark.parametrize(("options", "message"), [
     (TrainOptions(k=0), "k must be at least 1"),
     (TrainOptions(layers=0), "layers must be at least 1"),
+    (TrainOptions(encoder_layers=-1), "encoder_layers must be 0"),
     (TrainOptions(steps=10, epochs=2), "either steps or epochs, not both"),
     (TrainOptions(steps=0), "steps must be at least 1"),
     (TrainOptions(epochs=0), "epochs must be at least 1"),
@@ -229,6 +230,18 @@ def test_a_few_steps_train_for_every_family(tmp_path, random_checkpoint, family)
     assert drafter.config.family == {"mt5": "t5"}.get(family, family)  # mT5 shares T5's adapter
     header = json.loads((out / DISTILL_FILE).read_text().splitlines()[0])
     assert header["count"] == 16
+
+
+def test_drafter_only_encoder_layers_train_and_run_once_per_source(tmp_path, random_checkpoint):
+    """--encoder-layers: the layers learn (they start as the identity), and the report's runtime
+    timing runs them from a real bundle's drafter_source graph."""
+    out = tmp_path / "drafter"
+    report = train_drafter(random_checkpoint("bart"), _sources(tmp_path / "s.txt", 16), out,
+                           _quick(encoder_layers=1, steps=3, speed=True), progress=False)
+    drafter = Drafter.load(out)
+    assert drafter.config.encoder_layers == 1 and report["options"]["encoder_layers"] == 1
+    assert float(drafter.source_layers[0].fc2.weight.detach().abs().max()) > 0  # trained away from the identity
+    assert report["runtime"]["sentences"] == 3 and report["runtime"]["gad_seconds"] > 0
 
 
 def test_run_from_args_trains_one_epoch_by_default(tmp_path, random_checkpoint, capsys):

@@ -77,7 +77,7 @@ def test_a_drafter_call_costs_the_same_however_long_the_output(gad_bundle):
     """Counts the positions fed to the drafter graph per call (no timing): with a window they
     stay at window + k for outputs of any length; reading the whole output, they grow."""
     generator = Generator(gad_bundle("marian"))
-    batch = generator.verifier.batch(2, generator.io_binding, keep_hidden=True)
+    batch = generator.verifier.batch(2, generator.io_binding, generator.drafter.memory)
     batch.admit(generator.encode(["w1 w2 w3", "w4 w5"]), generator.manifest.pad_token_id)
     widths: list[int] = []
     session = generator.drafter.session
@@ -225,7 +225,7 @@ def test_trained_drafter_on_the_editing_model(tmp_path, editing_marian_dir, trai
     assert generator.drafter.window == drafter.config.window > 0
     for text, output in zip(texts[:10], expected):
         source = generator.encode([text])
-        batch = generator.verifier.batch(1, generator.io_binding, keep_hidden=True)
+        batch = generator.verifier.batch(1, generator.io_binding, generator.drafter.memory)
         batch.admit(source, generator.manifest.pad_token_id)
         prefix = [start, *output[: max(len(output) // 2, drafter.config.window + 2)]]  # past the window
         with torch.no_grad():
