@@ -17,6 +17,7 @@ output head can be initialised from the verifier. Saved as safetensors + ``draft
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -58,7 +59,30 @@ class DrafterConfig:
 
     @classmethod
     def load(cls, directory: Path) -> DrafterConfig:
-        return cls(**json.loads((directory / CONFIG_FILE).read_text()))
+        from dataclasses import fields
+
+        from ..runtime.errors import ExportError
+
+        path = directory / CONFIG_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ExportError(f"{str(path)!r} is not a readable drafter config ({exc}).") from None
+        advice = "retrain it with `aggdec train-drafter`"
+        if not isinstance(data, dict):
+            raise ExportError(f"{str(path)!r} must hold a JSON object, not {type(data).__name__}; {advice}.")
+        kinds = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(kinds))
+        missing = sorted(name for name, f in kinds.items() if f.default is dataclasses.MISSING and name not in data)
+        if unknown or missing:
+            raise ExportError(f"{str(path)!r} is not a drafter config this aggdec reads (unknown keys: "
+                              f"{unknown or 'none'}; missing keys: {missing or 'none'}); {advice}.")
+        for name, value in data.items():
+            wanted = {"int": int, "str": str}[kinds[name].type]  # whole counts: ids and sizes
+            if isinstance(value, bool) or not isinstance(value, wanted) or (
+                    isinstance(value, int) and not 0 <= value < 2**31):
+                raise ExportError(f"{str(path)!r}: {name} = {value!r} is not a valid value; {advice}.")
+        return cls(**data)
 
 
 class _Attention(nn.Module):

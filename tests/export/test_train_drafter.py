@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,24 @@ def test_drafter_only_encoder_layers_train_and_run_once_per_source(tmp_path, ran
     assert drafter.config.encoder_layers == 1 and report["options"]["encoder_layers"] == 1
     assert float(drafter.source_layers[0].fc2.weight.detach().abs().max()) > 0  # trained away from the identity
     assert report["runtime"]["sentences"] == 3 and report["runtime"]["gad_seconds"] > 0
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[1]", "must hold a JSON object, not list"),
+    ("{not json", "is not a readable drafter config"),
+    ('{"vocab_size": 3}', "missing keys: ['d_model', 'ffn_dim', 'head_dim', 'num_heads']"),
+    ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "extra": 1}',
+     "unknown keys: ['extra']"),
+    ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "k": -2}', "k = -2"),
+    ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "layers": true}', "layers = True"),
+    ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "family": 7}', "family = 7"),
+])
+def test_a_malformed_drafter_config_is_named(tmp_path, text, needle):
+    from aggdec.export.drafter import DrafterConfig
+
+    (tmp_path / CONFIG_FILE).write_text(text)
+    with pytest.raises(ExportError, match=re.escape(needle)):
+        DrafterConfig.load(tmp_path)
 
 
 def test_run_from_args_trains_one_epoch_by_default(tmp_path, random_checkpoint, capsys):
