@@ -2,7 +2,7 @@
 
 A TensorRT engine built from a graph with dynamic dims runs only the shapes its optimization
 profile allows (min <= shape <= max per dim) and is tuned for one (opt). Every dynamic dim of
-an aggdec graph is a named dim of the bundle's manifest (``export/specs.py``), so a profile is
+an aggdec graph is a named dim of the bundle's manifest (``runtime/graph_specs.py``), so a profile is
 derived from the manifest alone:
 
 - ``batch``: rows per call, 1 .. ``--max-batch`` (the ``batch_size`` the runtime will be used at);

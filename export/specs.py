@@ -1,82 +1,15 @@
-"""The IO of every bundle graph, as data.
-
-These specs drive the exporter's input/output names and dynamic axes, are written into the
-manifest, and are what the runtime binds buffers by. Dims are ints or symbolic names.
-"""
+"""The exporter's side of the graph specs (``runtime/graph_specs.py``): torch.onnx.export's
+dynamic axes."""
 
 from __future__ import annotations
 
-from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names
-from ..runtime.manifest import GraphSpec, TensorSpec
-
-
-def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int) -> GraphSpec:
-    cross = ("batch", heads, "source_len", head_dim)
-    return GraphSpec(
-        file="encoder.onnx",
-        inputs=(
-            TensorSpec("input_ids", "int64", ("batch", "source_len")),
-            TensorSpec("attention_mask", "int64", ("batch", "source_len")),
-        ),
-        outputs=(
-            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
-            *(TensorSpec(name, "float32", cross) for name in cross_names(layers)),
-        ),
-    )
-
-
-def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int) -> GraphSpec:
-    # the self-attention buffers: capacity is the runtime's choice, fixed while a batch runs
-    buffer = ("batch", heads, "capacity", head_dim)
-    cross = ("batch", heads, "source_len", head_dim)
-    return GraphSpec(
-        file="verifier.onnx",
-        inputs=(
-            TensorSpec("input_ids", "int64", ("batch", "new_len")),
-            TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
-            *(TensorSpec(name, "float32", buffer) for name in self_cache_names(layers)),
-            *(TensorSpec(name, "float32", cross) for name in cross_names(layers)),
-            TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
-        ),
-        outputs=(
-            TensorSpec("top_logprobs", "float32", ("batch", "new_len", top_k)),
-            TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
-            # the input buffers with the new tokens written at each row's length: bound to the
-            # inputs' own memory by the runtime, so the write happens in place
-            *(TensorSpec(name, "float32", buffer) for name in self_cache_out_names(layers)),
-        ),
-    )
-
-
-def drafter_spec(d_model: int, k: int) -> GraphSpec:
-    return GraphSpec(
-        file="drafter.onnx",
-        inputs=(
-            # the last draft_window output tokens (decoder start included while the output is
-            # shorter), then k [MASK] ids, right-padded
-            TensorSpec("input_ids", "int64", ("batch", "draft_len")),
-            TensorSpec("attention_mask", "int64", ("batch", "draft_len")),
-            TensorSpec("slot_start", "int64", ("batch",)),  # where each row's [MASK] slots begin
-            TensorSpec("position_offset", "int64", ("batch",)),  # the output position of input_ids[:, 0]
-            # the encoder output; in a bundle with drafter_source, that graph's drafter_memory
-            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
-            TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
-        ),
-        outputs=(TensorSpec("draft_ids", "int64", ("batch", k)),),
-    )
-
-
-def drafter_source_spec(d_model: int) -> GraphSpec:
-    """The drafter-only encoder layers (``DrafterConfig.encoder_layers``), run once per request:
-    the encoder output in, what drafter.onnx then reads as ``encoder_hidden_states`` out."""
-    return GraphSpec(
-        file="drafter_source.onnx",
-        inputs=(
-            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
-            TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
-        ),
-        outputs=(TensorSpec("drafter_memory", "float32", ("batch", "source_len", d_model)),),
-    )
+from ..runtime.graph_specs import (  # noqa: F401 - the exporter's names for them
+    drafter_source_spec,
+    drafter_spec,
+    encoder_spec,
+    verifier_spec,
+)
+from ..runtime.manifest import GraphSpec
 
 
 def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:

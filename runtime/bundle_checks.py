@@ -20,6 +20,7 @@ from typing import Any
 
 from .bundle_schema import DRAFTER_GRAPHS, DTYPES, show
 from .errors import BundleError
+from .graph_specs import runtime_specs
 from .manifest import GraphSpec, Manifest, TensorSpec
 
 ADVICE = "the bundle's files do not belong together; re-run `aggdec export`."
@@ -135,6 +136,29 @@ def _check_layer_count(manifest: Manifest, graph: str, side: str, tensors: Itera
             )
 
 
+def _check_contract(manifest: Manifest) -> None:
+    """Each graph's IO, as the manifest declares it, must be what this runtime feeds and reads:
+    the same names, element types and ranks (graph_specs). A graph and manifest that agree with
+    each other on other names would otherwise load, and fail at their first call."""
+    expected = runtime_specs(manifest)
+    for graph, spec in manifest.graphs.items():
+        if graph not in expected:
+            raise BundleError(f"the bundle has a graph {graph!r} this aggdec does not know (it drives "
+                              f"{', '.join(sorted(expected))}); {ADVICE}")
+        for side in ("inputs", "outputs"):
+            have = {(t.name, t.dtype, len(t.dims)) for t in getattr(spec, side)}
+            want = {(t.name, t.dtype, len(t.dims)) for t in getattr(expected[graph], side)}
+            if have != want:
+                def shown(tensors: set[tuple[str, str, int]]) -> str:
+                    return ", ".join(f"{name} ({dtype}, rank {rank})" for name, dtype, rank in sorted(tensors)) or "none"
+
+                raise BundleError(f"{spec.file} ({graph}) {side} are not the ones this aggdec {_USE[side]}: "
+                                  f"unexpected {shown(have - want)}; missing {shown(want - have)}; {ADVICE}")
+
+
+_USE = {"inputs": "feeds", "outputs": "reads"}
+
+
 def _check_tokenizer(manifest: Manifest, tokenizer_vocab_size: int) -> None:
     m = manifest
     # the model's embedding may be larger than the tokenizer (padded rows), never smaller
@@ -159,7 +183,8 @@ def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer
     runtime did not open may be absent. ``tokenizer_vocab_size``: the tokenizer's size with added tokens.
     Checks each graph's real IO against the manifest's spec (names, element types, ranks,
     fixed dims), the manifest's sizes (d_model, num_heads, head_dim, top_k, draft_k,
-    decoder_layers) against the dims where they appear, and the special ids against the
+    decoder_layers) against the dims where they appear, that IO against what this runtime feeds
+    and reads (names, element types, ranks: ``graph_specs``), and the special ids against the
     tokenizer.
     """
     unopened = set(DRAFTER_GRAPHS) - set(sessions) if set(DRAFTER_GRAPHS) & set(sessions) else set()
@@ -175,6 +200,7 @@ def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer
             for origin, tensors in (("the manifest's graph spec", getattr(spec, side)), (spec.file, real[side])):
                 _check_fields(manifest, graph, side, tensors, origin, seen)
                 _check_layer_count(manifest, graph, side, tensors, origin, seen)
+    _check_contract(manifest)  # the graphs are what the manifest says: now, is that what the runtime drives?
     wanted = {"d_model", "top_k", "num_heads", "head_dim", "decoder_layers"} | (
         {"draft_k"} if "drafter" in manifest.graphs else set())
     unchecked = sorted(wanted - seen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import shutil
 import sys
@@ -277,3 +278,37 @@ def test_the_exported_manifest_passes_the_schema(bundle):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize(("graph", "side", "name", "needle"), [
+    ("verifier", "input", "past_lengths", "verifier.onnx (verifier) inputs are not the ones this aggdec feeds: "
+                                          "unexpected renamed (int64, rank 1); missing past_lengths (int64, rank 1)"),
+    ("encoder", "output", "encoder_hidden_states", "encoder.onnx (encoder) outputs are not the ones this aggdec reads"),
+])
+def test_graphs_that_agree_with_their_manifest_on_other_io_are_refused_at_load(bundle_copy, graph, side, name,
+                                                                                needle):
+    """A graph and manifest renamed together pass every graph-against-manifest check; the
+    runtime would then fail at its first call. They are refused when the bundle is opened."""
+    import hashlib
+
+    import onnx
+
+    manifest = read(bundle_copy)
+    spec = manifest["graphs"][graph]
+    model = onnx.load(str(bundle_copy / spec["file"]))
+    for value in (model.graph.input if side == "input" else model.graph.output):
+        if value.name == name:
+            value.name = "renamed"
+    for node in model.graph.node:
+        for where in (node.input, node.output):
+            for index, used in enumerate(where):
+                if used == name:
+                    where[index] = "renamed"
+    onnx.save(model, str(bundle_copy / spec["file"]))
+    for tensor in spec[f"{side}s"]:
+        if tensor["name"] == name:
+            tensor["name"] = "renamed"
+    manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
+    write(bundle_copy, manifest)
+    with pytest.raises(BundleError, match=re.escape(needle)):
+        Generator(bundle_copy)
