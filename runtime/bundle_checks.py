@@ -150,7 +150,8 @@ def _check_contract(manifest: Manifest) -> None:
             want = {(t.name, t.dtype, len(t.dims)) for t in getattr(expected[graph], side)}
             if have != want:
                 def shown(tensors: set[tuple[str, str, int]]) -> str:
-                    return ", ".join(f"{name} ({dtype}, rank {rank})" for name, dtype, rank in sorted(tensors)) or "none"
+                    listed = (f"{name} ({dtype}, rank {rank})" for name, dtype, rank in sorted(tensors))
+                    return ", ".join(listed) or "none"
 
                 raise BundleError(f"{spec.file} ({graph}) {side} are not the ones this aggdec {_USE[side]}: "
                                   f"unexpected {shown(have - want)}; missing {shown(want - have)}; {ADVICE}")

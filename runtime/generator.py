@@ -204,7 +204,7 @@ class Generator:
 
             sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
         else:
-            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32)
+            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32, m.graph(name), name)
                         for name in ("encoder", "verifier", self.drafter_graph, self.drafter_source_graph)
                         if name is not None}
         # the graphs must be what the manifest says they are, before any text meets them

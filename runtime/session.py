@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import BundleError, ProviderError
+from .manifest import GraphSpec
 
 try:
     import onnxruntime as ort
@@ -148,12 +149,37 @@ def check_device(device: str, tf32: bool = False) -> list[Any]:
     return providers
 
 
+def check_output_shapes(spec: GraphSpec, inputs: Mapping[str, Any], outputs: Mapping[str, Any], label: str) -> None:
+    """Raise :class:`BundleError` unless every output has its declared rank and fixed dims, and
+    each named dim (``batch``, ``source_len``, ...) the size the inputs gave it."""
+    sizes: dict[str, int] = {}
+    for tensor in spec.inputs:
+        if tensor.name in inputs:
+            for dim, size in zip(tensor.dims, np.shape(inputs[tensor.name])):
+                if isinstance(dim, str):
+                    sizes.setdefault(dim, int(size))
+    for tensor in spec.outputs:
+        if tensor.name not in outputs:
+            continue
+        shape = tuple(np.shape(outputs[tensor.name]))
+        expected = tuple(sizes.get(dim) if isinstance(dim, str) else dim for dim in tensor.dims)
+        if len(shape) != len(expected) or any(e is not None and e != s for e, s in zip(expected, shape)):
+            shown = [e if e is not None else d for e, d in zip(expected, tensor.dims)]
+            raise BundleError(f"{label} computed output {tensor.name!r} of shape {list(shape)}, where its declared "
+                              f"IO implies {shown}; the bundle's graph does not compute what its manifest says.")
+
+
 class OrtSession:
     """An ONNX graph run by onnxruntime on one device."""
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
-                 tf32: bool = False) -> None:
+                 tf32: bool = False, spec: GraphSpec | None = None, name: str | None = None) -> None:
+        """``spec``: the IO the manifest declares for this graph; with it, every unbound call's
+        outputs are checked against the shapes the inputs imply (a bundle is untrusted: a graph
+        can declare one shape and compute another). ``name``: the graph's, for messages."""
         providers = check_device(device, tf32)
+        self.spec = spec
+        self.label = f"{Path(path).name} ({name})" if name else Path(path).name
         ort = require_onnxruntime()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -191,9 +217,20 @@ class OrtSession:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         started = time.perf_counter()
-        values = self._session.run(None, dict(inputs))
+        try:
+            values = self._session.run(None, dict(inputs))
+        except Exception as exc:  # onnxruntime's untyped errors: the graph failed on inputs of its declared IO
+            raise self._failed(exc, inputs) from exc
         self._count(time.perf_counter() - started)
-        return dict(zip(self.output_names, values))
+        outputs = dict(zip(self.output_names, values))
+        if self.spec is not None:
+            check_output_shapes(self.spec, inputs, outputs, self.label)
+        return outputs
+
+    def _failed(self, exc: Exception, inputs: Mapping[str, Any] | None = None) -> BundleError:
+        shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in (inputs or {}).items())
+        return BundleError(f"{self.label} failed" + (f" on inputs {shapes}" if shapes else "")
+                           + f": {str(exc).strip()[:500]}")
 
     def binding(self) -> Any:
         """A fresh IO binding: one per batch, so that threads never share one."""
@@ -201,6 +238,9 @@ class OrtSession:
 
     def run_bound(self, binding: Any) -> list[Any]:
         started = time.perf_counter()
-        self._session.run_with_iobinding(binding)
+        try:  # bound outputs have their shapes given: onnxruntime refuses a graph that computes others
+            self._session.run_with_iobinding(binding)
+        except Exception as exc:
+            raise self._failed(exc) from exc
         self._count(time.perf_counter() - started)
         return binding.get_outputs()

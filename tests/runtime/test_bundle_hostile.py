@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -312,3 +313,51 @@ def test_graphs_that_agree_with_their_manifest_on_other_io_are_refused_at_load(b
     write(bundle_copy, manifest)
     with pytest.raises(BundleError, match=re.escape(needle)):
         Generator(bundle_copy)
+
+
+def test_a_graph_that_computes_other_shapes_than_it_declares_is_a_bundle_error(bundle_copy):
+    """The encoder's declared IO checks out, but it pads one cross-attention output by a source
+    position: the first call says which graph and output, instead of failing somewhere later."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    manifest = read(bundle_copy)
+    spec = manifest["graphs"]["encoder"]
+    model = onnx.load(str(bundle_copy / spec["file"]))
+    for node in model.graph.node:
+        for index, name in enumerate(node.output):
+            if name == "cross_key.0":
+                node.output[index] = "cross_key.0.raw"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 0], np.int64),
+                                                           "one.more.position"))
+    model.graph.node.append(helper.make_node("Pad", ["cross_key.0.raw", "one.more.position"], ["cross_key.0"]))
+    onnx.save(model, str(bundle_copy / spec["file"]))
+    manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
+    write(bundle_copy, manifest)
+    generator = Generator(bundle_copy)  # loads: the declared IO is the runtime's
+    with pytest.raises(BundleError, match=r"encoder.onnx \(encoder\) computed output 'cross_key.0' of shape "
+                                          r"\[1, \d+, (\d+), \d+\], where its declared IO implies"):
+        generator.generate(["w1 w2 w3"], max_new_tokens=4)
+
+
+def test_a_graph_that_fails_on_valid_inputs_is_a_bundle_error_naming_it(bundle_copy):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    manifest = read(bundle_copy)
+    spec = manifest["graphs"]["encoder"]
+    model = onnx.load(str(bundle_copy / spec["file"]))
+    for node in model.graph.node:  # the graph's own nodes keep reading the real hidden states
+        for where in (node.input, node.output):
+            for index, name in enumerate(where):
+                if name == "encoder_hidden_states":
+                    where[index] = "hidden.raw"
+    # position 1000 of every source: out of range at run time, which no load-time check can see
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1000], np.int64), "far.position"))
+    model.graph.node.append(helper.make_node("Gather", ["hidden.raw", "far.position"], ["encoder_hidden_states"],
+                                             axis=1))
+    onnx.save(model, str(bundle_copy / spec["file"]))
+    manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
+    write(bundle_copy, manifest)
+    with pytest.raises(BundleError, match=r"encoder.onnx \(encoder\) failed on inputs input_ids \[1, \d+\]"):
+        Generator(bundle_copy).generate(["w1 w2 w3"], max_new_tokens=4)
