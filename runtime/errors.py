@@ -39,5 +39,10 @@ class ValidationError(ExportError):
     """An exported graph disagrees with the torch module it was traced from."""
 
 
+class GraphRunError(AggdecError, RuntimeError):
+    """onnxruntime failed to run a bundle graph on inputs of its declared IO (a graph that
+    cannot compute what it declares, or the device ran out of memory); names the graph."""
+
+
 class CapacityError(AggdecError, RuntimeError):
     """A decode needed more cache positions than its buffers hold (a bug if it ever escapes)."""

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import BundleError, ProviderError
+from .errors import BundleError, GraphRunError, ProviderError
 from .manifest import GraphSpec
 
 try:
@@ -227,10 +227,10 @@ class OrtSession:
             check_output_shapes(self.spec, inputs, outputs, self.label)
         return outputs
 
-    def _failed(self, exc: Exception, inputs: Mapping[str, Any] | None = None) -> BundleError:
+    def _failed(self, exc: Exception, inputs: Mapping[str, Any] | None = None) -> GraphRunError:
         shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in (inputs or {}).items())
-        return BundleError(f"{self.label} failed" + (f" on inputs {shapes}" if shapes else "")
-                           + f": {str(exc).strip()[:500]}")
+        return GraphRunError(f"{self.label} failed" + (f" on inputs {shapes}" if shapes else "")
+                             + f": {str(exc).strip()[:500]}")
 
     def binding(self) -> Any:
         """A fresh IO binding: one per batch, so that threads never share one."""
