@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     for generator, decay in sides.values():
         gad.DECAY = decay  # read when a decode's draft source is made
         generator.warm_up("gad")
+
     def side(generator, decay):
         def run(source):
             gad.DECAY = decay

@@ -59,8 +59,6 @@ class DrafterConfig:
 
     @classmethod
     def load(cls, directory: Path) -> DrafterConfig:
-        from dataclasses import fields
-
         from ..runtime.errors import ExportError
 
         path = directory / CONFIG_FILE
@@ -71,7 +69,7 @@ class DrafterConfig:
         advice = "retrain it with `aggdec train-drafter`"
         if not isinstance(data, dict):
             raise ExportError(f"{str(path)!r} must hold a JSON object, not {type(data).__name__}; {advice}.")
-        kinds = {f.name: f for f in fields(cls)}
+        kinds = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(kinds))
         missing = sorted(name for name, f in kinds.items() if f.default is dataclasses.MISSING and name not in data)
         if unknown or missing:

@@ -193,8 +193,6 @@ class Generator:
         self.manifest: Manifest = load_manifest(self.root, verify=verify)
         check_precision(self.manifest, device, self.root)  # before any session is made
         self.drafter_graph = drafter_graph(self.manifest, device, int8_drafter, self.root)
-        # the drafter-only encoder layers, once per source (bundles whose drafter has them)
-        self.drafter_source_graph = "drafter_source" if "drafter_source" in self.manifest.graphs else None
         self.device = device
         self.tf32 = tf32
         self.codec = TextCodec(self.root / TOKENIZER_FILE)
@@ -205,8 +203,8 @@ class Generator:
             sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
         else:
             sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32, m.graph(name), name)
-                        for name in ("encoder", "verifier", self.drafter_graph, self.drafter_source_graph)
-                        if name is not None}
+                        for name in ("encoder", "verifier", self.drafter_graph, "drafter_source")
+                        if name is not None and name in m.graphs}  # drafter_source: a drafter's own layers
         # the graphs must be what the manifest says they are, before any text meets them
         check_consistency(m, sessions, self.codec.vocab_size)
         self._sessions = sessions

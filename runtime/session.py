@@ -238,7 +238,7 @@ class OrtSession:
 
     def run_bound(self, binding: Any) -> list[Any]:
         started = time.perf_counter()
-        try:  # bound outputs have their shapes given: onnxruntime refuses a graph that computes others
+        try:  # outputs bound with a shape are checked by onnxruntime; the caller checks the others
             self._session.run_with_iobinding(binding)
         except Exception as exc:
             raise self._failed(exc) from exc

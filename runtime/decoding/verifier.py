@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
 from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names
@@ -177,6 +178,14 @@ class Batch:
             outputs = session.run_bound(binding)
             # copies: with the binding kept, the next run writes into the same output memory
             top_logprobs, top_ids = outputs[0].numpy().copy(), outputs[1].numpy().copy()
+            # the candidates are bound without a shape, so nothing else checks what the graph
+            # computed (an unbound call's outputs are checked by its session: OrtSession.run)
+            expected = (rows, new, self._verifier.manifest.top_k)
+            if top_logprobs.shape != expected or top_ids.shape != expected:
+                raise BundleError(f"the verifier computed candidates of shapes {list(top_logprobs.shape)} and "
+                                  f"{list(top_ids.shape)} for {rows} row(s) of {new} token(s), where its declared IO "
+                                  f"implies {list(expected)}; the bundle's graph does not compute what its manifest "
+                                  "says.")
         self.last_call = (new, time.perf_counter() - started)  # (positions per row, seconds): the cost model's data
         self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids

@@ -340,6 +340,31 @@ def test_a_graph_that_computes_other_shapes_than_it_declares_is_a_bundle_error(b
         generator.generate(["w1 w2 w3"], max_new_tokens=4)
 
 
+@pytest.mark.parametrize("binding", [True, False])
+def test_a_verifier_that_computes_other_candidate_shapes_is_a_bundle_error(bundle_copy, binding):
+    """The candidates are bound without a shape (their width varies), so the bound path checks
+    them itself; the unbound path through its session."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    manifest = read(bundle_copy)
+    spec = manifest["graphs"]["verifier"]
+    model = onnx.load(str(bundle_copy / spec["file"]))
+    for node in model.graph.node:
+        for index, name in enumerate(node.output):
+            if name == "top_ids":
+                node.output[index] = "top_ids.raw"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 1, 0], np.int64),
+                                                           "one.more.token"))
+    model.graph.node.append(helper.make_node("Pad", ["top_ids.raw", "one.more.token"], ["top_ids"]))
+    onnx.save(model, str(bundle_copy / spec["file"]))
+    manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
+    write(bundle_copy, manifest)
+    generator = Generator(bundle_copy, io_binding=binding)
+    with pytest.raises(BundleError, match="does not compute what its manifest says"):
+        generator.generate(["w1 w2 w3"], max_new_tokens=4)
+
+
 def test_a_graph_that_fails_on_valid_inputs_is_an_error_naming_it(bundle_copy):
     import onnx
     from onnx import helper, numpy_helper
