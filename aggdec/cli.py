@@ -81,6 +81,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     train.add_argument("--window", type=int, default=16,
                        help="output tokens the drafter reads before its slots, 0 = all (16): a bounded window "
                             "keeps a drafter call's cost flat as the output grows")
+    train.add_argument("--positions", choices=("output", "source"), default=None,
+                       help="positions the drafter reads its tokens at: output (default), or source, the "
+                            "aligned source position of each token: for editing tasks (grammar correction), "
+                            "where output positions drift from the source's after each edit")
     length = train.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps")
     length.add_argument("--epochs", type=int, help="passes over the sources (default 1)")

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 CONFIG_FILE = "drafter.json"
+POSITIONS = ("output", "source")  # DrafterConfig.positions
 WEIGHTS_FILE = "drafter.safetensors"
 
 
@@ -46,6 +47,11 @@ class DrafterConfig:
     # Drafter-only layers over the verifier's encoder output (self-attention + feed-forward),
     # run once per request; 0: the drafter cross-attends the encoder output as it is.
     encoder_layers: int = 0
+    # Which positions the drafter reads its tokens at: "output" (each token's place in the output),
+    # or "source" (the place of the source token it is aligned with; runtime/decoding/alignment.py).
+    # "source" is for editing tasks: there, output positions drift from the source's after every
+    # edit that changes the length, and a drafter that found its place by position drafts off by one.
+    positions: str = "output"
     pad_token_id: int = 0
     eos_token_id: int = 1
     family: str = ""
@@ -75,6 +81,9 @@ class DrafterConfig:
         if unknown or missing:
             raise ExportError(f"{str(path)!r} is not a drafter config this aggdec reads (unknown keys: "
                               f"{unknown or 'none'}; missing keys: {missing or 'none'}); {advice}.")
+        if data.get("positions", "output") not in POSITIONS:
+            raise ExportError(f"{str(path)!r}: positions = {data['positions']!r} is not one of {list(POSITIONS)}; "
+                              f"{advice}.")
         for name, value in data.items():
             wanted = {"int": int, "str": str}[kinds[name].type]  # whole counts: ids and sizes
             if isinstance(value, bool) or not isinstance(value, wanted) or (
@@ -247,7 +256,7 @@ def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int,
 
 
 def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0, window: int = 0,
-                              encoder_layers: int = 0) -> Drafter:
+                              encoder_layers: int = 0, positions: str = "output") -> Drafter:
     """A drafter shaped after ``model`` and initialised from it where shapes allow.
 
     Copied: the token embeddings, the output head (and BART/Marian's final_logits_bias), and
@@ -268,7 +277,7 @@ def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, se
         vocab_size=vocab, d_model=int(model.config.d_model), num_heads=parts.num_heads, head_dim=parts.head_dim,
         ffn_dim=ffn_dim, layers=layers, k=k, max_positions=max_positions,
         pad_token_id=int(model.config.pad_token_id), eos_token_id=int(model.config.eos_token_id),
-        family=family.name, window=window, encoder_layers=encoder_layers,
+        family=family.name, window=window, encoder_layers=encoder_layers, positions=positions,
     )
     torch.manual_seed(seed)
     drafter = Drafter(config)

@@ -263,6 +263,7 @@ def export_bundle(
             draft_k=drafter.config.k if drafter is not None else None,
             mask_token_id=drafter.config.mask_token_id if drafter is not None else None,
             draft_window=drafter.config.window if drafter is not None else None,
+            draft_positions=drafter.config.positions if drafter is not None else None,
             files=files,
             exporter={"torch": torch.__version__, "transformers": transformers.__version__,
                       "onnxruntime": ort.__version__},

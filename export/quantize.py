@@ -281,9 +281,11 @@ def _draft_agreement(reference: tuple[Driver, object, object], quantized: tuple[
         drafts = []
         for driver, session, source in (reference, quantized):  # (driver, drafter, drafter_source or None)
             drafter = Drafter(session, int(manifest.draft_k or 0), int(manifest.mask_token_id or 0),
-                              int(manifest.draft_window or 0), source)
+                              int(manifest.draft_window or 0), source,
+                              source_positions=manifest.draft_positions == "source")
             memory = drafter.memory(driver.encode(case)["hidden"], case.mask)
-            drafts.append(drafter.draft(prefixes, memory, case.mask, manifest.pad_token_id))
+            sources = [ids[mask == 1] for ids, mask in zip(case.ids, case.mask)]
+            drafts.append(drafter.draft(prefixes, sources, memory, case.mask, manifest.pad_token_id))
         same += int((drafts[0] == drafts[1]).sum())
         total += drafts[0].size
     return round(same / max(total, 1), 6)

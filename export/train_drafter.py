@@ -33,11 +33,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..runtime.errors import ExportError
-from .drafter import CONFIG_FILE, WEIGHTS_FILE, Drafter, drafter_inputs, new_drafter_from_verifier
+from ..runtime.decoding.alignment import source_position_offsets
+from .drafter import CONFIG_FILE, POSITIONS, WEIGHTS_FILE, Drafter, drafter_inputs, new_drafter_from_verifier
 
 DISTILL_FILE = "distill.jsonl"
 CHECKPOINT_DIR = "checkpoint"
@@ -62,6 +64,7 @@ class TrainOptions:
     layers: int = 2  # drafter decoder layers
     encoder_layers: int = 0  # drafter-only layers over the verifier's encoder output (once per request)
     window: int = 16  # output tokens the drafter reads before its slots (0: all of them)
+    positions: str = "output"  # "source": read tokens at their aligned source positions (DrafterConfig)
     steps: int | None = None  # optimizer steps; exclusive with epochs (default: 1 epoch)
     epochs: int | None = None
     batch_tokens: int = 4096  # padded source + prefix + k tokens per batch
@@ -93,10 +96,17 @@ class _Layout:
     pad_id: int
     source_pad_id: int
     window: int  # the drafter reads the last ``window`` prefix tokens (0: all)
+    source_positions: bool  # DrafterConfig.positions == "source"
 
-    def inputs(self, prefixes: list[list[int]], device: torch.device) -> tuple[Tensor, ...]:
-        """(input_ids, attention_mask, slot_start, position_offset) for ``prefixes``, on ``device``."""
-        return tuple(t.to(device) for t in drafter_inputs(prefixes, self.k, self.mask_id, self.pad_id, self.window))
+    def inputs(self, prefixes: list[list[int]], sources: list[list[int]], device: torch.device
+               ) -> tuple[Tensor, ...]:
+        """(input_ids, attention_mask, slot_start, position_offset) for ``prefixes`` (after
+        ``sources``, the examples' tokenized sources), on ``device``."""
+        ids, mask, slot_start, offset = drafter_inputs(prefixes, self.k, self.mask_id, self.pad_id, self.window)
+        if self.source_positions:  # exactly what the runtime's Drafter.draft feeds
+            offset = torch.from_numpy(source_position_offsets(offset.tolist(), prefixes,
+                                                              [np.asarray(s) for s in sources], self.window))
+        return tuple(t.to(device) for t in (ids, mask, slot_start, offset))
 
     def prefix(self, example: _Example, p: int) -> list[int]:
         return self.start + example.target[:p]
@@ -141,7 +151,8 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
     targets = _distill(model, tokenizer, sources, src, out / DISTILL_FILE, options.max_new_tokens, device, progress)
 
     drafter = new_drafter_from_verifier(model, layers=options.layers, k=options.k, seed=options.seed,
-                                        window=options.window, encoder_layers=options.encoder_layers).to(device)
+                                        window=options.window, encoder_layers=options.encoder_layers,
+                                        positions=options.positions).to(device)
     layout = _layout(model, tokenizer, drafter)
     examples = _examples(tokenizer, sources, targets, layout, drafter.config.max_positions, _position_limit(model))
     cut = len(examples) - options.heldout
@@ -215,6 +226,8 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"layers must be at least 1, got {options.layers}.")
     if options.encoder_layers < 0:
         raise ExportError(f"encoder_layers must be 0 (none) or more, got {options.encoder_layers}.")
+    if options.positions not in POSITIONS:
+        raise ExportError(f"positions must be one of {', '.join(POSITIONS)}, got {options.positions!r}.")
     if options.window < 0:
         raise ExportError(f"window must be 0 (the whole output) or a number of tokens, got {options.window}.")
     if options.steps is not None and options.epochs is not None:
@@ -380,6 +393,7 @@ def _layout(model: nn.Module, tokenizer: Any, drafter: Drafter) -> _Layout:
         pad_id=drafter.config.pad_token_id,
         source_pad_id=int(tokenizer.pad_token_id),
         window=drafter.config.window,
+        source_positions=drafter.config.positions == "source",
     )
 
 
@@ -515,7 +529,7 @@ def _train_step(drafter: Drafter, model: nn.Module, optimizer: torch.optim.Optim
     labels = torch.tensor([r[0] for r in rows], dtype=torch.int64, device=device)
     real = torch.arange(layout.k, device=device).unsqueeze(0) < torch.tensor([[r[1]] for r in rows], device=device)
     ids, mask, slot_start, offset = layout.inputs([layout.prefix(ex, p) for ex, (_, p) in zip(examples, batch)],
-                                                  device)
+                                                  [ex.source for ex in examples], device)
     drafter.train()
     if options.glancing > 0:
         generator = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
@@ -669,7 +683,7 @@ def _evaluate(drafter: Drafter, model: nn.Module, examples: list[_Example], layo
         tokens += sum(len(ex.target) - layout.first_p for ex in chunk)
         while active := [row for row, ex in enumerate(chunk) if p[row] < len(ex.target)]:
             ids, mask, slot_start, offset = layout.inputs([layout.prefix(chunk[row], p[row]) for row in active],
-                                                          device)
+                                                          [chunk[row].source for row in active], device)
             index = torch.tensor(active, device=device)
             drafts = drafter.slot_logits(ids, mask, slot_start, encoded.index_select(0, index),
                                          memory_mask.index_select(0, index), offset,

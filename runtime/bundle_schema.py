@@ -33,6 +33,7 @@ DTYPES = {
 }
 MODEL_DTYPES = ("float32", "float16", "bfloat16")  # the manifest's own `dtype`: the weights' precision
 PRECISIONS = ("fp32", "int8")  # how the graphs compute (int8: `aggdec quantize`, for the CPU)
+DRAFT_POSITIONS = ("output", "source")  # where the drafter reads its tokens (export.drafter.POSITIONS)
 # One drafter, two graphs: "drafter" (float, every device) and, in fp32 bundles, "drafter_int8",
 # the same drafter with int8 matrix products for the CPU (export/quantize.py). A drafter only
 # proposes tokens, so its precision changes speed, never the output; the runtime opens one of them.
@@ -291,12 +292,14 @@ FIELDS: dict[str, Rule] = {
     # the drafter's [MASK] is an extra embedding row: id vocab_size itself is allowed
     "mask_token_id": optional(integer(0, "vocab_size")),
     "draft_window": optional(integer(0, MAX_SEQUENCE_LEN)),
+    "draft_positions": optional(one_of(DRAFT_POSITIONS)),
     "exporter": dict_of(text, text),
     "precision": one_of(PRECISIONS),
     "quantization": optional(QUANTIZATION),
 }
 # fields with a dataclass default: an older manifest may leave them out
-OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "exporter", "precision", "quantization"})
+OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
+                             "quantization"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 
@@ -336,6 +339,8 @@ def _cross_field(data: dict) -> None:
         if (data.get(name) is not None) != has_drafter:
             raise Invalid(f"{name} must be set exactly when the bundle has a drafter graph "
                           f"(drafter graph: {'yes' if has_drafter else 'no'}, {name}: {show(data.get(name))})")
+    if data.get("draft_positions") is not None and not has_drafter:  # absent in bundles from before the field
+        raise Invalid(f"draft_positions is set ({show(data['draft_positions'])}) but the bundle has no drafter graph")
 
 
 def validate_manifest(data: Any, source: str) -> None:

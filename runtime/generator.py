@@ -218,7 +218,8 @@ class Generator:
         self.draft_priors = {mode: AcceptancePrior() for mode in ("iad", "gad", "gad++")}
         if self.drafter_graph is not None:
             self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
-                                   int(m.draft_window or 0), sessions.get("drafter_source"))
+                                   int(m.draft_window or 0), sessions.get("drafter_source"),
+                                   source_positions=m.draft_positions == "source")
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)

@@ -121,6 +121,10 @@ class Manifest:
     mask_token_id: int | None = None
     # the last output tokens the drafter reads before its slots (0: the whole output), as trained
     draft_window: int | None = None
+    # the positions the drafter reads its tokens at, as trained: "output", or "source" (each
+    # token at the source position it is aligned with, decoding/alignment.py); None (no
+    # drafter, or a bundle from before the field) is "output"
+    draft_positions: str | None = None
     exporter: dict[str, str] = field(default_factory=dict)  # versions used at export
     # "fp32", or "int8" (`aggdec quantize`: MatMuls in int8 for the CPU, see export/quantize.py);
     # a manifest without it (older aggdec) is fp32

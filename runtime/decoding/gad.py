@@ -7,10 +7,11 @@ not (so every iteration yields at least one token). With ``beta = 1`` that is ex
 decoding (section 3.2 of "Lossless Acceleration for Seq2seq Generation with Aggressive
 Decoding"; SpecDec's Spec-Verification for ``beta > 1``).
 
-The drafter reads only the last ``window`` output tokens (at their absolute positions), so a
-call costs the same at the end of a long output as at its start. How many of its k tokens a
-row's verifier call checks is chosen per iteration from the row's acceptance history and the
-measured cost of a drafter call (:class:`BlockSizer`).
+The drafter reads only the last ``window`` output tokens (at their absolute positions: the
+output's, or for a drafter trained with source positions, those of the source tokens they are
+aligned with), so a call costs the same at the end of a long output as at its start. How many
+of its k tokens a row's verifier call checks is chosen per iteration from the row's acceptance
+history and the measured cost of a drafter call (:class:`BlockSizer`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..session import Session
+from .alignment import source_position_offsets
 from .loop import Row
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
 from .verifier import Batch
@@ -32,13 +34,16 @@ class Drafter:
     ``source``: drafter_source.onnx, the drafter-only encoder layers of a bundle whose drafter
     has them; :meth:`memory` runs it once per source, and every :meth:`draft` reads its output."""
 
-    def __init__(self, session: Session, k: int, mask_id: int, window: int = 0, source: Session | None = None
-                 ) -> None:
+    def __init__(self, session: Session, k: int, mask_id: int, window: int = 0, source: Session | None = None,
+                 source_positions: bool = False) -> None:
         self.session = session
         self.k = k
         self.mask_id = mask_id
         self.window = window  # output tokens read before the slots; 0: all of them
         self.source = source
+        # read tokens at their aligned source positions, not their output positions (as trained:
+        # the manifest's draft_positions)
+        self.source_positions = source_positions
 
     def memory(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """What :meth:`draft` reads of sources whose encoder output is ``hidden`` [m, S, d]: the
@@ -47,9 +52,10 @@ class Drafter:
             return hidden
         return self.source.run({"encoder_hidden_states": hidden, "encoder_attention_mask": mask})["drafter_memory"]
 
-    def draft(self, prefixes: Sequence[list[int]], memory: np.ndarray, mask: np.ndarray, pad_id: int) -> np.ndarray:
-        """[rows, k] drafts after each prefix (the output, decoder start included); ``memory``:
-        :meth:`memory` of the rows' sources."""
+    def draft(self, prefixes: Sequence[list[int]], sources: Sequence[Sequence[int]], memory: np.ndarray,
+              mask: np.ndarray, pad_id: int) -> np.ndarray:
+        """[rows, k] drafts after each prefix (the output, decoder start included) of a row with
+        ``sources`` (token ids); ``memory``: :meth:`memory` of those sources."""
         seen = [prefix[-self.window:] if self.window else prefix for prefix in prefixes]
         width = max(len(p) for p in seen) + self.k
         ids = np.full((len(seen), width), pad_id, dtype=np.int64)
@@ -58,11 +64,15 @@ class Drafter:
             ids[row, : len(prefix)] = prefix
             ids[row, len(prefix) : len(prefix) + self.k] = self.mask_id
             attention[row, : len(prefix) + self.k] = 1
+        offsets = np.array([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=np.int64)
+        if self.source_positions:
+            offsets = source_position_offsets(offsets.tolist(), prefixes, [np.asarray(s) for s in sources],
+                                              self.window)
         out = self.session.run({
             "input_ids": ids,
             "attention_mask": attention,
             "slot_start": np.array([len(p) for p in seen], dtype=np.int64),
-            "position_offset": np.array([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=np.int64),
+            "position_offset": offsets,
             "encoder_hidden_states": memory,
             "encoder_attention_mask": mask,
         })
@@ -117,7 +127,8 @@ class DrafterDraft:
         hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
         if len(drafting) < len(rows):
             hidden, mask = hidden[drafting], mask[drafting]
-        drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting], hidden, mask, self.pad_id)
+        drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting],
+                                     [rows[slot].source for slot in drafting], hidden, mask, self.pad_id)
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
         self.costs.observe_drafter(elapsed)

@@ -19,43 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .alignment import SENTINEL as _SENTINEL, align
 from .common import DecodeLimits
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer
 from .loop import Row
 from .verifier import Batch
-
-_SENTINEL = -1  # stands for the decoder start token and the position before the source
-
-
-def align(output: np.ndarray, source: np.ndarray, expected: int | None = None) -> int | None:
-    """Index in ``source`` aligned with the end of ``output``, by a unique suffix match.
-
-    Both arrays start with the sentinel. Returns i such that ``output[-q-1:] ==
-    source[i-q:i+1]`` for the shortest q that makes i unique (Algorithm 1's rule).
-
-    Where the paper would fall back to greedy steps, ``expected`` (the source position the
-    previous draft had reached) breaks the tie: among the positions that matched the longest
-    suffix the nearest to it wins, and if the last token occurs nowhere in the source (a
-    replaced word) the output is taken to have replaced ``source[expected]``. The choice of
-    draft only changes speed, never the output, so this heuristic is safe.
-    """
-    candidates = np.flatnonzero(source == output[-1])
-    if len(candidates) == 0:
-        return expected if expected is not None and expected < len(source) - 1 else None
-    back = 1
-    while len(candidates) > 1 and back < len(output):
-        longer = candidates[candidates >= back]
-        longer = longer[source[longer - back] == output[-1 - back]]
-        if len(longer) == 0:
-            break
-        candidates = longer
-        back += 1
-    if len(candidates) == 1:
-        return int(candidates[0])
-    if expected is None:
-        return None
-    return int(candidates[np.argmin(np.abs(candidates - expected))])
-
 
 @dataclass
 class _Alignment:

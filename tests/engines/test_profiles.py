@@ -158,8 +158,11 @@ def test_build_engines_cli_checks_then_needs_tensorrt(reference_bundle, tmp_path
     lines = [json.loads(line) for line in dry.stdout.splitlines()]
     assert lines[0]["out"].endswith("bundle.engines")
     verifier_ids = next(x for x in lines[1:] if x["graph"] == "verifier" and x["input"] == "input_ids")
-    # --max-block 8 is below the drafter's k (12): a GAD block (k drafts + 2) must still fit
-    assert verifier_ids == {"graph": "verifier", "input": "input_ids", "min": "1x1", "opt": "1x14", "max": "4x14"}
+    # --max-block 8 is below the drafter's k: a GAD block (k drafts + 2) must still fit
+    k = json.loads((reference_bundle / "manifest.json").read_text())["draft_k"]
+    assert k > 8
+    assert verifier_ids == {"graph": "verifier", "input": "input_ids", "min": "1x1", "opt": f"1x{min(16, k + 2)}",
+                            "max": f"4x{k + 2}"}
     assert {x["graph"] for x in lines[1:]} == {"encoder", "verifier", "drafter"}
 
     one_error_line(aggdec("build-engines", str(reference_bundle), "--out", str(reference_bundle / "engines")),

@@ -141,6 +141,7 @@ def fake_checkpoint(tmp_path) -> Path:
     (TrainOptions(steps=0), "steps must be at least 1"),
     (TrainOptions(epochs=0), "epochs must be at least 1"),
     (TrainOptions(glancing=1.5), "glancing must be between"),
+    (TrainOptions(positions="left"), "positions must be one of output, source"),
     (TrainOptions(batch_tokens=0), "batch_tokens must be at least 1"),
 ])
 def test_bad_options_are_refused(tmp_path, fake_checkpoint, options, message):
@@ -245,6 +246,20 @@ def test_drafter_only_encoder_layers_train_and_run_once_per_source(tmp_path, ran
     assert report["runtime"]["sentences"] == 3 and report["runtime"]["gad_seconds"] > 0
 
 
+def test_source_positions_train_and_reach_the_bundle(tmp_path, random_checkpoint):
+    """--positions source: saved in the drafter's config, carried to the manifest, and the report's
+    runtime timing decodes with it (tests/runtime/test_source_positions.py: the positions agree)."""
+    from aggdec.export import export_bundle
+
+    src, out = random_checkpoint("marian"), tmp_path / "drafter"
+    report = train_drafter(src, _sources(tmp_path / "s.txt", 16), out, _quick(positions="source", steps=3, speed=True),
+                           progress=False)
+    assert Drafter.load(out).config.positions == "source" and report["options"]["positions"] == "source"
+    assert report["runtime"]["sentences"] == 3 and report["runtime"]["gad_seconds"] > 0
+    export_bundle(src, tmp_path / "bundle", drafter_dir=out, progress=None)
+    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["draft_positions"] == "source"
+
+
 @pytest.mark.parametrize(("text", "needle"), [
     ("[1]", "must hold a JSON object, not list"),
     ("{not json", "is not a readable drafter config"),
@@ -254,6 +269,8 @@ def test_drafter_only_encoder_layers_train_and_run_once_per_source(tmp_path, ran
     ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "k": -2}', "k = -2"),
     ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "layers": true}', "layers = True"),
     ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "family": 7}', "family = 7"),
+    ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "positions": "left"}',
+     "positions = 'left' is not one of ['output', 'source']"),
 ])
 def test_a_malformed_drafter_config_is_named(tmp_path, text, needle):
     from aggdec.export.drafter import DrafterConfig

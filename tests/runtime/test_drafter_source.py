@@ -129,7 +129,7 @@ def test_the_runtime_drafts_what_torch_drafts_through_the_source_layers(family, 
                                                      drafter.config.pad_token_id, drafter.config.window)
             ones = torch.ones_like(torch.tensor(source))
             logits = drafter.slot_logits(ids, mask, slot, hidden, ones, offset)
-        drafted = generator.drafter.draft([prefix], batch.buffers.hidden(), batch.buffers.source_mask(), pad)
+        drafted = generator.drafter.draft([prefix], source, batch.buffers.hidden(), batch.buffers.source_mask(), pad)
         best, second = torch.topk(logits[0], 2, dim=-1).values.T
         decisive = (best - second > 1e-4).numpy()  # a near tie may go either way in another kernel
         assert np.array_equal(drafted[0][decisive], logits.argmax(-1)[0].numpy()[decisive])

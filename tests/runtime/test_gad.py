@@ -88,7 +88,7 @@ def test_a_drafter_call_costs_the_same_however_long_the_output(gad_bundle):
         widths.clear()
         for length in (1, 10, 60, 200):
             prefixes = [[0] + [5] * length, [0] + [6] * (length // 2)]
-            drafts = generator.drafter.draft(prefixes, batch.buffers.hidden(), batch.buffers.source_mask(),
+            drafts = generator.drafter.draft(prefixes, [[5, 6], [7]], batch.buffers.hidden(), batch.buffers.source_mask(),
                                              generator.manifest.pad_token_id)
             assert drafts.shape == (2, K)
         if grows:
@@ -233,7 +233,7 @@ def test_trained_drafter_on_the_editing_model(tmp_path, editing_marian_dir, trai
             ids, mask, slot, offset = drafter_inputs([prefix], drafter.config.k, drafter.config.mask_token_id,
                                                      drafter.config.pad_token_id, drafter.config.window)
             torch_draft = drafter.slot_logits(ids, mask, slot, hidden, torch.ones_like(torch.tensor(source)), offset)
-        drafted = generator.drafter.draft([prefix], batch.buffers.hidden(), batch.buffers.source_mask(),
+        drafted = generator.drafter.draft([prefix], source, batch.buffers.hidden(), batch.buffers.source_mask(),
                                           generator.manifest.pad_token_id)
         assert drafted[0].tolist() == torch_draft.argmax(-1)[0].tolist()
 
