@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -104,8 +103,7 @@ class _Layout:
         ``sources``, the examples' tokenized sources), on ``device``."""
         ids, mask, slot_start, offset = drafter_inputs(prefixes, self.k, self.mask_id, self.pad_id, self.window)
         if self.source_positions:  # exactly what the runtime's Drafter.draft feeds
-            offset = torch.from_numpy(source_position_offsets(offset.tolist(), prefixes,
-                                                              [np.asarray(s) for s in sources], self.window))
+            offset = torch.from_numpy(source_position_offsets(offset.tolist(), prefixes, sources, self.window))
         return tuple(t.to(device) for t in (ids, mask, slot_start, offset))
 
     def prefix(self, example: _Example, p: int) -> list[int]:

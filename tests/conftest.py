@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fixtures import editing_marian_dir, random_checkpoint, trained_drafter_dir  # noqa: F401
+from tests.support.fixtures import drafter_bundle, editing_marian_dir, random_checkpoint, trained_drafter_dir  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,7 @@ def align(output: np.ndarray, source: np.ndarray, expected: int | None = None) -
     return int(candidates[np.argmin(np.abs(candidates - expected))])
 
 
-def source_shift(prefix: Sequence[int], source: np.ndarray, lookback: int) -> int:
+def source_shift(prefix: Sequence[int], source: Sequence[int] | np.ndarray, lookback: int) -> int:
     """How many positions the output has drifted from its source: j - t for the last token
     ``prefix[t]`` (among the last ``lookback``) that occurs in ``source``, where j is the
     position :func:`align` gives it, both counted from the decoder start / the sentinel.
@@ -77,7 +77,7 @@ def source_shift(prefix: Sequence[int], source: np.ndarray, lookback: int) -> in
 
 
 def source_position_offsets(offsets: Sequence[int], prefixes: Sequence[Sequence[int]],
-                            sources: Sequence[np.ndarray], window: int) -> np.ndarray:
+                            sources: Sequence[Sequence[int] | np.ndarray], window: int) -> np.ndarray:
     """The ``position_offset`` of a drafter that reads source positions, given the output
     positions' ``offsets`` (each row's first read token's output position): each shifted by
     :func:`source_shift` over the tokens the drafter reads (the last ``window``; 0: all), and

@@ -66,8 +66,7 @@ class Drafter:
             attention[row, : len(prefix) + self.k] = 1
         offsets = np.array([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=np.int64)
         if self.source_positions:
-            offsets = source_position_offsets(offsets.tolist(), prefixes, [np.asarray(s) for s in sources],
-                                              self.window)
+            offsets = source_position_offsets(offsets.tolist(), prefixes, sources, self.window)
         out = self.session.run({
             "input_ids": ids,
             "attention_mask": attention,

@@ -15,7 +15,7 @@ import torch
 
 from aggdec.runtime.errors import BundleError
 from aggdec.runtime.generator import Generator
-from tests.runtime.test_lossless import random_texts, transformers_greedy
+from tests.runtime.test_lossless import check_drafting_equals_greedy, random_texts
 from tests.support.tiny import FAMILIES
 
 MAX_NEW = 24
@@ -38,24 +38,9 @@ def _source_layered_drafter(model, seed: int):
 
 
 @pytest.fixture(scope="session")
-def layered_bundle(tmp_path_factory, random_checkpoint):
+def layered_bundle(drafter_bundle):
     """family -> (bundle whose drafter has a source layer, the drafter's directory)."""
-    from transformers import AutoModelForSeq2SeqLM
-
-    from aggdec.export import export_bundle
-
-    made = {}
-
-    def make(family: str):
-        if family not in made:
-            root = tmp_path_factory.mktemp(f"drafter-source-{family}")
-            model = AutoModelForSeq2SeqLM.from_pretrained(random_checkpoint(family))
-            _source_layered_drafter(model, seed=3).save(root / "drafter")
-            export_bundle(random_checkpoint(family), root / "bundle", drafter_dir=root / "drafter", progress=None)
-            made[family] = (root / "bundle", root / "drafter")
-        return made[family]
-
-    return make
+    return lambda family: drafter_bundle(family, "drafter-source", lambda model: _source_layered_drafter(model, seed=3))
 
 
 def test_a_new_source_layer_is_the_identity(random_checkpoint):
@@ -85,22 +70,9 @@ def test_gad_equals_greedy_with_a_drafter_that_has_source_layers(family, layered
     # test_gad's texts: on others (seed 33) the random t5's fp32 encoder is ill-conditioned
     # enough that transformers' own fp32 is 1.8e-3 from float64 (onnxruntime: 6.4e-4) and a
     # 0.006 logit gap flips; that is the tiny model, not the drafter, which never changes output
-    texts = random_texts(seed=21, count=16)
-    expected = None
-    for int8_drafter in (None, False):
-        for io_binding in (True, False):
-            generator = Generator(bundle, int8_drafter=int8_drafter, io_binding=io_binding)
-            assert generator.drafter.source is not None
-            greedy = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
-            if expected is None:
-                assert greedy == transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
-                expected = greedy
-            assert greedy == expected
-            for batch_size in (1, 5):
-                for k in (1, K):
-                    got = generator.generate(texts, mode="gad", max_new_tokens=MAX_NEW, draft_k=k,
-                                             batch_size=batch_size)
-                    assert [r.ids for r in got] == expected, (int8_drafter, io_binding, batch_size, k)
+    generators = check_drafting_equals_greedy(bundle, random_checkpoint(family), random_texts(seed=21, count=16),
+                                              MAX_NEW, draft_ks=(1, K))
+    assert all(generator.drafter.source is not None for generator in generators)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

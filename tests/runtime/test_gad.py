@@ -16,25 +16,14 @@ K = 25
 
 
 @pytest.fixture(scope="session")
-def gad_bundle(tmp_path_factory, random_checkpoint):
+def gad_bundle(drafter_bundle):
     """family -> a bundle with a random (untrained) drafter of k = 25."""
-    from transformers import AutoModelForSeq2SeqLM
-
-    from aggdec.export import export_bundle
     from aggdec.export.drafter import new_drafter_from_verifier
 
-    made = {}
+    def drafter(model):
+        return new_drafter_from_verifier(model, layers=2, k=K, seed=1)
 
-    def make(family: str):
-        if family not in made:
-            root = tmp_path_factory.mktemp(f"gad-{family}")
-            model = AutoModelForSeq2SeqLM.from_pretrained(random_checkpoint(family))
-            new_drafter_from_verifier(model, layers=2, k=K, seed=1).save(root / "drafter")
-            export_bundle(random_checkpoint(family), root / "bundle", drafter_dir=root / "drafter", progress=None)
-            made[family] = root / "bundle"
-        return made[family]
-
-    return make
+    return lambda family: drafter_bundle(family, "gad", drafter)[0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -50,6 +50,32 @@ def transformers_greedy(checkpoint_dir, texts, max_new_tokens):
     return outputs
 
 
+def check_drafting_equals_greedy(bundle, checkpoint_dir, texts, max_new_tokens, draft_ks, modes=("gad",)):
+    """GAD (and GAD++ at beta 1) equal greedy, which equals transformers' greedy: with the int8 and
+    the float drafter, IO binding on and off, batch 1 and 5, each draft length. Returns the
+    Generators it made, for checks of their own."""
+    from aggdec.runtime.generator import Generator
+
+    expected, generators = None, []
+    for int8_drafter in (None, False):
+        for io_binding in (True, False):
+            generator = Generator(bundle, int8_drafter=int8_drafter, io_binding=io_binding)
+            generators.append(generator)
+            greedy = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=max_new_tokens)]
+            if expected is None:
+                assert greedy == transformers_greedy(checkpoint_dir, texts, max_new_tokens)
+                expected = greedy
+            assert greedy == expected
+            for batch_size in (1, 5):
+                for k in draft_ks:
+                    for mode in modes:
+                        beta = {"beta": 1} if mode == "gad++" else {}  # gad++ at beta 1 is greedy too
+                        got = generator.generate(texts, mode=mode, max_new_tokens=max_new_tokens, draft_k=k,
+                                                 batch_size=batch_size, **beta)
+                        assert [r.ids for r in got] == expected, (mode, int8_drafter, io_binding, batch_size, k)
+    return generators
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_and_iad_equal_transformers(family, random_checkpoint, bundle):
     texts = random_texts(seed=FAMILIES.index(family), count=24)  # hash() of a str differs per process

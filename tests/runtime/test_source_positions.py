@@ -17,7 +17,7 @@ import torch
 from aggdec.runtime.decoding.alignment import source_position_offsets, source_shift
 from aggdec.runtime.errors import BundleError
 from aggdec.runtime.generator import Generator
-from tests.runtime.test_lossless import random_texts, transformers_greedy
+from tests.runtime.test_lossless import check_drafting_equals_greedy, random_texts
 from tests.support.tiny import FAMILIES
 
 MAX_NEW = 24
@@ -66,50 +66,23 @@ def test_offsets_shift_and_never_go_below_zero():
 
 
 @pytest.fixture(scope="session")
-def source_positions_bundle(tmp_path_factory, random_checkpoint):
+def source_positions_bundle(drafter_bundle):
     """family -> (bundle whose drafter reads source positions, the drafter's directory)."""
-    from transformers import AutoModelForSeq2SeqLM
-
-    from aggdec.export import export_bundle
     from aggdec.export.drafter import new_drafter_from_verifier
 
-    made = {}
+    def drafter(model):
+        return new_drafter_from_verifier(model, layers=1, k=K, seed=4, window=WINDOW, positions="source")
 
-    def make(family: str):
-        if family not in made:
-            root = tmp_path_factory.mktemp(f"source-positions-{family}")
-            model = AutoModelForSeq2SeqLM.from_pretrained(random_checkpoint(family))
-            drafter = new_drafter_from_verifier(model, layers=1, k=K, seed=4, window=WINDOW, positions="source")
-            drafter.eval().save(root / "drafter")
-            export_bundle(random_checkpoint(family), root / "bundle", drafter_dir=root / "drafter", progress=None)
-            made[family] = (root / "bundle", root / "drafter")
-        return made[family]
-
-    return make
+    return lambda family: drafter_bundle(family, "source-positions", drafter)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gad_equals_greedy_with_a_source_positions_drafter(family, source_positions_bundle, random_checkpoint):
     bundle, _ = source_positions_bundle(family)
     assert json.loads((bundle / "manifest.json").read_text())["draft_positions"] == "source"
-    texts = random_texts(seed=21, count=16)
-    expected = None
-    for int8_drafter in (None, False):
-        for io_binding in (True, False):
-            generator = Generator(bundle, int8_drafter=int8_drafter, io_binding=io_binding)
-            assert generator.drafter.source_positions
-            greedy = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
-            if expected is None:
-                assert greedy == transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
-                expected = greedy
-            assert greedy == expected
-            for batch_size in (1, 5):
-                for k in (1, K):
-                    for mode in ("gad", "gad++"):
-                        beta = {"beta": 1} if mode == "gad++" else {}  # gad++ at beta 1 is lossless too
-                        got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, draft_k=k,
-                                                 batch_size=batch_size, **beta)
-                        assert [r.ids for r in got] == expected, (mode, int8_drafter, io_binding, batch_size, k)
+    generators = check_drafting_equals_greedy(bundle, random_checkpoint(family), random_texts(seed=21, count=16),
+                                              MAX_NEW, draft_ks=(1, K), modes=("gad", "gad++"))
+    assert all(generator.drafter.source_positions for generator in generators)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

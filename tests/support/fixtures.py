@@ -3,7 +3,7 @@
 Import them into ``tests/conftest.py`` with::
 
     from tests.support.fixtures import editing_marian_dir, random_checkpoint  # noqa: F401
-    from tests.support.fixtures import trained_drafter_dir  # noqa: F401
+    from tests.support.fixtures import drafter_bundle, trained_drafter_dir  # noqa: F401
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from tests.support import tiny
 
-__all__ = ["editing_marian_dir", "random_checkpoint", "trained_drafter_dir"]
+__all__ = ["drafter_bundle", "editing_marian_dir", "random_checkpoint", "trained_drafter_dir"]
 
 # Bump the version whenever train_editing_marian / the editing task changes, to invalidate caches.
 EDITING_CACHE_KEY = "aggdec-editing-marian-v2"
@@ -108,3 +108,26 @@ def trained_drafter_dir(request: pytest.FixtureRequest, editing_marian_dir: Path
     marker.write_text(json.dumps({"verifier_sha256": verifier, "tokens_per_iteration":
                                   report["tokens_per_iteration"]}) + "\n")
     return out
+
+
+@pytest.fixture(scope="session")
+def drafter_bundle(tmp_path_factory: pytest.TempPathFactory, random_checkpoint: Callable[..., Path]
+                   ) -> Callable[..., tuple[Path, Path]]:
+    """Factory ``(family, name, make_drafter) -> (bundle, drafter directory)``: the random
+    checkpoint of ``family`` exported with the drafter ``make_drafter(model)`` returns (``model``:
+    the checkpoint in transformers), built once per (family, name) a session."""
+    made: dict[tuple[str, str], tuple[Path, Path]] = {}
+
+    def make(family: str, name: str, make_drafter: Callable) -> tuple[Path, Path]:
+        if (family, name) not in made:
+            from transformers import AutoModelForSeq2SeqLM
+
+            from aggdec.export import export_bundle
+
+            root = tmp_path_factory.mktemp(f"{name}-{family}")
+            make_drafter(AutoModelForSeq2SeqLM.from_pretrained(random_checkpoint(family))).eval().save(root / "drafter")
+            export_bundle(random_checkpoint(family), root / "bundle", drafter_dir=root / "drafter", progress=None)
+            made[(family, name)] = (root / "bundle", root / "drafter")
+        return made[(family, name)]
+
+    return make
