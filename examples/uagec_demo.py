@@ -9,8 +9,8 @@ output, and prints the speedups measured in this run.
 
     python examples/uagec_demo.py [--sentences 100] [--threads 2] [--work uagec-work]
 
-Any other UA-GEC checkpoint runs the same way, e.g. the larger reference model, whose drafter
-lies beside it (``DIR/../drafter`` is used when it exists; ``--drafter`` names another):
+Any other UA-GEC checkpoint runs the same way, e.g. the larger reference model (its drafter, when
+one lies beside it, is ``DIR/../drafter``; ``--drafter`` names another; without one, GAD is left out):
 
     python examples/uagec_demo.py --checkpoint ../shared/models/uagec-base/model
 

@@ -121,11 +121,13 @@ class _SignalGuard:
     def __init__(self) -> None:
         self.previous: dict[int, object] = {}
         self.holding, self.pending = 0, None
+        self.interrupted: int | None = None  # the signal raised as _Interrupted, if any
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.holding:
             self.pending = signum
         else:
+            self.interrupted = signum
             raise _Interrupted(signum)
 
     def __enter__(self) -> _SignalGuard:
@@ -141,9 +143,13 @@ class _SignalGuard:
         self.current.guard = None
         for signum, previous in self.previous.items():
             signal.signal(signum, previous)
-        if isinstance(exc, _Interrupted):
-            signal.raise_signal(exc.signum)  # the caller's handler decides; it usually does not return
-            raise ExportError(f"export stopped by {signal.Signals(exc.signum).name}.") from None
+        # The export was interrupted even when another exception arrives here: a library's own
+        # cleanup, unwinding from _Interrupted, may raise one of its own (torch's ONNX exporter
+        # asserts its export state on the way out), which would turn Ctrl-C into a traceback.
+        signum = exc.signum if isinstance(exc, _Interrupted) else self.interrupted
+        if signum is not None and exc is not None:
+            signal.raise_signal(signum)  # the caller's handler decides; it usually does not return
+            raise ExportError(f"export stopped by {signal.Signals(signum).name}.") from None
 
     @classmethod
     @contextlib.contextmanager
@@ -160,6 +166,7 @@ class _SignalGuard:
         if not guard.holding and guard.pending is not None:  # reached only if the body did not raise
             signum, guard.pending = guard.pending, None
             if not drop:
+                guard.interrupted = signum
                 raise _Interrupted(signum)
 
 
