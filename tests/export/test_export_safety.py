@@ -184,8 +184,14 @@ def test_a_signal_stays_the_signal_when_a_library_cleanup_raises_on_the_way_out(
         finally:
             raise AssertionError("the library's export state is not what it expected")
 
-    with pytest.raises(KeyboardInterrupt):
-        with _SignalGuard():
-            with fragile_library_state():
-                signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+    # Python's own Ctrl-C handler, whatever this process inherited (a background job starts with
+    # SIGINT ignored, and an ignored signal stays ignored under the guard)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _SignalGuard():
+                with fragile_library_state():
+                    signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
