@@ -315,25 +315,30 @@ def test_graphs_that_agree_with_their_manifest_on_other_io_are_refused_at_load(b
         Generator(bundle_copy)
 
 
-def test_a_graph_that_computes_other_shapes_than_it_declares_is_a_bundle_error(bundle_copy):
-    """The encoder's declared IO checks out, but it pads one cross-attention output by a source
-    position: the first call says which graph and output, instead of failing somewhere later."""
+def _pad_output(bundle, graph: str, output: str, pads: list[int]) -> None:
+    """Rewrite ``graph`` so that ``output`` comes out padded by ONNX Pad ``pads`` (its declared IO
+    unchanged), and re-hash it in the manifest: a hostile graph every load check accepts."""
     import onnx
     from onnx import helper, numpy_helper
 
-    manifest = read(bundle_copy)
-    spec = manifest["graphs"]["encoder"]
-    model = onnx.load(str(bundle_copy / spec["file"]))
+    manifest = read(bundle)
+    spec = manifest["graphs"][graph]
+    model = onnx.load(str(bundle / spec["file"]))
     for node in model.graph.node:
         for index, name in enumerate(node.output):
-            if name == "cross_key.0":
-                node.output[index] = "cross_key.0.raw"
-    model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 0], np.int64),
-                                                           "one.more.position"))
-    model.graph.node.append(helper.make_node("Pad", ["cross_key.0.raw", "one.more.position"], ["cross_key.0"]))
-    onnx.save(model, str(bundle_copy / spec["file"]))
-    manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
-    write(bundle_copy, manifest)
+            if name == output:
+                node.output[index] = output + ".raw"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(pads, np.int64), output + ".pads"))
+    model.graph.node.append(helper.make_node("Pad", [output + ".raw", output + ".pads"], [output]))
+    onnx.save(model, str(bundle / spec["file"]))
+    manifest["files"][spec["file"]] = hashlib.sha256((bundle / spec["file"]).read_bytes()).hexdigest()
+    write(bundle, manifest)
+
+
+def test_a_graph_that_computes_other_shapes_than_it_declares_is_a_bundle_error(bundle_copy):
+    """The encoder's declared IO checks out, but it pads one cross-attention output by a source
+    position: the first call says which graph and output, instead of failing somewhere later."""
+    _pad_output(bundle_copy, "encoder", "cross_key.0", [0, 0, 0, 0, 0, 0, 1, 0])  # one more source position
     generator = Generator(bundle_copy)  # loads: the declared IO is the runtime's
     with pytest.raises(BundleError, match=r"encoder.onnx \(encoder\) computed output 'cross_key.0' of shape "
                                           r"\[1, \d+, (\d+), \d+\], where its declared IO implies"):
@@ -344,22 +349,7 @@ def test_a_graph_that_computes_other_shapes_than_it_declares_is_a_bundle_error(b
 def test_a_verifier_that_computes_other_candidate_shapes_is_a_bundle_error(bundle_copy, binding):
     """The candidates are bound without a shape (their width varies), so the bound path checks
     them itself; the unbound path through its session."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    manifest = read(bundle_copy)
-    spec = manifest["graphs"]["verifier"]
-    model = onnx.load(str(bundle_copy / spec["file"]))
-    for node in model.graph.node:
-        for index, name in enumerate(node.output):
-            if name == "top_ids":
-                node.output[index] = "top_ids.raw"
-    model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 1, 0], np.int64),
-                                                           "one.more.token"))
-    model.graph.node.append(helper.make_node("Pad", ["top_ids.raw", "one.more.token"], ["top_ids"]))
-    onnx.save(model, str(bundle_copy / spec["file"]))
-    manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
-    write(bundle_copy, manifest)
+    _pad_output(bundle_copy, "verifier", "top_ids", [0, 0, 0, 0, 1, 0])  # one more candidate
     generator = Generator(bundle_copy, io_binding=binding)
     with pytest.raises(BundleError, match="does not compute what its manifest says"):
         generator.generate(["w1 w2 w3"], max_new_tokens=4)
