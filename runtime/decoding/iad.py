@@ -9,7 +9,9 @@ the source. Without such a match the loop takes plain greedy steps until one app
 Every kept token is the verifier's argmax given the true prefix, so the output is greedy's.
 
 IAD is a :class:`SourceDraft` for the batched loop in ``loop.py``: each row aligns and drafts
-from its own source.
+from its own source. A row whose output has started repeating itself (a model stuck in a loop)
+drafts the continuation of the repetition instead, when that match is longer than its match
+with the source (:func:`repeated_tail`): the source cannot draft a loop.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .alignment import SENTINEL as _SENTINEL, align
+from .alignment import SENTINEL as _SENTINEL, align, repeated_tail
 from .common import DecodeLimits
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer
 from .loop import Row
@@ -33,8 +35,10 @@ class _Alignment:
     output: np.ndarray  # sentinel, the decoder prefix after the start token, then the output
     length: int  # valid entries of ``output``
     sizer: BlockSizer
+    repeats: BlockSizer  # draft lengths when the output repeats itself
     expected: int | None = None  # where in the source the output has got to, as far as known
     at: int | None = None  # the source position the last draft started after
+    repeating: bool = False  # the last draft continued the output's own repetition
 
 
 class SourceDraft:
@@ -54,13 +58,21 @@ class SourceDraft:
         output[0] = _SENTINEL
         output[1 : len(start)] = start[1:]
         source = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])
-        row.state = _Alignment(source, output, len(start), BlockSizer(self.options, self.prior))
+        row.state = _Alignment(source, output, len(start), BlockSizer(self.options, self.prior),
+                               BlockSizer(self.options))
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
         drafts = []
         for row, room in zip(rows, rooms):
             a: _Alignment = row.state
-            a.at = align(a.output[: a.length], a.source, a.expected)
+            output = a.output[: a.length]
+            a.at = align(output, a.source, a.expected)
+            repeat, cycle = repeated_tail(output[1:])  # not the sentinel
+            if cycle is not None and repeat > _source_match(output, a.source, a.at):
+                a.at, a.repeating = None, True
+                drafts.append(np.resize(cycle, max(0, min(room, a.repeats.size()))))
+                continue
+            a.repeating = False
             k = 0 if a.at is None else min(len(a.source) - a.at - 1, room, a.sizer.size())
             drafts.append(a.source[a.at + 1 : a.at + 1 + k] if k > 0 else a.source[:0])
         return drafts
@@ -68,8 +80,19 @@ class SourceDraft:
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         a: _Alignment = row.state
         if drafted:
-            a.sizer.observe(drafted, accepted)
+            (a.repeats if a.repeating else a.sizer).observe(drafted, accepted)
         # the token after the accepted drafts took the place of source[at + accepted + 1]
         a.expected = a.at + accepted + 1 if a.at is not None else (a.expected + 1 if a.expected is not None else None)
         a.output[a.length : a.length + appended] = row.trace.tokens[-appended:]
         a.length += appended
+
+
+def _source_match(output: np.ndarray, source: np.ndarray, at: int | None) -> int:
+    """How many of the output's last tokens equal the source's up to ``source[at]`` (0 without
+    an alignment), the sentinels excluded."""
+    if at is None:
+        return 0
+    length = 0
+    while length < min(len(output), at + 1) and output[-1 - length] == source[at - length] != _SENTINEL:
+        length += 1
+    return length

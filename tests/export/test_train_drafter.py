@@ -80,10 +80,11 @@ def test_report_matches_what_the_runtime_accepts(tmp_path, editing_marian_dir, t
     export_bundle(editing_marian_dir, tmp_path / "bundle", drafter_dir=trained_drafter_dir, progress=None)
     heldout = (trained_drafter_dir.parent / "sources.txt").read_text().splitlines()[-report["heldout"]:]
     # what the report simulates: the trained (float) drafter, all k of its drafts checked every
-    # iteration (generate's draft lengths follow measured timings, and the CPU's default
-    # drafter is its int8 copy: both change the counts, never the outputs)
+    # iteration, and no repetition drafts (generate's draft lengths follow measured timings, the
+    # CPU's default drafter is its int8 copy, and a looping output drafts its repetition: all
+    # change the counts, never the outputs)
     generator = Generator(tmp_path / "bundle", threads=1, int8_drafter=False)
-    drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False)
+    drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False, repeats=False)
     done = list(generator._decode(Arrivals.of(generator.encode(heldout)), generator.limits(None), drafts, GREEDY, 16))
     accepted = sum(sum(d.trace.accepted) for d in done)
     iterations = sum(len(d.trace.accepted) for d in done)
