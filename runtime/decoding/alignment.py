@@ -90,10 +90,11 @@ def source_position_offsets(offsets: Sequence[int], prefixes: Sequence[Sequence[
 # How long a match of the output's tail with an earlier stretch of the output itself must be before
 # what followed that stretch becomes the draft (:func:`repeated_tail`). Measured by drafting that
 # way after every prefix of the reference model's greedy outputs of the UA-GEC test split
-# (benchmarks/results/repeat-drafts-cpu/): on its 27 outputs of over 128 tokens, which loop, a match
-# of 4 or more is found at a third of the positions and 7.65 of 20 drafts are accepted there on
-# average; on the other outputs it is found at 0.4% of the positions (4.43 accepted). A match
-# of 2 or 3 is found often in ordinary text, where what follows differs as often as not.
+# (benchmarks/results/repeat-drafts-cpu/): on its 27 outputs of over 128 tokens, which repeat
+# themselves, a match of 4 or more is found at a third of the positions and 7.65 of 20 drafts are
+# accepted there on average; on the other outputs it is found at 0.4% of the positions (4.43
+# accepted). A match of 2 or 3 is found often in ordinary text, where what follows differs as
+# often as not.
 MIN_REPEAT = 4
 MAX_REPEAT_MATCH = 32  # the search stops there: a longer match changes nothing about the draft
 
