@@ -3,6 +3,7 @@ on the committed UA-GEC reference model and real learner sentences."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -372,7 +373,7 @@ def test_every_heading_of_a_two_device_report_follows_a_blank_line():
     """The committed H100 report (CUDA then CPU): each `## ` heading starts its own block."""
     from aggdec.bench.report import markdown
 
-    report = json.loads((ROOT / "benchmarks" / "results" / "uagec-h100" / "bench.json").read_text())
+    report = json.loads(gzip.decompress((ROOT / "benchmarks" / "results" / "uagec-h100" / "bench.json.gz").read_bytes()))
     lines = markdown(report).splitlines()
     headings = [i for i, line in enumerate(lines) if line.startswith("## ")]
     assert len(headings) >= 6 and any(lines[i].startswith("## CPU, batch 1") for i in headings)
