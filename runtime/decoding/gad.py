@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..session import Session
-from .alignment import repeated_tail, source_position_offsets
+from .alignment import source_position_offsets
 from .loop import Row
+from .repetition import RepeatDrafts
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
 from .verifier import Batch
 
@@ -97,8 +98,7 @@ class _Drafting:
     """A GAD row's draft lengths: one estimate for the drafter's proposals, one for repeats."""
 
     drafter: BlockSizer
-    repeats: BlockSizer
-    repeating: bool = False  # the last draft continued the output's own repetition
+    repeats: RepeatDrafts
 
 
 class DrafterDraft:
@@ -127,9 +127,7 @@ class DrafterDraft:
         self.memory = drafter.memory  # the batch keeps it per row (Batch): once per source
 
     def start(self, row: Row) -> None:
-        # repeats start from the options' prior, not the drafter's shared one: a loop is no
-        # evidence about the drafter, nor the drafter about a loop
-        row.state = _Drafting(BlockSizer(self.options, self.prior), BlockSizer(self.options))
+        row.state = _Drafting(BlockSizer(self.options, self.prior), RepeatDrafts(self.options))
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
         empty = np.zeros(0, dtype=np.int64)
@@ -143,11 +141,9 @@ class DrafterDraft:
         drafting, sizes = [], []
         for slot, (row, room) in enumerate(zip(rows, rooms)):
             state: _Drafting = row.state
-            cycle = repeated_tail(row.trace.tokens)[1] if self.repeats else None
-            state.repeating = cycle is not None
-            if cycle is not None:
-                size = min(state.repeats.size(block_cost=block_cost), room)
-                drafts[slot] = np.resize(cycle, max(size, 0))
+            repeat = state.repeats.draft(row.trace.tokens, room, block_cost) if self.repeats else None
+            if repeat is not None:
+                drafts[slot] = repeat
                 continue
             size = min(state.drafter.size(fixed, allow_none=True, block_cost=block_cost), room)
             if size > 0:
@@ -170,10 +166,9 @@ class DrafterDraft:
 
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         state: _Drafting = row.state
-        if state.repeating:
-            if drafted:
-                state.repeats.observe(drafted, accepted)
-        elif drafted:
+        if state.repeats.observe(drafted, accepted):
+            return
+        if drafted:
             state.drafter.observe(drafted, accepted)
         else:
             state.drafter.skipped()

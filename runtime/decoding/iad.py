@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .alignment import SENTINEL as _SENTINEL, align, repeated_tail
+from .alignment import MAX_REPEAT_MATCH, SENTINEL as _SENTINEL, align
 from .common import DecodeLimits
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer
 from .loop import Row
+from .repetition import RepeatDrafts
 from .verifier import Batch
 
 @dataclass
@@ -35,10 +36,9 @@ class _Alignment:
     output: np.ndarray  # sentinel, the decoder prefix after the start token, then the output
     length: int  # valid entries of ``output``
     sizer: BlockSizer
-    repeats: BlockSizer  # draft lengths when the output repeats itself
+    repeats: RepeatDrafts
     expected: int | None = None  # where in the source the output has got to, as far as known
     at: int | None = None  # the source position the last draft started after
-    repeating: bool = False  # the last draft continued the output's own repetition
 
 
 class SourceDraft:
@@ -59,7 +59,7 @@ class SourceDraft:
         output[1 : len(start)] = start[1:]
         source = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])
         row.state = _Alignment(source, output, len(start), BlockSizer(self.options, self.prior),
-                               BlockSizer(self.options))
+                               RepeatDrafts(self.options))
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
         drafts = []
@@ -67,20 +67,20 @@ class SourceDraft:
             a: _Alignment = row.state
             output = a.output[: a.length]
             a.at = align(output, a.source, a.expected)
-            repeat, cycle = repeated_tail(output[1:])  # not the sentinel
-            if cycle is not None and repeat > _source_match(output, a.source, a.at):
-                a.at, a.repeating = None, True
-                drafts.append(np.resize(cycle, max(0, min(room, a.repeats.size()))))
+            # the repetition is looked for after the sentinel; it must beat the source's match
+            repeat = a.repeats.draft(output[1:], room, rival=lambda: _source_match(output, a.source, a.at))
+            if repeat is not None:
+                a.at = None
+                drafts.append(repeat)
                 continue
-            a.repeating = False
             k = 0 if a.at is None else min(len(a.source) - a.at - 1, room, a.sizer.size())
             drafts.append(a.source[a.at + 1 : a.at + 1 + k] if k > 0 else a.source[:0])
         return drafts
 
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         a: _Alignment = row.state
-        if drafted:
-            (a.repeats if a.repeating else a.sizer).observe(drafted, accepted)
+        if not a.repeats.observe(drafted, accepted) and drafted:
+            a.sizer.observe(drafted, accepted)
         # the token after the accepted drafts took the place of source[at + accepted + 1]
         a.expected = a.at + accepted + 1 if a.at is not None else (a.expected + 1 if a.expected is not None else None)
         a.output[a.length : a.length + appended] = row.trace.tokens[-appended:]
@@ -89,10 +89,11 @@ class SourceDraft:
 
 def _source_match(output: np.ndarray, source: np.ndarray, at: int | None) -> int:
     """How many of the output's last tokens equal the source's up to ``source[at]`` (0 without
-    an alignment), the sentinels excluded."""
+    an alignment), the sentinels excluded, counted up to the longest repetition match (a
+    repetition never beats more)."""
     if at is None:
         return 0
-    length = 0
-    while length < min(len(output), at + 1) and output[-1 - length] == source[at - length] != _SENTINEL:
+    length, most = 0, min(len(output), at + 1, MAX_REPEAT_MATCH)
+    while length < most and output[-1 - length] == source[at - length] != _SENTINEL:
         length += 1
     return length
