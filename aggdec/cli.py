@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, TextIO
 
-from aggdec.runtime.bundle_schema import PRECISIONS
+from aggdec.runtime.bundle_schema import ENCODER_QUANTIZATION, PRECISIONS
 from aggdec.runtime.errors import AggdecError, InputError
 
 
@@ -59,16 +59,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     export.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")
     export.add_argument("--drafter", metavar="DRAFTER_DIR", help="add drafter.onnx from `aggdec train-drafter` (GAD)")
     export.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="fp32 (default), or int8 for the CPU: the fp32 export, then `aggdec quantize`")
+                        help="fp32 (default), int8 for the CPU or fp16 for CUDA: the fp32 export, then "
+                             "`aggdec quantize --precision`")
     export.add_argument("--no-int8-drafter", action="store_true",
                         help="fp32: leave out drafter.int8.onnx, the drafter's int8 copy that GAD uses on the CPU")
 
-    quantize = commands.add_parser("quantize", help="an int8 copy of an fp32 bundle, for the CPU (no torch needed)")
+    quantize = commands.add_parser("quantize", help="an int8 (CPU) or fp16 (CUDA) copy of an fp32 bundle "
+                                   "(no torch needed)")
     quantize.add_argument("bundle", metavar="BUNDLE", help="an fp32 bundle written by `aggdec export`")
-    quantize.add_argument("out", metavar="OUT_DIR", help="the int8 bundle directory to write")
+    quantize.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
+    quantize.add_argument("--precision", choices=[p for p in PRECISIONS if p != "fp32"], default="int8",
+                          help="int8 (default): per-row int8 products for the CPU; fp16: float16 graphs for CUDA")
     quantize.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     quantize.add_argument("--fp32-output-projection", action="store_true",
                           help="keep the vocabulary projection in fp32 (slower, a little closer to fp32)")
+    quantize.add_argument("--encoder-quantization", choices=ENCODER_QUANTIZATION,
+                          help="int8 only: how the encoder quantizes its activations. per-call (default): "
+                               "onnxruntime's dynamic quantization, faster, and the runtime encodes one source per "
+                               "call; per-row: as the verifier, a batch encoded in one call")
 
     train = commands.add_parser("train-drafter", help="train a GAD drafter for a checkpoint by distillation")
     train.add_argument("src", metavar="SRC_DIR", help="the verifier: a local save_pretrained directory")
@@ -220,7 +228,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                             "the UA-GEC test split from the ua-gec package)")
     bench.add_argument("--systems", nargs="+", metavar="NAME", help="systems to run (default: all): "
                        + ", ".join(spec for spec in _bench_system_names())
-                       + " (aggdec-int8-*: the bundle quantized into --work; CPU only, skipped on cuda)")
+                       + " (aggdec-int8-*, aggdec-fp16-*: the bundle converted into --work; "
+                       "int8 is CPU only, skipped on cuda)")
     bench.add_argument("--device", nargs="+", choices=("cpu", "cuda"), default=["cpu"],
                        help="devices to run on; cuda is skipped with a note where there is no GPU (cpu)")
     bench.add_argument("--threads", type=int, default=1, help="threads per system (1)")
@@ -268,8 +277,12 @@ def _quantize(args: argparse.Namespace) -> int:
         raise AggdecError(
             f"`aggdec quantize` needs onnx ({exc.name} is not installed): pip install onnx, or 'aggdec[export]'"
         ) from None
-    quantize_bundle(args.bundle, args.out, force=args.force,
-                    options=QuantizeOptions(output_projection=not args.fp32_output_projection),
+    if args.encoder_quantization is not None and args.precision != "int8":
+        raise InputError(f"--encoder-quantization is for int8 bundles; an {args.precision} encoder is converted "
+                         "like the rest of the bundle.")
+    quantize_bundle(args.bundle, args.out, precision=args.precision, force=args.force,
+                    options=QuantizeOptions(output_projection=not args.fp32_output_projection,
+                                            encoder=args.encoder_quantization or QuantizeOptions.encoder),
                     progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from aggdec.runtime.errors import InputError
+from aggdec.runtime.generator import check_precision
 from aggdec.runtime.manifest import Manifest, load_manifest, manifest_digest
 
 from .profiles import (
@@ -60,6 +61,7 @@ def plan(bundle: str | Path, out: str | Path | None, options: BuildOptions) -> P
     options.check()
     bundle = Path(bundle)
     manifest = load_manifest(bundle)  # the bundle must be intact before minutes of building
+    check_precision(manifest, "tensorrt", bundle)  # engines come from fp32 graphs (--fp16 for fp16 engines)
     digest = manifest_digest(bundle)
     target = Path(out) if out is not None else default_engines_dir(bundle)
     resolved = target.resolve()

@@ -128,8 +128,8 @@ def export_bundle(
     With ``drafter_dir`` (written by ``aggdec train-drafter``), the bundle also gets
     ``drafter.onnx`` for GAD and, unless ``int8_drafter`` is False, ``drafter.int8.onnx``: the
     same drafter with int8 products, which the runtime uses on the CPU (a drafter only proposes,
-    so this changes speed, never the output). ``precision="int8"``: the fp32 bundle is exported and validated
-    into a temporary directory, then quantized into ``out_dir`` by :func:`~.quantize.quantize_bundle`
+    so this changes speed, never the output). ``precision="int8"`` or ``"fp16"``: the fp32 bundle is exported
+    and validated into a temporary directory, then converted into ``out_dir`` by :func:`~.quantize.quantize_bundle`
     (the same as ``aggdec quantize``; see there).
     """
     if precision != "fp32":
@@ -225,10 +225,10 @@ def export_bundle(
                     draft_cases, family.atol, family.rtol)
         _say(progress, f"      {checked} shape cases agree with torch")
         if drafter is not None and int8_drafter:
-            from .quantize import draft_agreement, write_int8_drafter
+            from .quantize import draft_agreement, write_dynamic_int8
 
             graphs["drafter_int8"] = dataclasses.replace(graphs["drafter"], file=INT8_DRAFTER_FILE)
-            write_int8_drafter(tmp / graphs["drafter"].file, tmp / INT8_DRAFTER_FILE)
+            write_dynamic_int8(tmp / graphs["drafter"].file, tmp / INT8_DRAFTER_FILE)
             agreement = draft_agreement(
                 drafter_session, ort.InferenceSession(str(tmp / INT8_DRAFTER_FILE), options, providers=cpu),
                 draft_cases)
@@ -298,7 +298,7 @@ def _export_quantized(src_dir, out_dir, *, force: bool, precision: str, progress
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.fp32.", dir=out.parent) as scratch:
         # int8_drafter=False: the int8 bundle's drafter is the quantized drafter itself
         export_bundle(src, Path(scratch) / "fp32", progress=progress, int8_drafter=False, **options)
-        return quantize_bundle(Path(scratch) / "fp32", out, force=force, progress=progress)
+        return quantize_bundle(Path(scratch) / "fp32", out, precision=precision, force=force, progress=progress)
 
 
 def _isolate_positions(path: Path) -> None:

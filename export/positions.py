@@ -150,12 +150,36 @@ class Driver:
     """Runs encoder + verifier the way the runtime does: fill a cache with the prefix, then
     continue from each row's kept length."""
 
-    def __init__(self, encoder, verifier, manifest: Manifest) -> None:
+    def __init__(self, encoder, verifier, manifest: Manifest, dtype: str = "float32", per_source: bool = False) -> None:
+        """``dtype``: the graphs' activation type, of the self-attention buffers fed to the verifier;
+        ``per_source``: encode one unpadded source per call, as the runtime does for an encoder
+        that couples the rows of a call (Manifest.encodes_one_source_per_call)."""
         self.encoder, self.verifier, self.m = encoder, verifier, manifest
+        self.dtype = np.dtype(dtype)
+        self.per_source = per_source
 
     def encode(self, case: Case) -> dict:
-        out = self.encoder.run({"input_ids": case.ids, "attention_mask": case.mask})
-        return {"hidden": out["encoder_hidden_states"], **{n: out[n] for n in cross_names(self.m.decoder_layers)}}
+        names = ["encoder_hidden_states", *cross_names(self.m.decoder_layers)]
+        if not self.per_source:
+            out = self.encoder.run({"input_ids": case.ids, "attention_mask": case.mask})
+            return {"hidden": out[names[0]], **{n: out[n] for n in names[1:]}}
+        # each row alone at its own length, then zero-padded to the case's width as the
+        # runtime's buffers are (hidden [B, S, d]: source axis 1; cross K/V [B, H, S, Dh]: axis 2)
+        width = case.ids.shape[1]
+        rows = []
+        for ids, mask in zip(case.ids, case.mask):
+            length = int(mask.sum())
+            rows.append(self.encoder.run({"input_ids": ids[None, :length], "attention_mask": mask[None, :length]}))
+        encoded = {}
+        for name in names:
+            axis = 1 if name == names[0] else 2
+            padded = []
+            for out in rows:
+                pad = [(0, 0)] * out[name].ndim
+                pad[axis] = (0, width - out[name].shape[axis])
+                padded.append(np.pad(out[name], pad))
+            encoded[name] = np.concatenate(padded)
+        return {"hidden": encoded[names[0]], **{n: encoded[n] for n in names[1:]}}
 
     def call(self, case: Case, encoded: dict, cache: dict, ids: np.ndarray, lengths: np.ndarray):
         layers = self.m.decoder_layers
@@ -169,7 +193,7 @@ class Driver:
         m = self.m
         batch, new = case.new_ids.shape
         capacity = case.prefix.shape[1] + new + 3
-        cache = {n: np.zeros((batch, m.num_heads, capacity, m.head_dim), np.float32)
+        cache = {n: np.zeros((batch, m.num_heads, capacity, m.head_dim), self.dtype)
                  for n in self_cache_names(m.decoder_layers)}
         if case.prefix.shape[1]:
             cache = self.call(case, encoded, cache, case.prefix, np.zeros(batch, dtype=np.int64))[2]

@@ -1,4 +1,5 @@
-"""`aggdec quantize`: an fp32 bundle -> an int8 bundle for the CPU that stays lossless.
+"""`aggdec quantize`: an fp32 bundle -> an int8 bundle for the CPU that stays lossless (and,
+with ``precision="fp16"``, an fp16 bundle for CUDA: ``half.py``; the checks below are shared).
 
 Lossless (IAD, GAD and GAD++ at beta 1 give the bundle's own greedy output, token for token)
 needs more than accuracy: the verifier must compute each position exactly as it would alone.
@@ -27,8 +28,15 @@ a *saturating* int16; with activations in [1, 255] (int8 shifted by the zero poi
 CPU and the int32 result is exact everywhere.
 
 The drafter is the exception: its tokens are proposals the verifier checks, so coupling does
-not matter there, and it gets onnxruntime's own ``quantize_dynamic`` (:func:`write_int8_drafter`),
+not matter there, and it gets onnxruntime's own ``quantize_dynamic`` (:func:`write_dynamic_int8`),
 the faster of the two; so does the CPU copy of an fp32 bundle's drafter (``drafter_int8``).
+
+So, by default, does the encoder (``QuantizeOptions.encoder = "per-call"``): it runs once per
+source, and one scale per call couples only the rows of that call, so the bundle records
+``quantization.encoder = "per-call"`` and the runtime encodes one unpadded source per call
+(``Manifest.encodes_one_source_per_call``): a source's encoding is then a function of the source
+alone, at any batch size, and every mode reads the same encoding. ``"per-row"`` quantizes the
+encoder as the verifier, for one batched call (README, int8 bundles, has the measurement).
 
 This module needs onnx and onnxruntime, not torch: an existing bundle can be quantized on a
 machine that cannot export.
@@ -60,6 +68,9 @@ class QuantizeOptions:
     # the [d_model, vocab] output projection (lm_head, the drafter's head): most of a verifier
     # step's multiply-adds; quantized by default (README, int8 bundles, has the measurement)
     output_projection: bool = True
+    # int8 encoder activations: "per-call" (onnxruntime's dynamic quantization; the runtime then
+    # encodes one source per call) or "per-row" (as the verifier); bundle_schema.ENCODER_QUANTIZATION
+    encoder: str = "per-call"
 
 
 # ------------------------------------------------------------------ one graph
@@ -207,17 +218,22 @@ def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOp
     return model, rewriter.quantized
 
 
-def write_int8_drafter(src: Path, dst: Path) -> int:
-    """The fp32 drafter graph ``src`` with int8 products, written to ``dst``: an fp32 bundle's
-    ``drafter_int8``, which GAD runs on the CPU.
+def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> int:
+    """The fp32 graph ``src`` with int8 products, written to ``dst``, by onnxruntime's own dynamic
+    quantization (fused ``DynamicQuantizeMatMul``, int8 weights per column, 7-bit so that AVX2's
+    int16 pair sums cannot saturate), not the per-row rewrite above.
 
-    A drafter need not be lossless (its tokens are proposals the fp32 verifier checks), so this
-    is onnxruntime's own dynamic quantization (fused ``DynamicQuantizeMatMul``, int8 weights per
-    column, 7-bit so that AVX2's int16 pair sums cannot saturate), not the per-row rewrite above:
-    on the reference drafter it was the faster of the two with the same acceptance (an informal
-    measurement, README, drafter_int8). Its one activation scale per tensor does
-    couple the rows of a batch: a row's drafts may change with its batch mates, never its output.
-    Returns the number of int8 products (MatMulInteger) written."""
+    For a drafter (an fp32 bundle's ``drafter_int8``, an int8 bundle's drafter), which need not
+    be lossless (its tokens are proposals the verifier checks): on the reference drafter it was
+    the faster of the two with the same acceptance (README, drafter_int8); a row's drafts may
+    change with its batch mates, never the output. For an int8 bundle's encoder (per-call): the
+    runtime encodes one source per call, so nothing else is in its call (module docstring).
+
+    ``matmuls_only`` (the encoder): the weight MatMuls alone, on the graph as exported. By
+    default onnxruntime also quantizes the embedding (Gather) and, after its pre-processing,
+    fuses differently; on the reference encoder that was 5% slower and further from fp32 (encoder
+    output error 0.0097 of its largest value against 0.0079, median of 1,000 test sentences, a
+    scratch timing). Returns the number of int8 products (MatMulInteger) written."""
     import tempfile
 
     import onnx
@@ -225,10 +241,15 @@ def write_int8_drafter(src: Path, dst: Path) -> int:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    with tempfile.TemporaryDirectory(prefix=".drafter-int8.", dir=dst.parent) as scratch:
-        prepared = Path(scratch) / "prepared.onnx"
-        quant_pre_process(str(src), str(prepared))  # shape inference, as onnxruntime's quantizer asks
-        quantize_dynamic(prepared, dst, weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)
+    settings = {"weight_type": QuantType.QInt8, "per_channel": True, "reduce_range": True}
+    if matmuls_only:
+        quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True},
+                         **settings)
+    else:
+        with tempfile.TemporaryDirectory(prefix=".dynamic-int8.", dir=dst.parent) as scratch:
+            prepared = Path(scratch) / "prepared.onnx"
+            quant_pre_process(str(src), str(prepared))  # shape inference, as onnxruntime's quantizer asks
+            quantize_dynamic(prepared, dst, **settings)
     return sum(node.op_type == "MatMulInteger" for node in onnx.load(str(dst)).graph.node)
 
 
@@ -243,8 +264,10 @@ def draft_agreement(reference, quantized, cases) -> float:
     return same / max(total, 1)
 
 
-def _figures(reference: Driver, quantized: Driver, cases: list[Case]) -> dict:
-    """Top-1 agreement and log-prob error of the quantized verifier against the fp32 one."""
+def _figures(reference: Driver, quantized: Driver, cases: list[Case], precision: str) -> dict:
+    """Top-1 agreement and log-prob error of the converted verifier against the fp32 one.
+    Small differences are the precision's and never fail; an inf or NaN where fp32 is finite
+    does (ExportError: the activations overflowed)."""
     agree = positions = 0
     errors: list[np.ndarray] = []
     for case in cases:
@@ -254,6 +277,10 @@ def _figures(reference: Driver, quantized: Driver, cases: list[Case]) -> dict:
             cache = driver.prefill(case, encoded)
             results.append(driver.call(case, encoded, cache, case.new_ids, case.kept)[:2])
         (ref_lp, ref_ids), (q_lp, q_ids) = results
+        overflowed = int((~np.isfinite(q_lp) & np.isfinite(ref_lp)).sum())
+        if overflowed:
+            raise ExportError(f"the {precision} verifier gives {overflowed} non-finite log-probs where the fp32 one "
+                              f"gives finite ones: {OVERFLOW_ADVICE[precision]}")
         agree += int((ref_ids[..., 0] == q_ids[..., 0]).sum())
         positions += ref_ids[..., 0].size
         # log-prob of each candidate both graphs return, compared id by id
@@ -305,10 +332,21 @@ def _load_graph(path: Path):
     return model
 
 
-def quantize_bundle(src_dir: str | Path, out_dir: str | Path, *, force: bool = False,
+OVERFLOW_ADVICE = {
+    "int8": "a quantization scale is broken; please report it with the checkpoint's name.",
+    "fp16": "the checkpoint's activations overflow float16 (largest finite value 65504; T5 checkpoints are known "
+            "to). Use the fp32 bundle on CUDA, or --precision int8 for the CPU.",
+}
+# what each precision writes: the manifest's quantization scheme and how step 1 says it
+SCHEMES = {"int8": ("per-row-int8", "per-row int8 activations, per-column int8 weights"),
+           "fp16": ("fp16", "float16 weights and activations; norms, softmax, log-softmax and top-k in float32")}
+
+
+def quantize_bundle(src_dir: str | Path, out_dir: str | Path, *, precision: str = "int8", force: bool = False,
                     options: QuantizeOptions = QuantizeOptions(),
                     progress: Callable[[str], None] | None = print) -> Manifest:
-    """Write an int8 copy of the fp32 bundle ``src_dir`` to ``out_dir`` (see the module docstring).
+    """Write a ``precision`` copy of the fp32 bundle ``src_dir`` to ``out_dir``: int8 for the
+    CPU (the module docstring) or fp16 for CUDA (``half.py``).
 
     The source bundle is checked like any bundle (schema, hashes, no links). The new bundle is
     checked before it is written: the verifier must give each position bitwise the same result
@@ -317,58 +355,86 @@ def quantize_bundle(src_dir: str | Path, out_dir: str | Path, *, force: bool = F
     """
     from .safety import guarded
 
-    return guarded(_quantize_bundle)(src_dir, out_dir, force=force, options=options, progress=progress)
+    return guarded(_quantize_bundle)(src_dir, out_dir, precision=precision, force=force, options=options,
+                                     progress=progress)
 
 
-def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
+def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest, options: QuantizeOptions) -> int:
+    """Write graph ``name`` of the bundle at ``precision``; returns its converted matrix products."""
+    import onnx
+
+    model = _load_graph(src)  # refuses external data, for every graph
+    if precision == "fp16":
+        from .half import half_model
+
+        if name == "verifier":
+            isolate_positions(model)  # for bundles exported before the rewrite (idempotent)
+        model, count = half_model(model, manifest.vocab_size, options.output_projection)
+    elif name in ("drafter", "drafter_source"):  # proposals only: onnxruntime's dynamic quantization will do
+        return write_dynamic_int8(src, dst)
+    elif name == "encoder" and options.encoder == "per-call":  # the runtime gives it one source per call
+        return write_dynamic_int8(src, dst, matmuls_only=True)
+    else:
+        model, count = quantize_model(model, manifest.vocab_size, options)
+        if name == "verifier":
+            isolate_positions(model)
+    onnx.save(model, str(dst))
+    return count
+
+
+def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -> Manifest:
     import dataclasses
 
     import onnx
 
+    from ..runtime.bundle_schema import ACTIVATION_DTYPES, ENCODER_QUANTIZATION
     from ..runtime.session import require_onnxruntime
     from .safety import check_destination, make_temp, move_into_place, remove_temp
 
+    if precision not in SCHEMES:
+        raise ExportError(f"precision {precision!r} is not one aggdec quantize writes; choose one of: "
+                          f"{', '.join(SCHEMES)}.")
+    if options.encoder not in ENCODER_QUANTIZATION:
+        raise ExportError(f"the encoder's int8 activations are quantized {', or '.join(ENCODER_QUANTIZATION)}, not "
+                          f"{options.encoder!r}.")
     ort = require_onnxruntime()
     src, out = Path(src_dir), Path(out_dir)
     started = time.perf_counter()
     manifest = load_manifest(src)
     if manifest.precision != "fp32":
-        raise ExportError(f"{str(src)!r} is already quantized ({manifest.precision}); quantize the fp32 bundle it was "
+        raise ExportError(f"{str(src)!r} is already converted ({manifest.precision}); convert the fp32 bundle it was "
                           "made from.")
     check_destination(src, out, force)
     say = progress or (lambda message: None)
+    scheme, described = SCHEMES[precision]
+    if precision == "int8" and options.encoder == "per-call":
+        described += "; the encoder's activations per call, one source per call"
     tmp = None
     try:
         tmp = make_temp(out)
-        # an fp32 bundle's int8 copy of its drafter is not carried over: the int8 bundle's drafter is int8
+        # an fp32 bundle's int8 copy of its drafter is not carried over: the new bundle's drafter is converted
         graphs = {name: spec for name, spec in manifest.graphs.items() if name != "drafter_int8"}
-        say(f"[1/3] quantizing {', '.join(graphs)} (per-row int8 activations, per-column int8 weights)")
-        counts = {}
-        for name, spec in graphs.items():
-            if name in ("drafter", "drafter_source"):  # proposals only: onnxruntime's dynamic quantization will do
-                _load_graph(src / spec.file)  # the same refusal of external data as the other graphs
-                counts[name] = write_int8_drafter(src / spec.file, tmp / spec.file)
-                continue
-            model, counts[name] = quantize_model(_load_graph(src / spec.file), manifest.vocab_size, options)
-            if name == "verifier":
-                isolate_positions(model)
-            onnx.save(model, str(tmp / spec.file))
+        say(f"[1/3] converting {', '.join(graphs)} to {precision} ({described})")
+        counts = {name: _convert(precision, name, src / spec.file, tmp / spec.file, manifest, options)
+                  for name, spec in graphs.items()}
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
 
-        say("[2/3] checking the int8 verifier: each position alone == the same position in a block")
+        say(f"[2/3] checking the {precision} verifier: each position alone == the same position in a block")
         cases = validation_cases(manifest)
         reference = {name: cpu_session(ort, src / spec.file) for name, spec in graphs.items()}
-        quantized = {name: cpu_session(ort, tmp / spec.file) for name, spec in graphs.items()}
-        q_driver = Driver(quantized["encoder"], quantized["verifier"], manifest)
-        checked = check_position_independence(q_driver, cases)
+        converted = {name: cpu_session(ort, tmp / spec.file) for name, spec in graphs.items()}
+        ref_driver = Driver(reference["encoder"], reference["verifier"], manifest)
+        per_call = precision == "int8" and options.encoder == "per-call"
+        new_driver = Driver(converted["encoder"], converted["verifier"], manifest, ACTIVATION_DTYPES[precision],
+                            per_source=per_call)
+        figures = _figures(ref_driver, new_driver, cases, precision)  # refuses non-finite log-probs first
+        checked = check_position_independence(new_driver, cases)
         say(f"      {checked} positions bitwise equal")
-        figures = _figures(Driver(reference["encoder"], reference["verifier"], manifest), q_driver, cases)
         figures["draft_agreement"] = None
         if "drafter" in graphs:
             figures["draft_agreement"] = _draft_agreement(
-                (Driver(reference["encoder"], reference["verifier"], manifest), reference["drafter"],
-                 reference.get("drafter_source")),
-                (q_driver, quantized["drafter"], quantized.get("drafter_source")), cases, manifest)
+                (ref_driver, reference["drafter"], reference.get("drafter_source")),
+                (new_driver, converted["drafter"], converted.get("drafter_source")), cases, manifest)
         say(f"      against the fp32 graphs: top-1 agreement {figures['top1_agreement']:.4f}, log-prob error "
             f"max {figures['max_logprob_error']:.4f} mean {figures['mean_logprob_error']:.4f}"
             + (f", drafts in common {figures['draft_agreement']:.4f}" if figures["draft_agreement"] is not None
@@ -376,12 +442,13 @@ def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
 
         say("[3/3] writing tokenizer and manifest")
         files = {name: sha256_of(tmp / name) for name in (*(spec.file for spec in graphs.values()), TOKENIZER_FILE)}
-        quantization = {"scheme": "per-row-int8", "reference": "fp32 graphs",
+        quantization = {"scheme": scheme, "reference": "fp32 graphs",
+                        **({"encoder": options.encoder} if precision == "int8" else {}),
                         "output_projection": options.output_projection,
                         "quantized_matmuls": int(sum(counts.values())), **figures}
         exporter = {**manifest.exporter, "onnx": onnx.__version__, "quantized_with_onnxruntime": ort.__version__}
-        new = dataclasses.replace(manifest, precision="int8", quantization=quantization, files=files,
-                                  exporter=exporter, graphs=graphs)
+        new = dataclasses.replace(manifest, precision=precision, quantization=quantization, files=files,
+                                  exporter=exporter, graphs=_with_activation_type(graphs, precision))
         (tmp / MANIFEST_FILE).write_text(new.to_json(), encoding="utf-8")
         tmp.chmod(0o755)
         move_into_place(tmp, out)
@@ -390,3 +457,21 @@ def _quantize_bundle(src_dir, out_dir, *, force, options, progress) -> Manifest:
         raise
     say(f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
     return new
+
+
+def _with_activation_type(graphs: dict, precision: str) -> dict:
+    """The graphs' specs with their float32 tensors in the precision's activation type, as the
+    converted graphs have them (top_logprobs stays float32: half.FP32_OUTPUTS)."""
+    import dataclasses
+
+    from ..runtime.bundle_schema import ACTIVATION_DTYPES
+    from .half import FP32_OUTPUTS
+
+    act = ACTIVATION_DTYPES[precision]
+
+    def retype(tensors):
+        return tuple(dataclasses.replace(t, dtype=act) if t.dtype == "float32" and t.name not in FP32_OUTPUTS else t
+                     for t in tensors)
+
+    return {name: dataclasses.replace(spec, inputs=retype(spec.inputs), outputs=retype(spec.outputs))
+            for name, spec in graphs.items()}

@@ -32,7 +32,11 @@ DTYPES = {
     "int8": "tensor(int8)", "uint8": "tensor(uint8)", "bool": "tensor(bool)",
 }
 MODEL_DTYPES = ("float32", "float16", "bfloat16")  # the manifest's own `dtype`: the weights' precision
-PRECISIONS = ("fp32", "int8")  # how the graphs compute (int8: `aggdec quantize`, for the CPU)
+PRECISIONS = ("fp32", "int8", "fp16")  # how the graphs compute (`aggdec quantize`: int8 for the CPU, fp16 for CUDA)
+# the element type of the float tensors a bundle's graphs exchange (encoder output, cross K/V,
+# self-attention buffers): int8 bundles quantize inside each product and keep float32 between
+# them; fp16 bundles hand fp16 from graph to graph. top_logprobs is float32 at every precision.
+ACTIVATION_DTYPES = {"fp32": "float32", "int8": "float32", "fp16": "float16"}
 DRAFT_POSITIONS = ("output", "source")  # where the drafter reads its tokens (export.drafter.POSITIONS)
 # One drafter, two graphs: "drafter" (float, every device) and, in fp32 bundles, "drafter_int8",
 # the same drafter with int8 matrix products for the CPU (export/quantize.py). A drafter only
@@ -162,13 +166,16 @@ def dict_of(key: Rule, value_rule: Rule) -> Rule:
     return check
 
 
-def obj(fields: dict[str, Rule]) -> Rule:
-    """A JSON object with exactly these keys (see the module docstring on unknown keys)."""
+def obj(fields: dict[str, Rule], optional_keys: frozenset[str] = frozenset()) -> Rule:
+    """A JSON object with exactly these keys, those in ``optional_keys`` possibly absent (added
+    after bundles were written without them; see the module docstring on unknown keys)."""
 
     def check(value: Any, data: dict) -> None:
         _type(value, dict, "an object")
-        _exact_keys(value, fields)
+        _exact_keys(value, fields, optional_keys)
         for name, rule in fields.items():
+            if name not in value:  # an absent optional key
+                continue
             try:
                 rule(value[name], data)
             except Invalid as exc:
@@ -251,9 +258,16 @@ TENSOR = obj({"name": tensor_name, "dtype": one_of(tuple(DTYPES)), "dims": list_
 TENSORS = _all(list_of(TENSOR, 4096), _unique_names)
 GRAPH = obj({"file": file_name, "inputs": TENSORS, "outputs": TENSORS})
 
+# How an int8 bundle's encoder quantizes its activations: "per-row" as the verifier (one scale
+# per position: a batch is encoded in one call), or "per-call" (onnxruntime's dynamic
+# quantization, one scale per call: faster, but a source's encoding would depend on its batch
+# mates and padding, so the runtime encodes one source per call). Absent: per-row.
+ENCODER_QUANTIZATION = ("per-row", "per-call")
+
 # what `aggdec quantize` records about an int8 bundle: its scheme and how far it is from fp32
 QUANTIZATION = obj({
-    "scheme": one_of(("per-row-int8",)),
+    "scheme": one_of(("per-row-int8", "fp16")),
+    "encoder": one_of(ENCODER_QUANTIZATION),  # may be absent (optional_keys), never null
     "reference": text,
     "output_projection": boolean,
     "quantized_matmuls": integer(0, 1 << 20),
@@ -262,7 +276,7 @@ QUANTIZATION = obj({
     "max_logprob_error": number(0.0),
     "mean_logprob_error": number(0.0),
     "draft_agreement": optional(number(0.0, 1.0)),
-})
+}, optional_keys=frozenset({"encoder"}))
 
 # field -> rule, in an order where every field a rule refers to (vocab_size) comes first
 FIELDS: dict[str, Rule] = {

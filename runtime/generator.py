@@ -48,8 +48,14 @@ def _check_batch_size(batch_size: object) -> None:
         raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
 
 
-# the devices each bundle precision runs on
-PRECISION_DEVICES = {"fp32": ("cpu", "cuda", "tensorrt"), "int8": ("cpu",)}
+# the devices each bundle precision runs on, and why the others cannot run it
+PRECISION_DEVICES = {"fp32": ("cpu", "cuda", "tensorrt"), "int8": ("cpu",), "fp16": ("cuda", "cpu")}
+PRECISION_LIMITS = {
+    "int8": "its MatMulInteger products are a CPU kernel (onnxruntime's CUDA provider would run them on the CPU, "
+            "copying every activation across, and TensorRT has no such layer)",
+    "fp16": "aggdec's TensorRT engines are built from fp32 graphs (`aggdec build-engines --fp16` builds fp16 "
+            "engines from them)",
+}
 
 
 def check_precision(manifest: Manifest, device: str, root: Path | str = "the bundle") -> None:
@@ -58,9 +64,8 @@ def check_precision(manifest: Manifest, device: str, root: Path | str = "the bun
     if device not in devices:
         raise ProviderError(
             f"{str(root)!r} is an {manifest.precision} bundle, which runs on device {' or '.join(map(repr, devices))} "
-            f"only, not {device!r}: its MatMulInteger products are a CPU kernel (onnxruntime's CUDA provider would "
-            "run them on the CPU, copying every activation across, and TensorRT has no such layer). Use "
-            f"device 'cpu', or the fp32 bundle it was quantized from on {device!r}."
+            f"only, not {device!r}: {PRECISION_LIMITS[manifest.precision]}. Use "
+            f"device {devices[0]!r}, or the fp32 bundle it was converted from on {device!r}."
         )
 
 

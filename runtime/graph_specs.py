@@ -9,10 +9,13 @@ when the first call fails. Dims are ints or symbolic names.
 from __future__ import annotations
 
 from .decoding.cache import cross_names, self_cache_names, self_cache_out_names
+from .bundle_schema import ACTIVATION_DTYPES
 from .manifest import GraphSpec, Manifest, TensorSpec
 
 
-def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int) -> GraphSpec:
+def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str = "float32") -> GraphSpec:
+    """``act`` (in every spec): the element type of the float tensors between graphs (the
+    bundle's ``ACTIVATION_DTYPES[precision]``)."""
     cross = ("batch", heads, "source_len", head_dim)
     return GraphSpec(
         file="encoder.onnx",
@@ -21,13 +24,13 @@ def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int) -> GraphS
             TensorSpec("attention_mask", "int64", ("batch", "source_len")),
         ),
         outputs=(
-            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
-            *(TensorSpec(name, "float32", cross) for name in cross_names(layers)),
+            TensorSpec("encoder_hidden_states", act, ("batch", "source_len", d_model)),
+            *(TensorSpec(name, act, cross) for name in cross_names(layers)),
         ),
     )
 
 
-def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int) -> GraphSpec:
+def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32") -> GraphSpec:
     # the self-attention buffers: capacity is the runtime's choice, fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
     cross = ("batch", heads, "source_len", head_dim)
@@ -36,21 +39,22 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int) -> GraphSp
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
-            *(TensorSpec(name, "float32", buffer) for name in self_cache_names(layers)),
-            *(TensorSpec(name, "float32", cross) for name in cross_names(layers)),
+            *(TensorSpec(name, act, buffer) for name in self_cache_names(layers)),
+            *(TensorSpec(name, act, cross) for name in cross_names(layers)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
         ),
         outputs=(
+            # float32 at every precision: log-softmax and top-k run in float32 (export/half.py)
             TensorSpec("top_logprobs", "float32", ("batch", "new_len", top_k)),
             TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
             # the input buffers with the new tokens written at each row's length: bound to the
             # inputs' own memory by the runtime, so the write happens in place
-            *(TensorSpec(name, "float32", buffer) for name in self_cache_out_names(layers)),
+            *(TensorSpec(name, act, buffer) for name in self_cache_out_names(layers)),
         ),
     )
 
 
-def drafter_spec(d_model: int, k: int) -> GraphSpec:
+def drafter_spec(d_model: int, k: int, act: str = "float32") -> GraphSpec:
     return GraphSpec(
         file="drafter.onnx",
         inputs=(
@@ -61,32 +65,33 @@ def drafter_spec(d_model: int, k: int) -> GraphSpec:
             TensorSpec("slot_start", "int64", ("batch",)),  # where each row's [MASK] slots begin
             TensorSpec("position_offset", "int64", ("batch",)),  # the output position of input_ids[:, 0]
             # the encoder output; in a bundle with drafter_source, that graph's drafter_memory
-            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
+            TensorSpec("encoder_hidden_states", act, ("batch", "source_len", d_model)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
         ),
         outputs=(TensorSpec("draft_ids", "int64", ("batch", k)),),
     )
 
 
-def drafter_source_spec(d_model: int) -> GraphSpec:
+def drafter_source_spec(d_model: int, act: str = "float32") -> GraphSpec:
     """The drafter-only encoder layers (``DrafterConfig.encoder_layers``), run once per request:
     the encoder output in, what drafter.onnx then reads as ``encoder_hidden_states`` out."""
     return GraphSpec(
         file="drafter_source.onnx",
         inputs=(
-            TensorSpec("encoder_hidden_states", "float32", ("batch", "source_len", d_model)),
+            TensorSpec("encoder_hidden_states", act, ("batch", "source_len", d_model)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
         ),
-        outputs=(TensorSpec("drafter_memory", "float32", ("batch", "source_len", d_model)),),
+        outputs=(TensorSpec("drafter_memory", act, ("batch", "source_len", d_model)),),
     )
 
 
 def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     """The IO this runtime drives each graph a bundle may have with, for ``manifest``'s sizes."""
     m = manifest
-    specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model),
-             "verifier": verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k),
-             "drafter_source": drafter_source_spec(m.d_model)}
+    act = ACTIVATION_DTYPES[m.precision]
+    specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act),
+             "verifier": verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act),
+             "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:
-        specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k)
+        specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act)
     return specs

@@ -126,10 +126,11 @@ class Manifest:
     # drafter, or a bundle from before the field) is "output"
     draft_positions: str | None = None
     exporter: dict[str, str] = field(default_factory=dict)  # versions used at export
-    # "fp32", or "int8" (`aggdec quantize`: MatMuls in int8 for the CPU, see export/quantize.py);
+    # "fp32", "int8" or "fp16" (`aggdec quantize`: int8 products for the CPU, see export/quantize.py;
+    # float16 graphs for CUDA, export/half.py);
     # a manifest without it (older aggdec) is fp32
     precision: str = "fp32"
-    # int8 only: how it was quantized and its agreement with the fp32 graphs it came from
+    # int8 and fp16 only: how it was converted and its agreement with the fp32 graphs it came from
     # (top1_agreement, max/mean_logprob_error, draft_agreement, ...; see bundle_schema.QUANTIZATION)
     quantization: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
@@ -152,6 +153,13 @@ class Manifest:
         data["graphs"] = {k: GraphSpec.from_json(v) for k, v in data["graphs"].items()}
         data["suppressed_token_ids"] = tuple(data["suppressed_token_ids"])
         return cls(**data)
+
+    @property
+    def encodes_one_source_per_call(self) -> bool:
+        """The encoder couples the rows of a call (bundle_schema.ENCODER_QUANTIZATION): the
+        runtime gives it one source at a time, unpadded, so that a source's encoding is the same
+        whatever it is batched with."""
+        return (self.quantization or {}).get("encoder") == "per-call"
 
     def graph(self, name: str) -> GraphSpec:
         try:

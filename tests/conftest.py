@@ -32,6 +32,23 @@ def bundle(tmp_path_factory, random_checkpoint):  # noqa: F811 - the fixture imp
 
 
 @pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """(fp32 bundle directory, precision) -> its `aggdec quantize --precision` copy, made once."""
+    from aggdec.export.quantize import quantize_bundle
+
+    made: dict[tuple[Path, str], Path] = {}
+
+    def make(fp32_dir: Path, precision: str) -> Path:
+        if (fp32_dir, precision) not in made:
+            out = tmp_path_factory.mktemp(precision) / "bundle"
+            quantize_bundle(fp32_dir, out, precision=precision, progress=None)
+            made[(fp32_dir, precision)] = out
+        return made[(fp32_dir, precision)]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def editing_bundle(tmp_path_factory, editing_marian_dir):  # noqa: F811
     """The trained editing Marian, exported."""
     from aggdec.export import export_bundle

@@ -87,7 +87,7 @@ def test_bench_outputs_are_the_runtimes_outputs(bench_run, reference_bundle):
     expected = [r.text for r in Generator(reference_bundle).generate(sources, mode="greedy", batch_size=1)]
     written = (root / "out" / "outputs" / "aggdec-greedy-cpu.txt").read_text(encoding="utf-8").splitlines()
     assert written == expected
-    int8 = Path(json.loads((root / "out" / "bench.json").read_text())["config"]["int8_bundle"])
+    int8 = Path(json.loads((root / "out" / "bench.json").read_text())["config"]["converted_bundles"]["int8"])
     expected = [r.text for r in Generator(int8).generate(sources, mode="greedy", batch_size=1)]
     written = (root / "out" / "outputs" / "aggdec-int8-greedy-cpu.txt").read_text(encoding="utf-8").splitlines()
     assert written == expected
@@ -99,13 +99,13 @@ def test_int8_systems_run_the_quantized_bundle_and_are_reported_against_fp32(ben
     _, root, _ = bench_run
     report = json.loads((root / "out" / "bench.json").read_text())
     config = report["config"]
-    assert Path(config["int8_bundle"]).parent == (root / "work").resolve()
-    assert load_manifest(config["int8_bundle"]).precision == "int8"
-    assert config["quantize_seconds"] > 0  # a fresh work directory: quantized in this run
+    assert Path(config["converted_bundles"]["int8"]).parent == (root / "work").resolve()
+    assert load_manifest(config["converted_bundles"]["int8"]).precision == "int8"
+    assert config["quantize_seconds"]["int8"] > 0  # a fresh work directory: quantized in this run
     rows = {(r["system"], r["batch_size"]): r for r in report["summary"]["rows"]}
     for system in ("aggdec-int8-greedy", "aggdec-int8-iad", "aggdec-int8-gad"):
         assert rows[(system, 1)]["bundle_precision"] == "int8"  # what the worker loaded, by its own report
-        assert rows[(system, 1)]["prepare_seconds"] == config["quantize_seconds"]
+        assert rows[(system, 1)]["prepare_seconds"] == config["quantize_seconds"]["int8"]
     assert rows[("aggdec-iad", 1)]["bundle_precision"] == "fp32" and rows[("hf-greedy", 1)]["bundle_precision"] is None
     greedy = rows[("aggdec-int8-greedy", 1)]
     # speedups stay against fp32 greedy; int8 greedy's own is its gain from quantizing
@@ -219,24 +219,24 @@ def test_the_int8_bundle_is_quantized_once_and_again_when_the_bundle_changes(edi
         return result, json.loads((tmp_path / "out" / "bench.json").read_text())
 
     first, report = run()
-    assert "aggdec bench: [1/3] quantizing" in first.stderr and report["config"]["quantize_seconds"] > 0
+    assert "aggdec bench: [1/3] converting" in first.stderr and report["config"]["quantize_seconds"]["int8"] > 0
     ran = {r["system"] for r in report["summary"]["rows"]}
     assert ran == {"aggdec-greedy", "aggdec-int8-greedy", "aggdec-int8-iad"}  # int8 greedy: the int8 IAD's reference
     assert "aggdec-int8-gad skipped: the bundle has no drafter (export it with --drafter)" in report["notes"]
-    int8 = Path(report["config"]["int8_bundle"])
+    int8 = Path(report["config"]["converted_bundles"]["int8"])
     stamp = json.loads(int8.with_name(int8.name + ".made-from.json").read_text())
     assert stamp["quantizer_sha256"] == source_digest(QUANTIZER_SOURCES) != source_digest()
 
     again, report = run()
-    assert "quantizing" not in again.stderr and report["config"]["quantize_seconds"] is None
-    assert Path(report["config"]["int8_bundle"]) == int8
+    assert "converting" not in again.stderr and report["config"]["quantize_seconds"]["int8"] is None
+    assert Path(report["config"]["converted_bundles"]["int8"]) == int8
     assert all(r["prepare_seconds"] is None for r in report["summary"]["rows"])
     assert "reused from an earlier run" in (tmp_path / "out" / "bench.md").read_text()
 
     manifest = bundle / "manifest.json"  # another manifest digest: another bundle, as far as the stamp can tell
     manifest.write_text(manifest.read_text() + "\n")
     changed, report = run()
-    assert "aggdec bench: [1/3] quantizing" in changed.stderr and report["config"]["quantize_seconds"] > 0
+    assert "aggdec bench: [1/3] converting" in changed.stderr and report["config"]["quantize_seconds"]["int8"] > 0
 
 
 def test_int8_systems_are_planned_for_the_cpu_only():
@@ -251,11 +251,39 @@ def test_int8_systems_are_planned_for_the_cpu_only():
     runs, notes = plan_systems(names, ["cpu", "cuda"], has_drafter=True, has_checkpoint=True)
     assert runs == {"aggdec-greedy": ["cpu", "cuda"], "aggdec-int8-greedy": ["cpu"], "aggdec-iad": ["cpu", "cuda"],
                     "aggdec-int8-iad": ["cpu"], "aggdec-int8-gad": ["cpu"], "ct2-int8": ["cpu", "cuda"]}
-    assert "aggdec-int8-iad on cuda skipped: int8 bundles run on cpu only (their MatMulInteger products are a CPU " \
-           "kernel)" in notes and len(notes) == 3
+    assert "aggdec-int8-iad on cuda skipped: int8 bundles run on cpu only: its MatMulInteger products are a CPU " \
+           "kernel (onnxruntime's CUDA provider would run them on the CPU, copying every activation across, and " \
+           "TensorRT has no such layer)" in notes and len(notes) == 3
     runs, notes = plan_systems(names, ["cuda"], has_drafter=False, has_checkpoint=False)
     assert list(runs) == ["aggdec-greedy", "aggdec-iad"]
     assert "aggdec-int8-gad skipped: the bundle has no drafter (export it with --drafter)" in notes
+
+
+def test_fp16_systems_run_the_fp16_bundle_against_fp16_greedy(editing_bundle, tmp_path):
+    """The fp16 systems' bundle is converted into --work beside the int8 one; an fp16 mode is
+    exact against fp16 greedy, and bench.md compares fp16 with fp32."""
+    from aggdec.bench.runner import plan_systems
+    from aggdec.runtime.manifest import load_manifest
+
+    runs, notes = plan_systems(["aggdec-greedy", "aggdec-fp16-greedy"], ["cpu", "cuda"], has_drafter=False,
+                               has_checkpoint=False)
+    assert runs == {"aggdec-greedy": ["cpu", "cuda"], "aggdec-fp16-greedy": ["cpu", "cuda"]} and notes == []
+    data = tmp_path / "data.txt"
+    data.write_text("the cat sat on the mat .\na dog ran .\nthe the cat .\n", encoding="utf-8")
+    result = aggdec("bench", str(editing_bundle), "--data", str(data), "--systems", "aggdec-fp16-iad",
+                    "aggdec-int8-greedy", "--batch-size", "1", "--out", str(tmp_path / "out"), "--work",
+                    str(tmp_path / "work"), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    config = report["config"]
+    assert set(config["converted_bundles"]) == {"int8", "fp16"} and config["quantize_seconds"]["fp16"] > 0
+    assert load_manifest(config["converted_bundles"]["fp16"]).precision == "fp16"
+    rows = {r["system"]: r for r in report["summary"]["rows"]}
+    assert set(rows) == {"aggdec-greedy", "aggdec-int8-greedy", "aggdec-fp16-greedy", "aggdec-fp16-iad"}
+    assert rows["aggdec-fp16-iad"]["bundle_precision"] == "fp16"
+    assert rows["aggdec-fp16-iad"]["greedy_reference"] == "aggdec-fp16-greedy"
+    assert rows["aggdec-fp16-iad"]["exact_match_vs_greedy"] == 1.0
+    assert "## fp16 against fp32 (CPU, batch 1)" in (tmp_path / "out" / "bench.md").read_text()
 
 
 def test_each_precision_is_exact_against_its_own_greedy():

@@ -106,8 +106,8 @@ def run_bench(options: BenchOptions) -> int:
         examples = decodable
     if generator.manifest.precision != "fp32":
         notes.append(f"{bundle} is an {generator.manifest.precision} bundle: the aggdec systems without a precision "
-                     "in their name run it, and it cannot be quantized for the int8 ones; give the fp32 bundle it was "
-                     "made from to compare the two")
+                     "in their name run it, and it cannot be converted for the int8 and fp16 ones; give the fp32 "
+                     "bundle it was made from to compare the two")
     max_new_tokens = options.max_new_tokens or generator.manifest.max_target_len - 1
     devices = _usable_devices(options.devices, notes)
     if not devices:
@@ -136,9 +136,12 @@ def run_bench(options: BenchOptions) -> int:
     report = {
         "config": {"command": options.command, "data": options.data, "sentences": len(examples),
                    "bundle": str(plan.bundle),
-                   # the int8 systems' bundle, quantized from it into --work (null: none ran)
-                   "int8_bundle": str(bench.bundles["int8"]) if bench.bundles.get("int8") else None,
-                   "quantize_seconds": round(bench.quantize_seconds, 3) if bench.quantize_seconds else None,
+                   # the int8 and fp16 systems' bundles, converted from it into --work (only those that ran)
+                   "converted_bundles": {precision: str(path) for precision, path in bench.bundles.items()
+                                         if precision != "fp32" and path is not None},
+                   # the seconds each conversion took in this run (null: an earlier run's bundle was reused)
+                   "quantize_seconds": {precision: None if made is None else round(made, 3)
+                                        for precision, made in bench.quantize_seconds.items()},
                    "checkpoint": str(plan.checkpoint) if plan.checkpoint else None,
                    "systems": systems, "devices": devices, "batch_sizes": batch_sizes,
                    "threads": options.threads, "tf32": options.tf32, "max_new_tokens": max_new_tokens,

@@ -1,5 +1,5 @@
 """The bundles aggdec runs in a benchmark when it is not handed them: the checkpoint exported, and
-the fp32 bundle quantized to int8. Each is made once in the work directory and made again only
+the fp32 bundle converted to int8 or fp16 (`aggdec quantize`). Each is made once in the work directory and made again only
 when what it was made from changes, which a stamp beside it records."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from aggdec.runtime.errors import InputError
 
 REFERENCE_MODEL = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "uagec"
-# the quantizer and the per-position verifier rewrite it applies: a change to either changes the int8 graphs
-QUANTIZER_SOURCES = ("quantize.py", "positions.py")
+# the converters and the per-position verifier rewrite they apply: a change to any changes the graphs
+QUANTIZER_SOURCES = ("quantize.py", "half.py", "positions.py")
 
 
 def _say(message: str) -> None:
@@ -83,23 +83,23 @@ def exported_bundle(checkpoint: Path | None, work: Path) -> tuple[Path, Path]:
     return bundle, checkpoint
 
 
-def quantized_bundle(bundle: Path, work: Path) -> tuple[Path, float | None]:
-    """The int8 copy of the fp32 ``bundle`` (`aggdec quantize`), made in ``work`` once and again
-    whenever the bundle or the quantizer changes. Returns its path and the seconds quantizing
-    took (None: reused). ExportError from the quantizer (an int8 BUNDLE, a failed position
-    check) and InputError (no onnx) go to the caller."""
+def quantized_bundle(bundle: Path, work: Path, precision: str = "int8") -> tuple[Path, float | None]:
+    """The ``precision`` copy of the fp32 ``bundle`` (`aggdec quantize --precision`), made in
+    ``work`` once and again whenever the bundle or the converter changes. Returns its path and
+    the seconds converting took (None: reused). ExportError from the converter (a converted
+    BUNDLE, a failed position check, an fp16 overflow) and InputError (no onnx) go to the caller."""
     from aggdec.runtime.manifest import manifest_digest
 
     made_from = {"bundle": str(bundle.resolve()), "manifest_sha256": manifest_digest(bundle),
-                 "quantizer_sha256": source_digest(QUANTIZER_SOURCES)}
+                 "quantizer_sha256": source_digest(QUANTIZER_SOURCES), "precision": precision}
 
     def quantize(out: Path) -> None:
         try:
             from aggdec.export.quantize import quantize_bundle
         except ImportError as exc:
-            raise InputError(f"quantizing needs onnx ({exc.name} is not installed): pip install onnx, "
+            raise InputError(f"converting a bundle needs onnx ({exc.name} is not installed): pip install onnx, "
                              "or 'aggdec[export]'") from None
-        quantize_bundle(bundle, out, force=True, progress=_say)
+        quantize_bundle(bundle, out, precision=precision, force=True, progress=_say)
 
-    target = work / ("bundle-int8-" + _path_key(bundle))
+    target = work / (f"bundle-{precision}-" + _path_key(bundle))
     return target, made_once(target, made_from, quantize)

@@ -129,7 +129,8 @@ def markdown(report: dict) -> str:
                 f"| {_fmt(gec.get('f0.5'), '.3f')} | {_fmt(r['peak_rss_mib'], '.0f')} | {_fmt(r['load_seconds'], '.2f')} |")
         if any(r.get("greedy_reference", REFERENCE) != REFERENCE for r in one):  # older reports: fp32 only
             lines += ["", "\"= greedy\" compares token ids with the greedy of the system's own precision at batch 1 "
-                      "(int8 systems: aggdec int8 greedy); \"vs aggdec greedy\" is against fp32 aggdec greedy."]
+                      "(int8 and fp16 systems: aggdec int8 or fp16 greedy); "
+                      "\"vs aggdec greedy\" is against fp32 aggdec greedy."]
         lines += _precision_table(report, device)
         batched = sorted({r["batch_size"] for r in rows if r["device"] == device and r["batch_size"] > 1})
         if batched:
@@ -159,7 +160,8 @@ def markdown(report: dict) -> str:
     if acceptance:
         lines += ["", "## Speedup over greedy by edit ratio (batch 1; Figure 5 of the IAD paper)", ""]
         if any(entry.get("greedy", REFERENCE) != REFERENCE for entry in acceptance.values()):
-            lines += ["Each mode against the greedy of its own precision (int8 modes: aggdec int8 greedy).", ""]
+            lines += ["Each mode against the greedy of its own precision "
+                      "(int8 and fp16 modes: that precision's greedy).", ""]
         lines += ["| system | edit ratio | sentences | speedup | iterations/sentence | tokens/iteration |",
                   "|---|---|---|---|---|---|"]
         for key, entry in acceptance.items():
@@ -189,7 +191,7 @@ def _percent(share: float | None) -> str:
 
 
 def _precision_table(report: dict, device: str) -> list[str]:
-    """int8 against fp32 on ``device``: exact match with fp32 greedy, F0.5, speedup over the
+    """int8 or fp16 against fp32 on ``device``: exact match with fp32 greedy, F0.5, speedup over the
     fp32 system that decodes the same way (nothing where only fp32 ran)."""
     labels = {r["system"]: r["label"] for r in report["summary"]["rows"]}
     lines = []
@@ -207,6 +209,8 @@ def _precision_table(report: dict, device: str) -> list[str]:
                          f"| {_percent(m['exact_match_vs_fp32_greedy'])} | {_fmt(m['f0.5'], '.3f')} "
                          f"| {_fmt(entry['fp32_f0.5'], '.3f')} |")
         made = report["config"].get("quantize_seconds")
+        if isinstance(made, dict):
+            made = made.get(precision)  # older reports: one number, the int8 bundle's
         differing = entry["differing_from_fp32_greedy"]
         lines += ["", f"{precision} greedy equals fp32 greedy on "
                   f"{'–' if differing is None else entry['sentences'] - differing} of {entry['sentences']} "

@@ -22,7 +22,7 @@ WORKER = Path(__file__).with_name("worker.py")
 
 @dataclass
 class RunPlan:
-    bundle: Path  # the fp32 bundle; the int8 systems run its quantization, made in work
+    bundle: Path  # the fp32 bundle; the int8 and fp16 systems run its conversions, made in work
     checkpoint: Path | None  # the Hugging Face checkpoint the peers load (None: aggdec only)
     examples: list[Example]
     systems: list[str]
@@ -128,7 +128,7 @@ def plan_systems(names: list[str], devices: list[str], *, has_drafter: bool,
     """The devices each system may run on here, and a note for each system or device left out.
     Decided before anything is imported, converted or quantized, so that nothing is made for a
     system that cannot run (an int8 bundle for a cuda-only run)."""
-    from aggdec.runtime.generator import PRECISION_DEVICES
+    from aggdec.runtime.generator import PRECISION_DEVICES, PRECISION_LIMITS
 
     runs: dict[str, list[str]] = {}
     notes: list[str] = []
@@ -146,7 +146,7 @@ def plan_systems(names: list[str], devices: list[str], *, has_drafter: bool,
             if spec.kind == "aggdec" and device not in allowed:
                 # Generator would refuse the bundle there; the fp32 systems still run on it
                 notes.append(f"{name} on {device} skipped: {spec.precision} bundles run on "
-                             f"{' or '.join(allowed)} only (their MatMulInteger products are a CPU kernel)")
+                             f"{' or '.join(allowed)} only: {PRECISION_LIMITS[spec.precision]}")
                 continue
             usable.append(device)
         if usable:
@@ -162,7 +162,8 @@ class Bench:
         self.prepare_seconds: dict[str, float] = {}
         # the bundle each precision's aggdec systems run (None: it could not be made)
         self.bundles: dict[str, Path | None] = {"fp32": plan.bundle}
-        self.quantize_seconds: float | None = None  # None: the int8 bundle of an earlier run was reused
+        # per converted precision: the seconds `aggdec quantize` took (None: an earlier run's bundle was reused)
+        self.quantize_seconds: dict[str, float | None] = {}
 
     def note(self, message: str) -> None:
         self.notes.append(message)
@@ -195,27 +196,30 @@ class Bench:
             return False
         return True
 
-    def _int8_bundle(self) -> Path | None:
-        """The fp32 bundle quantized into work, once for every int8 system (None: it failed, noted)."""
+    def _converted_bundle(self, precision: str) -> Path | None:
+        """The fp32 bundle converted into work, once for every system of ``precision`` (None: it
+        failed, noted)."""
         from aggdec.bench.bundles import quantized_bundle
 
-        if "int8" not in self.bundles:
+        if precision not in self.bundles:
             try:
-                self.bundles["int8"], self.quantize_seconds = quantized_bundle(self.plan.bundle, self.plan.work)
-            except AggdecError as exc:  # no onnx, an int8 BUNDLE, a failed position check
-                self.note(f"quantizing {self.plan.bundle} for the int8 systems failed: {exc}")
-                self.bundles["int8"] = None
-        return self.bundles["int8"]
+                self.bundles[precision], self.quantize_seconds[precision] = quantized_bundle(
+                    self.plan.bundle, self.plan.work, precision)
+            except AggdecError as exc:  # no onnx, a converted BUNDLE, a failed position check, an fp16 overflow
+                self.note(f"converting {self.plan.bundle} for the {precision} systems failed: {exc}")
+                self.bundles[precision] = None
+        return self.bundles[precision]
 
     def _prepare(self, spec: SystemSpec) -> bool:
-        """Convert the checkpoint for a peer that needs it, quantize the bundle for an int8
+        """Convert the checkpoint for a peer that needs it, the bundle for an int8 or fp16
         aggdec system; a stamp makes reruns skip it."""
-        if spec.kind == "aggdec" and spec.precision == "int8":
-            if self._int8_bundle() is None:
-                self.note(f"{spec.name} skipped: the bundle could not be quantized")
+        if spec.kind == "aggdec" and spec.precision != "fp32":
+            if self._converted_bundle(spec.precision) is None:
+                self.note(f"{spec.name} skipped: the bundle could not be converted to {spec.precision}")
                 return False
-            if self.quantize_seconds is not None:  # shared by the int8 systems, as a peer's conversion is its own
-                self.prepare_seconds[spec.name] = self.quantize_seconds
+            made = self.quantize_seconds.get(spec.precision)
+            if made is not None:  # shared by the precision's systems, as a peer's conversion is its own
+                self.prepare_seconds[spec.name] = made
             return True
         if spec.kind not in ("ctranslate2", "optimum"):
             return True

@@ -14,8 +14,8 @@ class SystemSpec:
     batches: bool = True  # runs batch sizes above 1
     needs_drafter: bool = False
     exact: bool = True  # promised to equal its precision's greedy token for token (checked, not assumed)
-    # aggdec systems: the bundle they run, the fp32 one the bench is given or its int8 quantization
-    # (`aggdec quantize`, CPU only). Peers keep "fp32": whatever their own compute type, they are
+    # aggdec systems: the bundle they run, the fp32 one the bench is given or its int8 (CPU only)
+    # or fp16 conversion (`aggdec quantize --precision`). Peers keep "fp32": whatever their own compute type, they are
     # compared with the fp32 checkpoint's greedy.
     precision: str = "fp32"
 
@@ -32,6 +32,10 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("aggdec-int8-greedy", "aggdec", "aggdec int8 greedy", {"mode": "greedy"}, precision="int8"),
     SystemSpec("aggdec-int8-iad", "aggdec", "aggdec int8 IAD", {"mode": "iad"}, precision="int8"),
     SystemSpec("aggdec-int8-gad", "aggdec", "aggdec int8 GAD", {"mode": "gad"}, needs_drafter=True, precision="int8"),
+    # fp16 bundles are for CUDA (they run on the CPU too, no faster than fp32: README, fp16 bundles)
+    SystemSpec("aggdec-fp16-greedy", "aggdec", "aggdec fp16 greedy", {"mode": "greedy"}, precision="fp16"),
+    SystemSpec("aggdec-fp16-iad", "aggdec", "aggdec fp16 IAD", {"mode": "iad"}, precision="fp16"),
+    SystemSpec("aggdec-fp16-gad", "aggdec", "aggdec fp16 GAD", {"mode": "gad"}, needs_drafter=True, precision="fp16"),
     SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}),
     SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False),
     SystemSpec("optimum-greedy", "optimum", "optimum ORT greedy"),
@@ -43,7 +47,7 @@ BY_NAME = {spec.name: spec for spec in SYSTEMS}
 REFERENCE = "aggdec-greedy"  # the fp32 greedy: every speedup is taken against it
 # what each precision's exact systems must equal token for token: int8 is lossless against the
 # int8 bundle's own greedy, which can differ from fp32 greedy where two candidates are close
-PRECISION_REFERENCE = {"fp32": REFERENCE, "int8": "aggdec-int8-greedy"}
+PRECISION_REFERENCE = {"fp32": REFERENCE, "int8": "aggdec-int8-greedy", "fp16": "aggdec-fp16-greedy"}
 
 
 def reference_of(name: str) -> str:
@@ -53,7 +57,7 @@ def reference_of(name: str) -> str:
 
 def with_references(names: list[str] | tuple[str, ...]) -> list[str]:
     """``names`` after the greedy references they are compared with: aggdec greedy always (the
-    speedups' reference), aggdec int8 greedy whenever an int8 system runs."""
+    speedups' reference), aggdec int8 (fp16) greedy whenever an int8 (fp16) system runs."""
     references = [REFERENCE] + [reference_of(name) for name in names]
     ordered = list(dict.fromkeys(references))
     return ordered + [name for name in dict.fromkeys(names) if name not in ordered]

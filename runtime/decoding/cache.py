@@ -64,18 +64,19 @@ def bucket(needed: int, limit: int) -> int:
 
 
 class _Flat:
-    """One flat float32 allocation, on the host or (with IO binding on CUDA) on the device."""
+    """One flat float allocation (float32, or float16 for fp16 bundles), on the host or (with IO
+    binding on CUDA) on the device."""
 
-    def __init__(self, size: int, on_device: bool) -> None:
+    def __init__(self, size: int, on_device: bool, dtype: np.dtype) -> None:
         self.size = size
         if on_device:
             ort = require_onnxruntime()
-            self._value: Any = ort.OrtValue.ortvalue_from_numpy(np.zeros(size, np.float32), "cuda", 0)
+            self._value: Any = ort.OrtValue.ortvalue_from_numpy(np.zeros(size, dtype), "cuda", 0)
             self._host: np.ndarray | None = None
         else:
             self._value = None
             # zeros, not empty: masked positions are multiplied by 0, and 0 * NaN would be NaN
-            self._host = np.zeros(size, np.float32)
+            self._host = np.zeros(size, dtype)
 
     @property
     def on_device(self) -> bool:
@@ -105,20 +106,22 @@ class SlotBuffers:
 
     ``bound``: the buffers are passed to onnxruntime by pointer through IO binding, and the
     verifier's outputs are written into them (on CUDA they live on the device). Unbound:
-    numpy arrays in, new arrays out, copied back: the same results, more traffic.
+    numpy arrays in, new arrays out, copied back: the same results, more traffic. ``dtype``:
+    the graphs' activation type (``ACTIVATION_DTYPES`` of the bundle's precision).
     """
 
     def __init__(self, layers: int, heads: int, head_dim: int, d_model: int, slots: int, max_target: int,
-                 max_source: int, device: str, bound: bool, keep_hidden: bool) -> None:
+                 max_source: int, device: str, bound: bool, keep_hidden: bool, dtype: str = "float32") -> None:
+        self.dtype = np.dtype(dtype)
         self.layers, self.heads, self.head_dim, self.d_model = layers, heads, head_dim, d_model
         self.slots, self.max_target, self.max_source = slots, max_target, max_source
         on_device = bound and device == "cuda"
         self.bound = bound
         self.device = "cuda" if on_device else "cpu"
-        self._self = [_Flat(slots * heads * max_target * head_dim, on_device) for _ in range(2 * layers)]
-        self._cross = [_Flat(slots * heads * max_source * head_dim, on_device) for _ in range(2 * layers)]
+        self._self = [_Flat(slots * heads * max_target * head_dim, on_device, self.dtype) for _ in range(2 * layers)]
+        self._cross = [_Flat(slots * heads * max_source * head_dim, on_device, self.dtype) for _ in range(2 * layers)]
         # the drafter reads the encoder output from the host side: it is small, written once a row
-        self._hidden = _Flat(slots * max_source * d_model, False) if keep_hidden else None
+        self._hidden = _Flat(slots * max_source * d_model, False, self.dtype) if keep_hidden else None
         self.keep_hidden = keep_hidden
         self.mask = np.zeros((slots, max_source), dtype=np.int64)
         self.rows = 0
@@ -252,11 +255,11 @@ class SlotBuffers:
         """Bind every buffer by pointer, the outputs onto the inputs' own memory."""
         shape = self.self_shape()
         for flat, name, out in zip(self._self, in_names, out_names):
-            binding.bind_input(name, self.device, 0, np.float32, list(shape), flat.pointer())
-            binding.bind_output(out, self.device, 0, np.float32, list(shape), flat.pointer())
+            binding.bind_input(name, self.device, 0, self.dtype, list(shape), flat.pointer())
+            binding.bind_output(out, self.device, 0, self.dtype, list(shape), flat.pointer())
         shape = self.cross_shape()
         for flat, name in zip(self._cross, cross):
-            binding.bind_input(name, self.device, 0, np.float32, list(shape), flat.pointer())
+            binding.bind_input(name, self.device, 0, self.dtype, list(shape), flat.pointer())
 
     def feeds(self, in_names: list[str], cross: list[str]) -> dict[str, np.ndarray]:
         """The buffers as numpy inputs (unbound)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..bundle_schema import ACTIVATION_DTYPES
 from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
@@ -67,7 +68,7 @@ class Batch:
         self._memory = memory
         self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
                                    m.max_target_len + SLACK, m.max_source_len, verifier.verifier.device, bound,
-                                   memory is not None)
+                                   memory is not None, ACTIVATION_DTYPES[m.precision])
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = verifier.verifier.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
@@ -97,10 +98,15 @@ class Batch:
         One encoder call per run of similar lengths (:func:`length_groups`): a call pads every
         source to its longest, and encoder time grows with padded tokens, so one long source
         in a call of short ones would multiply its cost (a server admits texts in arrival order).
+        An encoder that couples the rows of a call (an int8 bundle's per-call quantization) gets
+        one source per call.
         """
         first = self.rows
-        call_tokens = ENCODER_CALL_TOKENS[self._verifier.encoder.device]
-        for group in length_groups([len(ids) for ids in sources], call_tokens):
+        if self._verifier.manifest.encodes_one_source_per_call:
+            groups = [range(i, i + 1) for i in range(len(sources))]
+        else:
+            groups = length_groups([len(ids) for ids in sources], ENCODER_CALL_TOKENS[self._verifier.encoder.device])
+        for group in groups:
             self._encode([sources[i] for i in group], pad_id)
         return range(first, self.rows)
 

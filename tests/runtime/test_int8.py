@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
+
 import pytest
 
 from aggdec.cli import main
@@ -29,20 +31,9 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="session")
-def int8(tmp_path_factory):
+def int8(converted):
     """fp32 bundle directory -> its int8 copy (quantized once per session)."""
-    from aggdec.export.quantize import quantize_bundle
-
-    made = {}
-
-    def make(fp32_dir):
-        if fp32_dir not in made:
-            out = tmp_path_factory.mktemp("int8") / "bundle"
-            quantize_bundle(fp32_dir, out, progress=None)
-            made[fp32_dir] = out
-        return made[fp32_dir]
-
-    return make
+    return lambda fp32_dir: converted(fp32_dir, "int8")
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +60,15 @@ def assert_lossless(generator: Generator, texts: list[str], modes=("iad",)) -> N
         assert [r.ids for r in got] == expected, f"IAD with blocks of {max_block} differs from greedy"
 
 
+def assert_lossless_with_and_without_io_binding(root, texts: list[str]) -> None:
+    """assert_lossless with IO binding, and greedy and IAD the same with it and without."""
+    bound, unbound = Generator(root, io_binding=True), Generator(root, io_binding=False)
+    assert_lossless(bound, texts)
+    for mode in ("greedy", "iad"):
+        assert [r.ids for r in bound.generate(texts, mode=mode, max_new_tokens=MAX_NEW)] == \
+            [r.ids for r in unbound.generate(texts, mode=mode, max_new_tokens=MAX_NEW)]
+
+
 def assert_figures(manifest) -> None:
     q = manifest.quantization
     assert manifest.precision == "int8" and q is not None
@@ -93,11 +93,7 @@ def test_int8_iad_equals_int8_greedy_for_every_family(family, bundle, int8):
     assert not any(node.op_type == "MatMul" and any(i in initializers for i in node.input)
                    for node in verifier.graph.node)
     texts = random_texts(seed=40 + FAMILIES.index(family), count=12)
-    bound, unbound = Generator(root, io_binding=True), Generator(root, io_binding=False)
-    assert_lossless(bound, texts)
-    for mode in ("greedy", "iad"):
-        assert [r.ids for r in bound.generate(texts, mode=mode, max_new_tokens=MAX_NEW)] == \
-            [r.ids for r in unbound.generate(texts, mode=mode, max_new_tokens=MAX_NEW)]
+    assert_lossless_with_and_without_io_binding(root, texts)
 
 
 @pytest.mark.parametrize("family", ["marian", "t5"])
@@ -137,7 +133,7 @@ def test_export_precision_int8_and_the_quantize_command(random_checkpoint, bundl
     assert cli.quantization["quantized_matmuls"] == manifest.quantization["quantized_matmuls"] - 1
     # an int8 bundle is not quantized twice; an existing OUT_DIR needs --force
     assert main(["quantize", str(tmp_path / "cli"), str(tmp_path / "again")]) == 2
-    assert "is already quantized (int8)" in capsys.readouterr().err
+    assert "is already converted (int8)" in capsys.readouterr().err
     assert main(["quantize", str(bundle("bart")), str(tmp_path / "cli")]) == 2
     assert "--force" in capsys.readouterr().err
     with pytest.raises(Exception, match="precision"):
@@ -184,15 +180,17 @@ def int8_copy(bundle, int8, tmp_path):
 
 
 @pytest.mark.parametrize("edit, needle", [
-    (lambda m: _set(m, ("precision",), "int4"), "precision must be one of fp32, int8, got 'int4'"),
-    (lambda m: _set(m, ("precision",), 8), "precision must be one of fp32, int8, got 8"),
+    (lambda m: _set(m, ("precision",), "int4"), "precision must be one of fp32, int8, fp16, got 'int4'"),
+    (lambda m: _set(m, ("precision",), 8), "precision must be one of fp32, int8, fp16, got 8"),
     (lambda m: _set(m, ("precision",), "fp32"), "quantization must be set exactly when precision is not fp32"),
     (lambda m: _set(m, ("quantization",), None), "quantization must be set exactly when precision is not fp32"),
     (lambda m: _set(m, ("quantization", "top1_agreement"), 1.5), "top1_agreement must be a number from 0.0 to 1.0"),
     (lambda m: _set(m, ("quantization", "max_logprob_error"), "0.1"), "max_logprob_error must be a finite number"),
     (lambda m: _set(m, ("quantization", "output_projection"), 1), "output_projection must be true or false"),
-    (lambda m: _set(m, ("quantization", "scheme"), "per-tensor"), "scheme must be one of per-row-int8"),
+    (lambda m: _set(m, ("quantization", "scheme"), "per-tensor"), "scheme must be one of per-row-int8, fp16"),
     (lambda m: _set(m, ("quantization", "extra"), 1), "has unknown keys 'extra'"),
+    (lambda m: _set(m, ("quantization", "encoder"), "per-tensor"), "encoder must be one of per-row, per-call"),
+    (lambda m: _set(m, ("quantization", "encoder"), None), "encoder must be one of per-row, per-call, got None"),
     (lambda m: _delete(m, ("quantization", "positions")), "is missing 'positions'"),
 ])
 def test_hostile_precision_fields_are_refused(int8_copy, edit, needle, capsys):
@@ -231,3 +229,69 @@ def test_quantized_graph_is_rewritten_as_designed(bundle, int8):
     assert matmuls and all(producers[n.input[0]].op_type == "Unsqueeze" for n in matmuls)
     zero_points = [init for init in model.graph.initializer if init.name.startswith("row_zero_point")]
     assert len(zero_points) == 1 and onnx.numpy_helper.to_array(zero_points[0]).tolist() == 128
+
+
+def test_a_per_call_int8_encoder_is_given_one_source_per_call(bundle, int8, tmp_path, monkeypatch, capsys):
+    """The default int8 encoder has one activation scale per call (onnxruntime's dynamic
+    quantization): batched, a source's encoding would change with its batch mates, so the
+    runtime encodes each source alone, and batch 4 equals batch 1. ``per-row`` batches."""
+    from aggdec.export.quantize import QuantizeOptions, quantize_bundle
+    from aggdec.runtime.errors import ExportError
+
+    root = int8(bundle("marian"))
+    manifest = load_manifest(root)
+    assert manifest.quantization["encoder"] == "per-call" and manifest.encodes_one_source_per_call
+    encoder_ops = {node.op_type for node in onnx.load(str(root / "encoder.onnx")).graph.node}
+    assert "DynamicQuantizeLinear" in encoder_ops and "ReduceMax" not in encoder_ops
+    generator = Generator(root)
+    texts = ["w1 w2", " ".join(["w3"] * 12), "w4 w5 w6", "w7"]
+    sources = generator.encode(texts)
+
+    # the coupling is real: the short source's encoding, padded beside a long one, is not its own
+    session = generator.verifier.encoder
+    ids = np.full((2, len(sources[1])), manifest.pad_token_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, source in enumerate(sources[:2]):
+        ids[row, : len(source)], mask[row, : len(source)] = source, 1
+    batched = session.run({"input_ids": ids, "attention_mask": mask})["encoder_hidden_states"][0, : len(sources[0])]
+    alone = session.run({"input_ids": ids[:1, : len(sources[0])],
+                         "attention_mask": mask[:1, : len(sources[0])]})["encoder_hidden_states"][0]
+    assert not np.array_equal(batched, alone)
+
+    calls: list[np.ndarray] = []
+    original = session.run
+
+    def spy(feeds):
+        calls.append(feeds["attention_mask"])
+        return original(feeds)
+
+    monkeypatch.setattr(session, "run", spy)
+    together = generator.generate(texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=4)
+    assert len(calls) == 4 and all(mask.shape[0] == 1 and mask.all() for mask in calls)  # alone, unpadded
+    assert [r.ids for r in together] == [r.ids for r in generator.generate(texts, mode="greedy", batch_size=1,
+                                                                          max_new_tokens=MAX_NEW)]
+
+    # per-row: no dynamic quantization, and a batch of equal lengths is one call
+    assert main(["quantize", str(bundle("marian")), str(tmp_path / "rows"), "--encoder-quantization", "per-row"]) == 0
+    rows = Generator(tmp_path / "rows")
+    assert rows.manifest.quantization["encoder"] == "per-row" and not rows.manifest.encodes_one_source_per_call
+    assert "DynamicQuantizeLinear" not in {n.op_type for n in onnx.load(str(tmp_path / "rows/encoder.onnx")).graph.node}
+    calls.clear()
+    monkeypatch.setattr(rows.verifier.encoder, "run", spy)
+    same_length = ["w1 w2", "w3 w4", "w5 w6", "w7 w8"]
+    assert_lossless(rows, same_length)
+    assert calls and all(mask.shape[0] == 4 for mask in calls if mask.shape[0] > 1)
+    assert any(mask.shape[0] == 4 for mask in calls)
+
+    # a bundle written before the field (no "encoder" key) is per-row
+    data = read(tmp_path / "rows")
+    del data["quantization"]["encoder"]
+    write(tmp_path / "rows", data)
+    assert not load_manifest(tmp_path / "rows").encodes_one_source_per_call
+    with pytest.raises(ExportError, match="per-row, or per-call, not 'per-token'"):
+        quantize_bundle(bundle("marian"), tmp_path / "bad", options=QuantizeOptions(encoder="per-token"),
+                        progress=None)
+    assert main(["quantize", str(bundle("marian")), str(tmp_path / "half"), "--precision", "fp16",
+                 "--encoder-quantization", "per-row"]) == 2
+    assert "--encoder-quantization is for int8 bundles" in capsys.readouterr().err
+    assert not (tmp_path / "half").exists()

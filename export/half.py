@@ -1,0 +1,64 @@
+"""fp16 graphs, for CUDA: an fp32 bundle's graphs with float16 weights and activations.
+
+The conversion is onnxruntime's own (``onnxruntime.transformers.float16``): every float
+initializer and activation becomes float16, and a Cast pair is put around each operator kept
+in float32. Kept in float32 (:data:`FP32_OPS`):
+
+- ``LogSoftmax`` and ``TopK``: the candidates' log-probs are what GAD++ compares and the
+  bundle returns; their sum over 8k-50k logits loses digits in float16.
+- ``Softmax``: the attention weights. Masked scores are the most negative finite float16
+  (-65504, or -inf where a padding and a causal mask add up); float32 normalizes them.
+- ``LayerNormalization`` and the pieces of T5's RMS norm (``Pow``, ``ReduceMean``, ``Sqrt``,
+  ``Reciprocal``): a sum of squares over d_model overflows float16 where an activation passes 256.
+
+What stays float16 is what the GPU's tensor cores are for: the matrix products (weights, the
+attention's Q.K^T and weights.V, the vocabulary projection) and the per-element passes
+between them. The graphs exchange float16 (encoder output, cross K/V, the self-attention
+buffers written in place): the runtime allocates its buffers in the bundle's activation type
+(``ACTIVATION_DTYPES``). ``top_logprobs`` alone stays a float32 output.
+
+Lossless at fp16 means what it means for int8: IAD, GAD and GAD++ at beta 1 equal the same
+bundle's greedy on the same device. The block-vs-alone check (``positions.py``) proves it for
+onnxruntime's CPU provider when the bundle is written; on CUDA it rests on cuBLAS computing a
+row of a product the same way whatever the number of rows, which no machine here could check
+(README, fp16 bundles). Where float16 overflows (T5 checkpoints are known to, past their
+feed-forward layers), the conversion refuses the bundle (``quantize._figures``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime.errors import ExportError
+
+FP32_OPS = ("LogSoftmax", "TopK", "Softmax", "LayerNormalization", "Pow", "ReduceMean", "Sqrt", "Reciprocal")
+# graph outputs that stay float32 whatever the precision (graph_specs: top_logprobs)
+FP32_OUTPUTS = ("top_logprobs",)
+
+
+def half_model(model, vocab_size: int, output_projection: bool = True):
+    """``model`` (an fp32 onnx ModelProto) converted to float16; returns the new model and the
+    number of float16 matrix products by a weight. ``output_projection=False`` keeps the
+    [d_model, vocab] projection in float32 (its products then go through a Cast pair)."""
+    from onnx import numpy_helper
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    inits = {init.name: init for init in model.graph.initializer}
+
+    def projection(node) -> bool:
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        return weight is not None and len(weight.dims) == 2 and weight.dims[1] == vocab_size
+
+    kept_nodes = [] if output_projection else [node.name for node in model.graph.node if projection(node)]
+    if not all(kept_nodes):
+        raise ExportError("the output projection has no node name, so it cannot be kept in float32; "
+                          "export the bundle again with this aggdec")
+    outputs = [o.name for o in model.graph.output if o.name in FP32_OUTPUTS]
+    half = convert_float_to_float16(model, keep_io_types=outputs, op_block_list=list(FP32_OPS),
+                                    node_block_list=kept_nodes)
+    half_inits = {init.name: init for init in half.graph.initializer}
+    products = 0
+    for node in half.graph.node:
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in half_inits:
+            products += numpy_helper.to_array(half_inits[node.input[1]]).dtype == np.float16
+    return half, int(products)
