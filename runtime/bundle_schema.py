@@ -333,6 +333,9 @@ def _cross_field(data: dict) -> None:
     if (data.get("quantization") is not None) != (precision != "fp32"):
         raise Invalid(f"quantization must be set exactly when precision is not fp32 (precision: {show(precision)}, "
                       f"quantization: {'set' if data.get('quantization') is not None else 'none'})")
+    if "encoder" in (data.get("quantization") or {}) and precision != "int8":
+        raise Invalid(f"quantization.encoder is set in a {show(precision)} bundle: it says how an int8 encoder is "
+                      "quantized")
     has_drafter = "drafter" in graphs
     if "drafter_int8" in graphs:
         if not has_drafter:

@@ -149,6 +149,16 @@ def test_an_fp32_bundle_relabelled_fp16_is_refused(bundle, fp16, tmp_path):
         Generator(root)
 
 
+def test_an_fp16_manifest_with_an_int8_encoder_setting_is_refused(bundle, fp16, tmp_path):
+    root = tmp_path / "bundle"
+    shutil.copytree(fp16(bundle("marian")), root)
+    manifest = read(root)
+    manifest["quantization"]["encoder"] = "per-call"
+    write(root, manifest)
+    with pytest.raises(BundleError, match="quantization.encoder is set in a 'fp16' bundle"):
+        load_manifest(root, verify=False)
+
+
 def test_a_checkpoint_that_overflows_float16_is_refused(bundle, tmp_path):
     """Activations past 65504 are inf in float16: the conversion says so and writes nothing,
     rather than a bundle whose outputs are NaN."""
