@@ -3,10 +3,13 @@ sentence so machine drift hits both alike: what changed between two exports (a g
 retrained drafter, int8 against fp32) costs or gains, and whether the outputs are the same.
 
     python benchmarks/ab_bundles.py BUNDLE_A BUNDLE_B [--modes greedy iad] [--limit 300] [--threads 1]
-                                    [--fp32-drafter A|B]
+                                    [--fp32-drafter A|B] [--batch-size 1]
 
 ``--fp32-drafter A``: side A runs the float drafter instead of the bundle's int8 copy (the CPU's
 default); with the same bundle on both sides, that compares the two drafters.
+
+``--batch-size N`` (N > 1): each side decodes chunks of 64 sentences (or N, if more) at batch N,
+the sides alternating chunk by chunk; "tokens/call" is then per row iteration.
 
 Sentences: the UA-GEC test split (the ``ua-gec`` package), batch 1, CPU. Prints, per bundle and
 mode, the summed decode time and tokens per verifier call; then B's time over A's per mode, each
@@ -20,6 +23,8 @@ import argparse
 
 from alternate import alternate
 
+CHUNK = 64  # sentences per alternation when batched
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fp32-drafter", choices=["A", "B"], action="append", default=[],
                         help="this side runs the float drafter (GAD), not the bundle's int8 copy")
+    parser.add_argument("--batch-size", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
 
     from aggdec import Generator
     from aggdec.bench.uagec import load_pairs
@@ -42,11 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     for generator in bundles.values():  # warm-up: arenas and kernel choice out of the timings
         for mode in modes:
             generator.generate(sources[:4], mode=mode)
-    done = alternate({(name, mode): (lambda source, g=generator, m=mode: g.generate([source], mode=m)[0])
-                      for name, generator in bundles.items() for mode in modes}, sources)
+    if args.batch_size == 1:
+        units, run = sources, (lambda g, m, source: g.generate([source], mode=m)[0])
+    else:
+        size = max(CHUNK, args.batch_size)
+        units = [sources[i : i + size] for i in range(0, len(sources), size)]
+        run = (lambda g, m, texts: g.generate(texts, mode=m, batch_size=args.batch_size))
+    done = alternate({(name, mode): (lambda unit, g=generator, m=mode: run(g, m, unit))
+                      for name, generator in bundles.items() for mode in modes}, units)
     n, failed = len(sources), False
     sides = {side: f"{path} ({bundles[side].drafter_graph or 'no drafter'})" for side, path in (("A", args.a), ("B", args.b))}
-    print(f"{n} UA-GEC test sentences, batch 1, CPU, {args.threads} thread(s); A = {sides['A']}, B = {sides['B']}")
+    print(f"{n} UA-GEC test sentences, batch {args.batch_size}, CPU, {args.threads} thread(s); "
+          f"A = {sides['A']}, B = {sides['B']}")
     for mode in modes:
         for name in bundles:
             side = done[name, mode]

@@ -2,6 +2,8 @@
 one process, one sentence at a time, the sides' order reversed every other sentence, so machine
 drift and cache warmth hit all sides alike. A side is a function of one source text that returns
 the runtime's GenerationResult; it may set anything it needs first (a module constant, an option).
+For batched decoding a unit may instead be a list of texts, and its side return their list of
+results (``calls`` then counts rows' iterations, not verifier calls).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def alternate(sides: dict[Any, Callable[[str], Any]], sources: Sequence[str]) ->
             started = time.perf_counter()
             result = run(source)
             done[key].seconds.append(time.perf_counter() - started)
-            done[key].outputs.append(result.ids)
-            done[key].calls += result.stats.iterations
+            for one in result if isinstance(result, list) else [result]:
+                done[key].outputs.append(one.ids)
+                done[key].calls += one.stats.iterations
     return done

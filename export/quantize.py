@@ -407,7 +407,9 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
     check_destination(src, out, force)
     say = progress or (lambda message: None)
     scheme, described = SCHEMES[precision]
-    if precision == "int8" and options.encoder == "per-call":
+    # the runtime will encode one source per call (Manifest.encodes_one_source_per_call): so do the checks
+    per_call_encoder = precision == "int8" and options.encoder == "per-call"
+    if per_call_encoder:
         described += "; the encoder's activations per call, one source per call"
     tmp = None
     try:
@@ -424,9 +426,8 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         reference = {name: cpu_session(ort, src / spec.file) for name, spec in graphs.items()}
         converted = {name: cpu_session(ort, tmp / spec.file) for name, spec in graphs.items()}
         ref_driver = Driver(reference["encoder"], reference["verifier"], manifest)
-        per_call = precision == "int8" and options.encoder == "per-call"
         new_driver = Driver(converted["encoder"], converted["verifier"], manifest, ACTIVATION_DTYPES[precision],
-                            per_source=per_call)
+                            per_source=per_call_encoder)
         figures = _figures(ref_driver, new_driver, cases, precision)  # refuses non-finite log-probs first
         checked = check_position_independence(new_driver, cases)
         say(f"      {checked} positions bitwise equal")

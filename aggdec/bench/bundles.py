@@ -1,6 +1,6 @@
 """The bundles aggdec runs in a benchmark when it is not handed them: the checkpoint exported, and
-the fp32 bundle converted to int8 or fp16 (`aggdec quantize`). Each is made once in the work directory and made again only
-when what it was made from changes, which a stamp beside it records."""
+the fp32 bundle converted to int8 or fp16 (`aggdec quantize`). Each is made once in the work
+directory and made again only when what it was made from changes, which a stamp beside it records."""
 
 from __future__ import annotations
 

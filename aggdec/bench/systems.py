@@ -15,8 +15,8 @@ class SystemSpec:
     needs_drafter: bool = False
     exact: bool = True  # promised to equal its precision's greedy token for token (checked, not assumed)
     # aggdec systems: the bundle they run, the fp32 one the bench is given or its int8 (CPU only)
-    # or fp16 conversion (`aggdec quantize --precision`). Peers keep "fp32": whatever their own compute type, they are
-    # compared with the fp32 checkpoint's greedy.
+    # or fp16 conversion (`aggdec quantize --precision`). Peers keep "fp32": whatever their own
+    # compute type, they are compared with the fp32 checkpoint's greedy.
     precision: str = "fp32"
 
 
