@@ -1,4 +1,6 @@
-"""A griffe extension: load the subpackages that pyproject.toml maps to folders of their own.
+"""griffe extensions for the API pages: pyproject's package-dir mapping, and Sphinx roles.
+
+``PackageDirs`` loads the subpackages that pyproject.toml maps to folders of their own.
 
 aggdec installs ``runtime/``, ``export/`` and ``engines/`` (top-level folders) as
 ``aggdec.runtime``, ``aggdec.export`` and ``aggdec.engines`` through setuptools'
@@ -6,10 +8,15 @@ aggdec installs ``runtime/``, ``export/`` and ``engines/`` (top-level folders) a
 so it never sees these; without this extension ``::: aggdec.runtime.generator`` in the API
 pages fails. The mapping is read from pyproject.toml, so a new mapped subpackage needs no
 change here.
+
+``SphinxRoles`` shows the docstrings' Sphinx cross-reference roles (``:class:`Generator```,
+``:func:`~.manifest.load_manifest```) as code, ``Generator``, instead of the raw role text that
+the Google-style parser would leave.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,3 +57,15 @@ class PackageDirs(griffe.Extension):
             parent.set_member(name, module)
             loader.expand_exports(module)
             loader.expand_wildcards(module, external=False)
+
+
+# :class:`X`, :func:`~.mod.x`, ... -> `X`, `mod.x` (the leading ~ or . of a Sphinx target dropped)
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):`[~.]*([^`]+)`")
+
+
+class SphinxRoles(griffe.Extension):
+    """Rewrite Sphinx roles in every docstring as inline code."""
+
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = _ROLE.sub(r"`\1`", obj.docstring.value)
