@@ -140,6 +140,40 @@ def test_results_come_back_as_one_tarball_in_the_committed_layout(dry_run):
     assert "A dry run on the CPU" in readme and "| equality | ok |" in readme
 
 
+def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_run, tiny_model):
+    """`equality --only tiny` in a later call: its own record beside the first; `carry` alone runs nothing."""
+    _, _, results, out = dry_run
+    work = results.parent
+    env = {**os.environ, "GPU_CHECK_WORK": str(work), "PYTHON": sys.executable, "OUT": str(out)}
+    common = ["--dry-run", "--model", f"tiny={tiny_model}", "--data", str(work.parent / "data.txt")]
+    again = subprocess.run(["bash", str(GPU / "check.sh"), "equality", "--only", "tiny", *common], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    record = json.loads((results / "equality-tiny.json").read_text())
+    assert record["stage"] == "equality" and record["status"] == "ok" and set(record["bundles"]) == {"tiny"}
+    assert (results / "equality.json").is_file()
+    nothing = subprocess.run(["bash", str(GPU / "check.sh"), "carry", *common], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert nothing.returncode == 0 and "== equality" not in nothing.stdout, nothing.stdout + nothing.stderr
+    readme = (results / "README.md").read_text()
+    assert "| equality | ok |" in readme and "| equality-tiny | ok |" in readme
+
+
+def test_without_pip_the_tree_is_linked_in_as_the_package(tmp_path):
+    """check.sh's fallback when pip cannot install aggdec (GPU_CHECK_INSTALL=links forces it): the
+    env stage imports aggdec from the links, and says it is no GPU check on the CPU."""
+    env = {**os.environ, "GPU_CHECK_WORK": str(tmp_path), "PYTHON": sys.executable, "GPU_CHECK_INSTALL": "links"}
+    env.pop("OUT", None)
+    done = subprocess.run(["bash", str(GPU / "check.sh"), "env", "--device", "cpu"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((tmp_path / "results" / "env.json").read_text())
+    aggdec = next(m for m in record["modules"] if m["module"] == "aggdec")
+    assert aggdec["path"] == str(tmp_path / "src" / "aggdec")
+    assert record["aggdec_install"].startswith(f"source links in {tmp_path / 'src'}")
+    assert "device cpu: this is not a GPU check" in record["notes"]
+
+
 def test_a_stage_without_time_left_is_skipped_with_a_note(tmp_path):
     done = subprocess.run([sys.executable, str(GPU / "check.py"), "--dry-run", "--work", str(tmp_path),
                            "--deadline-s", "30", "env", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ onnxruntime-gpu's parts are the ones ``../shared/tools/ort-gpu-chunks.sh`` makes
 (``pack``) into ``.gpu-pack/NAME/w*/``. Both folders are git-ignored, so they travel only when
 a call names them in ``carry``.
 
-    python benchmarks/gpu/carry.py pack NAME PATH... [--room-mib N]   # CPU side: .gpu-pack/NAME/w1..wN
+    python benchmarks/gpu/carry.py pack NAME PATH... [--room-mib N] [--wheels]  # CPU side: .gpu-pack/NAME/w1..wN
     python benchmarks/gpu/carry.py describe-wheel [.ort-gpu]          # CPU side: pack.json beside each part
     python benchmarks/gpu/carry.py stage --work DIR                   # device side, at the start of every call
 
@@ -89,9 +89,12 @@ def split_file(path: Path, out_root: Path, chunk_bytes: int, description: dict) 
     return folders
 
 
-def pack(name: str, sources: list[Path], chunk_bytes: int, root: Path = PACK_ROOT) -> list[Path]:
+def pack(name: str, sources: list[Path], chunk_bytes: int, root: Path = PACK_ROOT, wheels: bool = False) -> list[Path]:
     """Files and folders ``sources`` as one ``NAME.tar.gz`` (each under its own base name), split
-    into parts of ``chunk_bytes`` in ``root/NAME/w1..wN``; returns the folders to carry, in order."""
+    into parts of ``chunk_bytes`` in ``root/NAME/w1..wN``; returns the folders to carry, in order.
+    ``wheels``: the device installs every wheel in it into WORK/site once it is unpacked."""
+    if wheels and not any(s.suffix == ".whl" or any(s.rglob("*.whl")) for s in sources if s.exists()):
+        raise CarryError(f"--wheels: no .whl among {', '.join(map(str, sources))}")
     for source in sources:
         if not source.exists():
             raise CarryError(f"{source} does not exist")
@@ -104,7 +107,8 @@ def pack(name: str, sources: list[Path], chunk_bytes: int, root: Path = PACK_ROO
         for source in sources:
             tar.add(source, arcname=source.name)
     try:
-        return split_file(archive, root / name, chunk_bytes, {"name": name, "kind": "tar"})
+        description = {"name": name, "kind": "tar", **({"install": "wheels"} if wheels else {})}
+        return split_file(archive, root / name, chunk_bytes, description)
     finally:
         shutil.rmtree(work)
 
@@ -136,13 +140,19 @@ def carried_folders(repo: Path) -> list[Path]:
     return sorted(found)
 
 
+def _pip_target(wheels: list[Path], site: Path) -> None:
+    """Install ``wheels`` into ``site`` from no index and without their dependencies (the image
+    has no index; a missing dependency is carried as a wheel of its own)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                           "--upgrade", "--target", str(site), *map(str, wheels)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CarryError(f"pip could not install {', '.join(w.name for w in wheels)}: {done.stderr.strip()[-600:]}")
+
+
 def _install(info: dict, whole: Path, work: Path) -> str:
+    site = work / "site"
     if info["kind"] == "wheel":
-        site = work / "site"
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                               "--target", str(site), str(whole)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise CarryError(f"pip could not install {whole.name}: {done.stderr.strip()[-600:]}")
+        _pip_target([whole], site)
         return f"installed into {site}"
     target = work / "carried" / info["name"]
     if target.exists():
@@ -152,6 +162,12 @@ def _install(info: dict, whole: Path, work: Path) -> str:
         raise CarryError("unpacking a carried archive needs tarfile's data filter (Python 3.10.12, 3.11.4, 3.12 or later)")
     with tarfile.open(whole) as tar:
         tar.extractall(target, filter="data")  # "data": no links out, no absolute paths, no devices
+    if info.get("install") == "wheels":  # a pack of wheels (pack --wheels): installed like onnxruntime-gpu
+        wheels = sorted(target.rglob("*.whl"))
+        if not wheels:
+            raise CarryError(f"the pack {info['name']} holds no wheel")
+        _pip_target(wheels, site)
+        return f"{len(wheels)} wheel(s) installed into {site}"
     return f"extracted into {target}"
 
 
@@ -178,7 +194,7 @@ def stage(repo: Path, work: Path) -> dict:
         state = {"file": info["file"], "parts": info["parts"], "present": len(present)}
         marker = place / "INSTALLED"
         if marker.is_file() and marker.read_text().split("\n", 1)[0] == info["sha256"]:
-            state["state"] = marker.read_text().split("\n", 1)[1].strip()
+            state["state"], state["present"] = marker.read_text().split("\n", 1)[1].strip(), info["parts"]
         elif len(present) < len(wanted):
             missing = [str(int(name[len(PART_PREFIX):]) + 1) for name in wanted if name not in present]
             state["state"] = f"waiting for part(s) {', '.join(missing)} (folders w{', w'.join(missing)})"
@@ -196,6 +212,8 @@ def stage(repo: Path, work: Path) -> dict:
                 try:
                     state["state"] = _install(info, whole, work)
                     marker.write_text(info["sha256"] + "\n" + state["state"] + "\n")
+                    for name in wanted:  # done with: the marker says so from now on
+                        (place / name).unlink()
                 except CarryError as exc:
                     state["state"], state["error"] = str(exc), True
                 whole.unlink()
@@ -210,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     packing.add_argument("name")
     packing.add_argument("paths", nargs="+", type=Path)
     packing.add_argument("--room-mib", type=int, help="MiB per part (default: what fits beside the tree)")
+    packing.add_argument("--wheels", action="store_true", help="the device installs the wheels in it into WORK/site")
     describe = sub.add_parser("describe-wheel", help="CPU side: pack.json for ort-gpu-chunks.sh's folders")
     describe.add_argument("root", nargs="?", type=Path, default=WHEEL_ROOT)
     staging = sub.add_parser("stage", help="device side: gather carried parts, install complete files")
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "pack":
             room = args.room_mib if args.room_mib is not None else room_mib(Path("."))
-            folders = pack(args.name, args.paths, room * MIB)
+            folders = pack(args.name, args.paths, room * MIB, wheels=args.wheels)
             print(f"{args.name}: {len(folders)} folder(s) to carry, one per call: "
                   + " ".join(str(f) for f in folders))
         elif args.command == "describe-wheel":

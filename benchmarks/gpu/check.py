@@ -52,7 +52,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("env", "export", "pytest", "equality", "fp16", "graphs", "bench")
 # seconds per stage: on the GPU (sized for one H100 call each) and in the dry run
-BUDGETS = {"env": 90, "export": 300, "pytest": 420, "equality": 480, "fp16": 420, "graphs": 240, "bench": 540}
+BUDGETS = {"env": 60, "export": 240, "pytest": 240, "equality": 240, "fp16": 180, "graphs": 120, "bench": 480}
 DRY_BUDGETS = dict.fromkeys(STAGES, 120)
 MIN_STAGE_S = 15  # a stage is not started with less than this left
 GRACE_S = 30  # past its budget a stage's process is killed (it stops by itself at its budget)
@@ -101,11 +101,18 @@ class Options:
     models: dict[str, Path]
     data: Path | None
     graph_calls: int
+    only: tuple[str, ...] = ()
+
+    def record_name(self, stage: str) -> str:
+        """The stage's result file (without .json): one per selection of bundles, so that a stage
+        run for another bundle in a later call keeps what the earlier call recorded."""
+        return stage if not self.only else f"{stage}-{'+'.join(self.only)}"
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stages", nargs="*", metavar="STAGE", help=f"stages to run (default all): {', '.join(STAGES)}")
+    parser.add_argument("stages", nargs="*", metavar="STAGE", help=f"stages to run (default all): {', '.join(STAGES)}; "
+                        "'carry' alone: stage what the call carried, run nothing")
     parser.add_argument("--dry-run", action="store_true", help="CPU provider, tiny models (--model), small batches")
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu-check")),
                         help="kept between calls: bundles, carried files, results (/tmp/gpu-check)")
@@ -114,11 +121,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--name", help="the results folder's name (default gpu-check-<the GPU's name>)")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
                         help="a checkpoint to export and check (default: the reference models)")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="only this model's bundles (repeatable; default every model)")
     parser.add_argument("--data", type=Path, help="sentences, one per line, TAB targets optional (default: the "
                         "carried UA-GEC test split, else examples/uagec_test_sample.tsv)")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="the device checked (cuda; cpu in the dry run)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", help="(1 8 32; 1 4 in the dry run)")
-    parser.add_argument("--limit", type=int, help="sentences for equality and fp16 (400; 12 in the dry run)")
+    parser.add_argument("--limit", type=int, help="sentences for equality and fp16 (1000; 12 in the dry run)")
     parser.add_argument("--bench-limit", type=int, help="sentences for the bench (360; 8 in the dry run)")
     parser.add_argument("--max-new-tokens", type=int, help="(the bundle's limit; 24 in the dry run)")
     parser.add_argument("--deadline-s", type=float, help="this call's seconds for stages (540; 300 in the dry run)")
@@ -152,19 +161,20 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
             if (candidate / "config.json").is_file():
                 models[LARGER_MODEL] = candidate
                 break
-    unknown = [s for s in args.stages if s not in STAGES]
+    unknown = [s for s in args.stages if s not in (*STAGES, "carry")]
     if unknown:
         parser.error(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
     options = Options(
         dry_run=dry, work=args.work.resolve(), out=args.out, name=args.name,
         device=args.device or ("cpu" if dry else "cuda"),
         batch_sizes=tuple(args.batch_sizes or ((1, 4) if dry else (1, 8, 32))),
-        limit=args.limit or (12 if dry else 400), bench_limit=args.bench_limit or (8 if dry else 360),
+        limit=args.limit or (12 if dry else 1000), bench_limit=args.bench_limit or (8 if dry else 360),
         max_new_tokens=args.max_new_tokens or (24 if dry else None),
         deadline_s=args.deadline_s or (300 if dry else 540), budgets=budgets,
         pytest_paths=tuple(args.pytest_path or (("tests/runtime/test_gpu.py",) if dry else ("tests",))),
         ct2=args.ct2 or ("off" if dry else "auto"), commit=args.commit, models=models,
-        data=args.data.resolve() if args.data else None, graph_calls=args.graph_calls or (20 if dry else 300))
+        data=args.data.resolve() if args.data else None, graph_calls=args.graph_calls or (20 if dry else 300),
+        only=tuple(args.only))
     return args, options
 
 
@@ -202,14 +212,20 @@ class Context:
     def save(self) -> None:
         """Write the stage's result so far (a stage killed at its budget keeps what it finished)."""
         self.results.mkdir(parents=True, exist_ok=True)
-        path = self.results / f"{self.stage}.json"
+        path = self.results / f"{self.options.record_name(self.stage)}.json"
         path.write_text(json.dumps(self.result, indent=1, default=str) + "\n", encoding="utf-8")
 
     def bundles(self) -> dict[str, dict]:
         path = self.work / "bundles.json"
         if not path.is_file():
             raise StageError("no bundles: run the export stage first (in this call or an earlier one on this machine)")
-        return json.loads(path.read_text())
+        bundles = json.loads(path.read_text())
+        if not self.options.only:
+            return bundles
+        unknown = [name for name in self.options.only if name not in bundles]
+        if unknown:
+            raise StageError(f"no bundle named {', '.join(unknown)} (exported: {', '.join(bundles)})")
+        return {name: bundles[name] for name in self.options.only}
 
     def data_file(self) -> Path:
         if self.options.data is not None:
@@ -405,7 +421,10 @@ def stage_export(ctx: Context, budget: Budget) -> None:
     if not ctx.options.models:
         raise StageError("no models: give --model NAME=CHECKPOINT")
     made = ctx.result.setdefault("bundles", {})
-    for name, checkpoint in ctx.options.models.items():
+    models = {n: c for n, c in ctx.options.models.items() if not ctx.options.only or n in ctx.options.only}
+    if not models:
+        raise StageError(f"no model named {', '.join(ctx.options.only)} (models: {', '.join(ctx.options.models)})")
+    for name, checkpoint in models.items():
         if budget.left() < MIN_STAGE_S:
             ctx.note(f"{name}: not exported, the stage's budget ran out")
             ctx.result["status"] = "partial"
@@ -919,12 +938,23 @@ def results_name(options: Options, env: dict) -> str:
 
 
 def load_results(results: Path) -> dict[str, dict]:
+    """Every stage record in ``results`` by file name (``STAGE`` or ``STAGE-BUNDLES`` for a run
+    with --only), in stage order."""
     found = {}
-    for stage in STAGES:
-        path = results / f"{stage}.json"
-        if path.is_file():
-            found[stage] = json.loads(path.read_text())
-    return found
+    for path in sorted(results.glob("*.json")):
+        record = json.loads(path.read_text())
+        if isinstance(record, dict) and record.get("stage") in STAGES:
+            found[path.stem] = record
+    return dict(sorted(found.items(), key=lambda item: (STAGES.index(item[1]["stage"]), item[0])))
+
+
+def sections(found: dict[str, dict], stage: str) -> dict[str, Any]:
+    """A stage's per-bundle sections over all its records (a later --only run adds its bundles)."""
+    merged: dict[str, Any] = {}
+    for record in found.values():
+        if record["stage"] == stage:
+            merged.update(record.get("bundles", {}))
+    return merged
 
 
 def _find(figures: list[dict], system: str, batch: int, device: str) -> dict | None:
@@ -935,21 +965,18 @@ def _find(figures: list[dict], system: str, batch: int, device: str) -> dict | N
 def targets(found: dict[str, dict], device: str) -> list[tuple[str, str, str]]:
     """(target, measured, met?) for issue 32's targets, from what the stages recorded."""
     rows = []
-    equality = found.get("equality", {}).get("bundles", {})
-    runs = [run for section in equality.values() for run in section["runs"]]
+    runs = [run for section in sections(found, "equality").values() for run in section["runs"]]
     if runs:
         equal = sum(run["vs_cpu_greedy"]["equal"] for run in runs)
         total = sum(run["vs_cpu_greedy"]["sentences"] for run in runs)
         rows.append((f"{device} == CPU greedy, every exact mode and batch", f"{equal}/{total} decodes",
                      "yes" if equal == total else "NO"))
-    fp16 = found.get("fp16", {}).get("bundles", {})
-    fp16_runs = [run for section in fp16.values() for run in section["runs"]]
+    fp16_runs = [run for section in sections(found, "fp16").values() for run in section["runs"]]
     if fp16_runs:
         equal = sum(run["vs_fp16_greedy"]["equal"] for run in fp16_runs)
         total = sum(run["vs_fp16_greedy"]["sentences"] for run in fp16_runs)
         rows.append(("fp16 modes == fp16 greedy", f"{equal}/{total} decodes", "yes" if equal == total else "NO"))
-    bench = found.get("bench", {}).get("bundles", {})
-    for name, section in bench.items():
+    for name, section in sections(found, "bench").items():
         figures = section.get("figures") or []
         greedy1 = _find(figures, "aggdec-greedy", 1, device)
         for system, goal in (("aggdec-iad", TARGET_IAD), ("aggdec-gad", TARGET_GAD)):
@@ -962,8 +989,7 @@ def targets(found: dict[str, dict], device: str) -> list[tuple[str, str, str]]:
             ratio = greedy32["sentences_per_second"] / greedy1["sentences_per_second"]
             rows.append((f"{name}: greedy batch 32 >= {TARGET_BATCH32:g}x batch 1 throughput", f"{ratio:.2f}x",
                          "yes" if ratio >= TARGET_BATCH32 else "no"))
-    graphs = found.get("graphs", {}).get("bundles", {})
-    for key, shapes in graphs.items():
+    for key, shapes in sections(found, "graphs").items():
         one = next((s for s in shapes if s["rows"] == 1 and s["tokens"] == 1), None)
         if one and "cuda_graph_ms" in one:
             rows.append((f"{key}: greedy verifier call <= {TARGET_GRAPH_MS} ms with CUDA graphs",
@@ -999,25 +1025,24 @@ def write_report(options: Options, results: Path) -> tuple[str, dict]:
               ""]
     lines += ["## Stages", "", "| stage | status | seconds | budget | notes |", "|---|---|---|---|---|"]
     for stage in STAGES:
-        result = found.get(stage)
-        if result is None:
+        records = {key: r for key, r in found.items() if r["stage"] == stage}
+        if not records:
             lines.append(f"| {stage} | not run | | | |")
-            continue
-        notes = "<br>".join(n.replace("|", "\\|") for n in result.get("notes", []))
-        lines.append(f"| {stage} | {result['status']} | {result.get('seconds', '')} | {result.get('budget_s', '')} | "
-                     f"{notes} |")
+        for key, result in records.items():
+            notes = "<br>".join(n.replace("|", "\\|") for n in result.get("notes", []))
+            lines.append(f"| {key} | {result['status']} | {result.get('seconds', '')} | {result.get('budget_s', '')} | "
+                         f"{notes} |")
     goals = targets(found, options.device)
     if goals:
         lines += ["", "## Issue 32's targets", "", "| target | measured | met |", "|---|---|---|"]
         lines += [f"| {goal} | {measured} | {met} |" for goal, measured, met in goals]
-    bench = found.get("bench", {}).get("bundles", {})
-    for bundle, section in bench.items():
+    for bundle, section in sections(found, "bench").items():
         if section.get("figures"):
             lines += ["", f"## aggdec bench: {bundle}", "", f"`{section['command']}`", "",
                       "| system | batch | median ms | sent/s | vs greedy | = greedy |", "|---|---|---|---|---|---|"]
             lines += [f"| {f['system']} | {f['batch_size']} | {f['median_ms']} | {f['sentences_per_second']} | "
                       f"{f['speedup_vs_aggdec_greedy']} | {f['exact_match_vs_greedy']} |" for f in section["figures"]]
-    graphs = found.get("graphs", {}).get("bundles", {})
+    graphs = sections(found, "graphs")
     if graphs:
         lines += ["", "## One verifier call (median ms)", "",
                   "| bundle | rows | T | capacity | as the runtime binds | all bound | CUDA graph | graph = plain |",
@@ -1056,15 +1081,19 @@ def run_stages(argv: list[str], options: Options, stages: list[str]) -> int:
     for stage in stages:
         left = options.deadline_s - (time.monotonic() - started) - REPORT_RESERVE_S
         budget = min(options.budgets[stage], left - GRACE_S)
+        record_name = options.record_name(stage)
+        path = results / f"{record_name}.json"
         if budget < MIN_STAGE_S:
             note = (f"not started: {max(left, 0):.0f} s were left of this call's {options.deadline_s:.0f} s; "
                     "run it in the next call")
-            (results / f"{stage}.json").write_text(json.dumps({"stage": stage, "status": "skipped", "notes": [note],
-                                                                "budget_s": options.budgets[stage]}, indent=1) + "\n")
+            if not path.is_file():  # an earlier call's record of the stage stays
+                path.write_text(json.dumps({"stage": stage, "status": "skipped", "notes": [note],
+                                            "budget_s": options.budgets[stage]}, indent=1) + "\n")
             print(f"== {stage}: skipped ({note})", flush=True)
             continue
-        print(f"== {stage} (budget {budget:.0f} s)", flush=True)
-        log = results / "logs" / f"{stage}.log"
+        print(f"== {record_name} (budget {budget:.0f} s)", flush=True)
+        path.unlink(missing_ok=True)  # what follows is this call's record, or none
+        log = results / "logs" / f"{record_name}.log"
         command = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", stage, "--budget-s", f"{budget:.0f}"]
         began = time.monotonic()
         with log.open("w") as handle:
@@ -1073,14 +1102,13 @@ def run_stages(argv: list[str], options: Options, stages: list[str]) -> int:
                 killed = False
             except subprocess.TimeoutExpired:
                 killed = True
-        path = results / f"{stage}.json"
         record = json.loads(path.read_text()) if path.is_file() else {"stage": stage, "notes": []}
         if killed or record.get("started") is None or "seconds" not in record:
             record["status"] = "partial" if record.get("started") else "error"
             record["seconds"] = round(time.monotonic() - began, 1)
             record.setdefault("notes", []).append(
                 f"its process was killed after {record['seconds']} s (budget {budget:.0f} s)" if killed
-                else f"its process ended without a result (logs/{stage}.log)")
+                else f"its process ended without a result (logs/{record_name}.log)")
             path.write_text(json.dumps(record, indent=1) + "\n")
         print(f"   {record['status']} in {record.get('seconds')} s" +
               "".join(f"\n   - {note}" for note in record.get("notes", [])), flush=True)
@@ -1090,7 +1118,7 @@ def run_stages(argv: list[str], options: Options, stages: list[str]) -> int:
     name, found = write_report(options, results)
     pack_out(options, results, name)
     print(f"== report: {results / 'README.md'}" + (f"; {options.out}/results.tar.gz holds {name}/" if options.out else ""))
-    statuses = [found[s]["status"] for s in stages if s in found]
+    statuses = [found[options.record_name(s)]["status"] for s in stages if options.record_name(s) in found]
     if "error" in statuses:
         return 2
     return 1 if "failed" in statuses else 0
@@ -1104,7 +1132,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.worker:
         return run_worker(args.worker, options, args.budget_s or options.budgets[args.worker])
-    stages = args.stages or list(STAGES)
+    stages = [s for s in args.stages if s != "carry"] if args.stages else list(STAGES)
     passed = [a for a in argv if a not in args.stages]  # the workers get the options, not the stage list
     return run_stages(passed, options, stages)
 

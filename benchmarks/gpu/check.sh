@@ -33,21 +33,26 @@ if [ -d "$work/site" ]; then export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHON
 here_aggdec() {  # is the aggdec Python imports this tree's?
   "$py" -c 'import sys, aggdec; sys.exit(0 if aggdec.__file__.startswith(sys.argv[1]) else 1)' "$PWD/" 2>/dev/null
 }
-if [ "$dry" = 1 ]; then
+link_tree() {  # the source tree laid out as the installed package: aggdec/ with runtime, export, engines inside
+  rm -rf "$work/src"
+  mkdir -p "$work/src/aggdec"
+  for entry in aggdec/*; do [ "$(basename "$entry")" = __pycache__ ] || ln -sfn "$PWD/$entry" "$work/src/aggdec/"; done
+  for package in runtime export engines; do ln -sfn "$PWD/$package" "$work/src/aggdec/$package"; done
+  echo "source links in $work/src on PYTHONPATH ($1)" > "$work/install.txt"
+}
+# GPU_CHECK_INSTALL: pip (the default; links if pip cannot) or links
+if [ "$dry" = 1 ] && [ "${GPU_CHECK_INSTALL:-}" != links ]; then
   echo "dry run: the environment's own aggdec ($("$py" -c 'import aggdec; print(aggdec.__file__)' 2>&1))" > "$work/install.txt"
-elif [ -d "$work/src" ]; then
-  export PYTHONPATH="$work/src:$PYTHONPATH"
-elif ! here_aggdec; then
+elif [ "${GPU_CHECK_INSTALL:-pip}" = links ]; then
+  link_tree "GPU_CHECK_INSTALL=links"
+elif [ ! -d "$work/src" ] && ! here_aggdec; then
   if "$py" -m pip install -q --no-index --no-deps --no-build-isolation -e . > "$work/pip-aggdec.log" 2>&1 && here_aggdec; then
     echo "pip install --no-index --no-deps --no-build-isolation -e . (no extras)" > "$work/install.txt"
   else
-    mkdir -p "$work/src/aggdec"
-    for entry in aggdec/*; do [ "$(basename "$entry")" = __pycache__ ] || ln -sfn "$PWD/$entry" "$work/src/aggdec/"; done
-    for package in runtime export engines; do ln -sfn "$PWD/$package" "$work/src/aggdec/$package"; done
-    export PYTHONPATH="$work/src:$PYTHONPATH"
-    echo "source links in $work/src on PYTHONPATH (pip could not install it: $(tail -1 "$work/pip-aggdec.log"))" > "$work/install.txt"
+    link_tree "pip could not install it: $(tail -1 "$work/pip-aggdec.log")"
   fi
 fi
+if [ -d "$work/src" ]; then export PYTHONPATH="$work/src:${PYTHONPATH:-}"; fi
 cat "$work/install.txt" 2>/dev/null
 
 export NVIDIA_TF32_OVERRIDE=0 PYTHONUNBUFFERED=1
