@@ -20,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-python3}
+shared=${SHARED:-../shared}  # the shared folder beside the checkout: its tools and models
 base=0
 ort=1
 ort_version=1.31.1
@@ -41,7 +42,7 @@ if [ "$ort" = 1 ]; then
          "in the checkout the device tool sends, or pass --no-ort" >&2
     exit 2
   fi
-  bash ../shared/tools/ort-gpu-chunks.sh "$ort_version"
+  bash "$shared/tools/ort-gpu-chunks.sh" "$ort_version"
   "$py" benchmarks/gpu/carry.py describe-wheel .ort-gpu
 fi
 
@@ -65,7 +66,7 @@ EOF
 "$py" benchmarks/gpu/carry.py pack data "$scratch/data/uagec-test.tsv" --room-mib 2
 
 if [ "$base" = 1 ]; then
-  "$py" benchmarks/gpu/carry.py pack uagec-base ../shared/models/uagec-base/model
+  "$py" benchmarks/gpu/carry.py pack uagec-base "$shared/models/uagec-base/model"
 fi
 if [ "${#wheels[@]}" -gt 0 ]; then
   mkdir -p "$scratch/wheels"
