@@ -30,8 +30,10 @@ mkdir -p "$work"
 "$py" benchmarks/gpu/carry.py stage --work "$work" || echo "check.sh: staging reported an error (above); going on"
 if [ -d "$work/site" ]; then export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"; fi
 
-here_aggdec() {  # is the aggdec Python imports this tree's?
-  "$py" -c 'import sys, aggdec; sys.exit(0 if aggdec.__file__.startswith(sys.argv[1]) else 1)' "$PWD/" 2>/dev/null
+here_aggdec() {  # is the aggdec Python imports, runtime included, this tree's? (asked from /: not the cwd's aggdec/)
+  local repo=$PWD/
+  (cd / && "$py" -c 'import sys, aggdec.runtime.session as s; sys.exit(0 if s.__file__.startswith(sys.argv[1]) else 1)' \
+     "$repo" 2>/dev/null)
 }
 link_tree() {  # the source tree laid out as the installed package: aggdec/ with runtime, export, engines inside
   rm -rf "$work/src"
