@@ -157,6 +157,14 @@ def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_ru
     assert nothing.returncode == 0 and "== equality" not in nothing.stdout, nothing.stdout + nothing.stderr
     readme = (results / "README.md").read_text()
     assert "| equality | ok |" in readme and "| equality-tiny | ok |" in readme
+    # a bundle exported elsewhere and carried: registered, checked, converted (here: reused) to fp16
+    exported = json.loads((work / "bundles.json").read_text())["tiny"]["bundle"]
+    given = subprocess.run(["bash", str(GPU / "check.sh"), "export", "--only", "given", "--bundle",
+                            f"given={exported}", *common], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert given.returncode == 0, given.stdout + given.stderr
+    entry = json.loads((work / "bundles.json").read_text())["given"]
+    assert entry["bundle"] == exported and entry["checkpoint"] is None and entry["drafter"] and "fp16" in entry
 
 
 def test_without_pip_the_tree_is_linked_in_as_the_package(tmp_path):

@@ -99,6 +99,7 @@ class Options:
     ct2: str
     commit: str | None
     models: dict[str, Path]
+    given_bundles: dict[str, Path]
     data: Path | None
     graph_calls: int
     only: tuple[str, ...] = ()
@@ -121,6 +122,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--name", help="the results folder's name (default gpu-check-<the GPU's name>)")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
                         help="a checkpoint to export and check (default: the reference models)")
+    parser.add_argument("--bundle", action="append", default=[], metavar="NAME=BUNDLE",
+                        help="an fp32 bundle exported elsewhere (and carried), checked instead of exporting NAME")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="only this model's bundles (repeatable; default every model)")
     parser.add_argument("--data", type=Path, help="sentences, one per line, TAB targets optional (default: the "
@@ -154,6 +157,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
         if not name or not path:
             parser.error(f"--model {item!r}: expected NAME=CHECKPOINT")
         models[name] = Path(path).resolve()
+    given: dict[str, Path] = {}
+    for item in args.bundle:
+        name, _, path = item.partition("=")
+        if not name or not path:
+            parser.error(f"--bundle {item!r}: expected NAME=BUNDLE")
+        given[name] = Path(path).resolve()
     if not models and not dry:
         models = dict(REFERENCE_MODELS)
         for candidate in (args.work / "carried" / LARGER_MODEL / "model", REPO.parent / "shared" / "models" /
@@ -161,6 +170,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
             if (candidate / "config.json").is_file():
                 models[LARGER_MODEL] = candidate
                 break
+        for name in given:  # a carried bundle stands in for its model's export
+            models.pop(name, None)
     unknown = [s for s in args.stages if s not in (*STAGES, "carry")]
     if unknown:
         parser.error(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
@@ -172,7 +183,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
         max_new_tokens=args.max_new_tokens or (24 if dry else None),
         deadline_s=args.deadline_s or (300 if dry else 540), budgets=budgets,
         pytest_paths=tuple(args.pytest_path or (("tests/runtime/test_gpu.py",) if dry else ("tests",))),
-        ct2=args.ct2 or ("off" if dry else "auto"), commit=args.commit, models=models,
+        ct2=args.ct2 or ("off" if dry else "auto"), commit=args.commit, models=models, given_bundles=given,
         data=args.data.resolve() if args.data else None, graph_calls=args.graph_calls or (20 if dry else 300),
         only=tuple(args.only))
     return args, options
@@ -418,27 +429,31 @@ def stage_export(ctx: Context, budget: Budget) -> None:
 
     path = ctx.work / "bundles.json"
     entries = json.loads(path.read_text()) if path.is_file() else {}
-    if not ctx.options.models:
-        raise StageError("no models: give --model NAME=CHECKPOINT")
     made = ctx.result.setdefault("bundles", {})
-    models = {n: c for n, c in ctx.options.models.items() if not ctx.options.only or n in ctx.options.only}
-    if not models:
-        raise StageError(f"no model named {', '.join(ctx.options.only)} (models: {', '.join(ctx.options.models)})")
-    for name, checkpoint in models.items():
+    wanted = {**ctx.options.models, **ctx.options.given_bundles}
+    wanted = {n: p for n, p in wanted.items() if not ctx.options.only or n in ctx.options.only}
+    if not wanted:
+        raise StageError(f"no model or bundle named {', '.join(ctx.options.only)} (given: "
+                         f"{', '.join([*ctx.options.models, *ctx.options.given_bundles]) or 'none'})")
+    for name, source in wanted.items():
         if budget.left() < MIN_STAGE_S:
             ctx.note(f"{name}: not exported, the stage's budget ran out")
             ctx.result["status"] = "partial"
             continue
         started = time.perf_counter()
+        checkpoint = None if name in ctx.options.given_bundles else source
         try:
-            bundle, _ = exported_bundle(checkpoint, ctx.bundles_dir)
+            bundle = source if checkpoint is None else exported_bundle(checkpoint, ctx.bundles_dir)[0]
+            manifest = load_manifest(bundle)  # a given bundle is checked like any (schema, hashes)
+            if manifest.precision != "fp32":
+                raise StageError(f"{bundle} is an {manifest.precision} bundle; give the fp32 bundle")
         except Exception as exc:
-            made[name] = {"checkpoint": str(checkpoint), "error": f"{type(exc).__name__}: {exc}"}
+            made[name] = {"source": str(source), "error": f"{type(exc).__name__}: {exc}"}
             ctx.result["status"] = "error"
             ctx.note(f"{name}: export failed: {exc}")
             continue
-        manifest = load_manifest(bundle)
-        entry = {"checkpoint": str(checkpoint), "bundle": str(bundle), "manifest_sha256": manifest_digest(bundle),
+        entry = {"checkpoint": str(checkpoint) if checkpoint else None, "bundle": str(bundle),
+                 "manifest_sha256": manifest_digest(bundle),
                  "drafter": "drafter" in manifest.graphs, "exporter": manifest.exporter,
                  "export_seconds": round(time.perf_counter() - started, 1)}
         started = time.perf_counter()
@@ -840,13 +855,13 @@ def stage_bench(ctx: Context, budget: Budget) -> None:
         systems = ["aggdec-greedy", "aggdec-iad"] + (["aggdec-gad"] if entry["drafter"] else [])
         if "fp16" in entry:
             systems += ["aggdec-fp16-greedy", "aggdec-fp16-iad"] + (["aggdec-fp16-gad"] if entry["drafter"] else [])
-        if ct2:
+        if ct2 and entry["checkpoint"]:
             systems += ["ct2-fp32", "ct2-int8"]
         out = ctx.results / f"bench-{name}"
         command = [sys.executable, "-m", "aggdec", "bench", entry["bundle"], "--data", str(ctx.data_file()),
                    "--device", o.device, "--batch-size", *map(str, o.batch_sizes), "--systems", *systems,
                    "--limit", str(o.bench_limit), "--out", str(out), "--work", str(ctx.bundles_dir), "--no-progress"]
-        if ct2:
+        if ct2 and entry["checkpoint"]:
             command += ["--checkpoint", entry["checkpoint"]]
         if o.max_new_tokens:
             command += ["--max-new-tokens", str(o.max_new_tokens)]
