@@ -532,32 +532,51 @@ def stage_equality(ctx: Context, budget: Budget) -> None:
         modes = [m for m in EXACT_MODES if m != "gad" or cpu.drafter is not None]
         if cpu.drafter is None:
             ctx.note(f"{name}: no drafter in the bundle, so no GAD")
-        section = sections[name] = {"sentences": len(texts), "device": o.device, "runs": []}
+        section = sections[name] = {"name": name, "precision": "fp32", "sentences": len(texts), "device": o.device,
+                                    "runs": []}
         reference, seconds = decode(cpu, texts, "greedy", 1, o.max_new_tokens)
         section["cpu_greedy_seconds"] = seconds
         refs = ctx.work / "refs"
         refs.mkdir(exist_ok=True)
         (refs / f"{name}-cpu-greedy.json").write_text(json.dumps({"texts": texts, "ids": reference}))
-        for batch, mode in ordered_runs(o.batch_sizes, modes):
-            if budget.left() < 5:
-                ctx.note(f"{name}: budget ran out before {mode} at batch {batch} (and what follows it)")
-                ctx.result["status"] = "partial"
-                break
-            got, seconds = decode(device, texts, mode, batch, o.max_new_tokens)
-            run = {"mode": mode, "batch_size": batch, "seconds": seconds,
-                   "vs_cpu_greedy": compare(got, reference, texts, device.codec)}
-            if run["vs_cpu_greedy"]["equal"] < len(texts):
-                # whose difference: the device's, or the mode's on the CPU too?
-                same, _ = decode(cpu, texts, mode, batch, o.max_new_tokens)
-                run["cpu_same_mode_vs_cpu_greedy"] = compare(same, reference, texts)
-                run["vs_cpu_same_mode"] = compare(got, same, texts)
-                ctx.result["status"] = "failed"
-                ctx.note(f"{name}: {mode} at batch {batch} on {o.device} differs from CPU greedy in "
-                         f"{len(texts) - run['vs_cpu_greedy']['equal']} of {len(texts)} sentences")
-            section["runs"].append(run)
-            print(f"{name} {mode} batch {batch}: {run['vs_cpu_greedy']['equal']}/{len(texts)} equal CPU greedy "
-                  f"({seconds} s)", flush=True)
-            ctx.save()
+
+        def explain(run: dict, got: list) -> None:  # whose difference: the device's, or the mode's on the CPU too?
+            same, _ = decode(cpu, texts, run["mode"], run["batch_size"], o.max_new_tokens)
+            run["cpu_same_mode_vs_cpu_greedy"] = compare(same, reference, texts)
+            run["vs_cpu_same_mode"] = compare(got, same, texts)
+
+        check_runs(ctx, budget, section, device, texts, reference, modes, "cpu_greedy", explain=explain)
+
+
+def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, texts: list[str], reference: list,
+               modes: list[str], against: str, skip: tuple[tuple[int, str], ...] = (),
+               explain: Callable[[dict, list], None] | None = None) -> None:
+    """Each of ``modes`` at each batch size (batch 1 first) decoded by ``generator`` and compared
+    token for token with ``reference`` (recorded as ``vs_AGAINST``) into ``section["runs"]``,
+    saved after each; a difference fails the stage (``explain`` adds to its run); the budget
+    running out leaves the rest with a note."""
+    o = ctx.options
+    for batch, mode in ordered_runs(o.batch_sizes, modes):
+        if (batch, mode) in skip:
+            continue
+        if budget.left() < 5:
+            ctx.note(f"{section['name']}: budget ran out before {mode} at batch {batch} (and what follows it)")
+            ctx.result["status"] = "partial"
+            return
+        got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
+        run = {"mode": mode, "batch_size": batch, "seconds": seconds,
+               f"vs_{against}": compare(got, reference, texts, generator.codec)}
+        equal = run[f"vs_{against}"]["equal"]
+        if equal < len(texts):
+            if explain is not None:
+                explain(run, got)
+            ctx.result["status"] = "failed"
+            ctx.note(f"{section['name']}: {section['precision']} {mode} at batch {batch} on {o.device} differs from "
+                     f"{against.replace('_', ' ')} in {len(texts) - equal} of {len(texts)} sentences")
+        section["runs"].append(run)
+        print(f"{section['name']} {section['precision']} {mode} batch {batch}: {equal}/{len(texts)} equal "
+              f"{against.replace('_', ' ')} ({seconds} s)", flush=True)
+        ctx.save()
 
 
 # ------------------------------------------------------------------ fp16 on the device
@@ -592,7 +611,8 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
         if "fp16" not in entry:
             ctx.note(f"{name}: no fp16 bundle ({entry.get('fp16_error', 'not exported')})")
             continue
-        section = sections[name] = {"device": o.device, "block_vs_alone": {}, "runs": []}
+        section = sections[name] = {"name": name, "precision": "fp16", "device": o.device, "block_vs_alone": {},
+                                    "runs": []}
         for precision in ("fp32", "fp16"):
             checked = position_check(Path(entry["bundle" if precision == "fp32" else "fp16"]), o.device)
             section["block_vs_alone"][precision] = checked
@@ -611,24 +631,7 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
             fp32 = json.loads(refs.read_text())
             if fp32["texts"] == texts:
                 section["fp16_greedy_vs_fp32_cpu_greedy"] = compare(reference, fp32["ids"], texts, generator.codec)
-        for batch, mode in ordered_runs(o.batch_sizes, modes):
-            if (batch, mode) == (1, "greedy"):
-                continue
-            if budget.left() < 5:
-                ctx.note(f"{name}: budget ran out before fp16 {mode} at batch {batch} (and what follows it)")
-                ctx.result["status"] = "partial"
-                break
-            got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
-            run = {"mode": mode, "batch_size": batch, "seconds": seconds,
-                   "vs_fp16_greedy": compare(got, reference, texts, generator.codec)}
-            if run["vs_fp16_greedy"]["equal"] < len(texts):
-                ctx.result["status"] = "failed"
-                ctx.note(f"{name}: fp16 {mode} at batch {batch} differs from fp16 greedy in "
-                         f"{len(texts) - run['vs_fp16_greedy']['equal']} of {len(texts)} sentences")
-            section["runs"].append(run)
-            print(f"{name} fp16 {mode} batch {batch}: {run['vs_fp16_greedy']['equal']}/{len(texts)} equal fp16 greedy",
-                  flush=True)
-            ctx.save()
+        check_runs(ctx, budget, section, generator, texts, reference, modes, "fp16_greedy", skip=((1, "greedy"),))
 
 
 # ------------------------------------------------------------------ CUDA graphs
