@@ -31,10 +31,13 @@ GPU = ROOT / "benchmarks" / "gpu"
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/gpu/NAME.py (a script, not a package) as a module."""
+    if f"gpu_{name}" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[f"gpu_{name}"]
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +262,46 @@ def test_a_wheel_carried_in_parts_is_installed_into_site(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import gpu_check_probe; print(gpu_check_probe.VALUE)"],
                            env={**os.environ, "PYTHONPATH": str(work / "site")}, capture_output=True, text=True)
     assert probe.stdout.strip() == "42", probe.stderr
+
+
+# ------------------------------------------------------------------ what a GPU run's findings look like
+
+
+def test_a_difference_is_reported_with_where_it_starts():
+    check = _module("check")
+    texts = ["a", "b", "c"]
+    report = check.compare([[5, 6, 7], [5, 6, 9, 2], [1]], [[5, 6, 7], [5, 6, 8, 2], [1]], texts)
+    assert report["equal"] == 2 and report["differing"] == [1]
+    (example,) = report["examples"]
+    assert example["index"] == 1 and example["source"] == "b" and example["first_difference_at_token"] == 2
+    assert example["got"] == [5, 6, 9, 2] and example["want"] == [5, 6, 8, 2]
+    shorter = check.compare([[5, 6]], [[5, 6, 7]], ["a"])["examples"][0]
+    assert shorter["first_difference_at_token"] == 2  # one output is a prefix of the other
+
+
+def test_the_report_weighs_the_issue_targets():
+    """From records as the stages write them: every equality and fp16 run summed, the bench's
+    batch-1 speedups and batch-32 throughput, the CUDA-graph greedy call."""
+    check = _module("check")
+
+    def figure(system, batch, speedup, rate):
+        return {"system": system, "batch_size": batch, "device": "cuda", "speedup_vs_aggdec_greedy": speedup,
+                "sentences_per_second": rate}
+
+    found = {
+        "equality": {"stage": "equality", "bundles": {"m": {"runs": [
+            {"vs_cpu_greedy": {"equal": 10, "sentences": 10}}, {"vs_cpu_greedy": {"equal": 9, "sentences": 10}}]}}},
+        "fp16": {"stage": "fp16", "bundles": {"m": {"runs": [{"vs_fp16_greedy": {"equal": 10, "sentences": 10}}]}}},
+        "bench": {"stage": "bench", "bundles": {"m": {"figures": [
+            figure("aggdec-greedy", 1, 1.0, 30.0), figure("aggdec-iad", 1, 8.5, 255.0),
+            figure("aggdec-gad", 1, 3.0, 90.0), figure("aggdec-greedy", 32, 1.0, 330.0)]}}},
+        "graphs": {"stage": "graphs", "bundles": {"m-fp32": [
+            {"rows": 1, "tokens": 1, "cuda_graph_ms": 0.25, "all_bound_ms": 0.9, "runtime_style_ms": 1.0}]}},
+    }
+    rows = {goal: (measured, met) for goal, measured, met in check.targets(found, "cuda")}
+    assert rows["cuda == CPU greedy, every exact mode and batch"] == ("19/20 decodes", "NO")
+    assert rows["fp16 modes == fp16 greedy"] == ("10/10 decodes", "yes")
+    assert rows["m: aggdec-iad >= 8x greedy at batch 1"] == ("8.5x", "yes")
+    assert rows["m: aggdec-gad >= 4x greedy at batch 1"] == ("3.0x", "no")
+    assert rows["m: greedy batch 32 >= 10x batch 1 throughput"] == ("11.00x", "yes")
+    assert rows["m-fp32: greedy verifier call <= 0.3 ms with CUDA graphs"][1] == "yes"
