@@ -113,6 +113,7 @@ def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
         shapes = graphs["bundles"][key]
         assert [(s["rows"], s["tokens"]) for s in shapes] == [(1, 1), (1, 16), (8, 1), (32, 1)]
         assert all(s["runtime_style_ms"] > 0 and s["all_bound_ms"] > 0 and "cuda_graph_ms" not in s for s in shapes)
+        assert all(s["all_bound_equals_runtime_style"] is True for s in shapes)
 
 
 def test_bench_runs_fp32_and_fp16_systems_and_writes_its_report(dry_run):

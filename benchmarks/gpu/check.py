@@ -402,9 +402,9 @@ def stage_env(ctx: Context, budget: Budget) -> None:
             r["session_probe"]["preload_messages"] = preload_cuda_libraries()
     except Exception as exc:
         r["session_probe"] = {"error": f"{type(exc).__name__}: {exc}"}
-    missing = [m["module"] for m in r["modules"] if "missing" in m]
+    missing = [f"{m['module']} ({m['for']})" for m in r["modules"] if "missing" in m]
     if missing:
-        ctx.note(f"missing here: {', '.join(missing)} (what each is for: env.json 'modules')")
+        ctx.note(f"missing here: {'; '.join(missing)} (why each: env.json 'modules')")
     print(f"GPU: {r['gpu']}")
     print(f"onnxruntime {ort.__version__} at {r['onnxruntime']['path']}: {ort.get_available_providers()}")
     print(f"session on {ctx.options.device}: {r['session_probe']}")
@@ -687,6 +687,9 @@ class VerifierCall:
 
         ort = require_onnxruntime()
         binding = session.io_binding()
+        # outputs come back in the order they were first bound (as in Batch.verify): the candidates first
+        binding.bind_output("top_logprobs", "cpu")
+        binding.bind_output("top_ids", "cpu")
         keep = self._device_buffers(ort, binding)
         binding.bind_cpu_input("encoder_attention_mask", self.mask)
 
@@ -732,8 +735,12 @@ class VerifierCall:
         return call
 
     def _device_buffers(self, ort: Any, binding: Any) -> list:
-        values = []
-        for name, out, cache in zip(*self.names[:2], self.caches):
+        """The cache buffers (bound in and out, written in place) and cross K/V, each binding its own
+        copy (on the CPU an OrtValue wraps the numpy array it is made from; the copies are kept
+        alive, last in the list, for as long as the binding is used)."""
+        values: list = []
+        copies = [cache.copy() for cache in self.caches]
+        for name, out, cache in zip(*self.names[:2], copies):
             value = ort.OrtValue.ortvalue_from_numpy(cache, self.device, 0)
             binding.bind_ortvalue_input(name, value)
             binding.bind_ortvalue_output(out, value)  # written in place, as the runtime's buffers are
@@ -742,7 +749,7 @@ class VerifierCall:
             value = ort.OrtValue.ortvalue_from_numpy(cross, self.device, 0)
             binding.bind_ortvalue_input(name, value)
             values.append(value)
-        return values
+        return values + [copies]
 
 
 def time_calls(call: Callable[[], tuple], calls: int, warm: int = 5) -> tuple[float, tuple]:
@@ -761,8 +768,9 @@ def same_outputs(a: tuple, b: tuple) -> bool:
     """Bitwise: the candidates and every cache buffer after the calls."""
     import numpy as np
 
-    return (np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-            and all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a[2], b[2])))
+    caches = [(x, y) for x, y in zip(a[2], b[2]) if not isinstance(x, list)]  # the OrtValues, not the host copies
+    return (a[0].shape == b[0].shape and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+            and all(np.array_equal(x.numpy(), y.numpy()) for x, y in caches))
 
 
 def stage_graphs(ctx: Context, budget: Budget) -> None:
@@ -791,9 +799,17 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
                 call = VerifierCall(Path(entry[key]), o.device, rows, new)
                 row: dict = {"rows": rows, "tokens": new, "capacity": call.capacity, "source": call.source}
                 plain = call.session(graph=False)
-                row["runtime_style_ms"], _ = time_calls(call.runtime_style(plain), o.graph_calls)
-                # fresh buffers from the same numbers for the two calls compared bitwise below
+                # each way binds fresh buffers made from the same numbers: their results must agree bitwise
+                row["runtime_style_ms"], runtime_last = time_calls(call.runtime_style(plain), o.graph_calls)
                 row["all_bound_ms"], bound_last = time_calls(call.all_bound(plain), o.graph_calls)
+                row["all_bound_equals_runtime_style"] = same_outputs(bound_last, runtime_last)
+                if bound_last[0].shape != (rows, new, call.top_k):
+                    r["status"] = "failed"
+                    ctx.note(f"{name} {precision} rows {rows} T {new}: candidates of shape {bound_last[0].shape}")
+                if not row["all_bound_equals_runtime_style"]:
+                    r["status"] = "failed"
+                    ctx.note(f"{name} {precision} rows {rows} T {new}: the call with every buffer on the device "
+                             "differs from the call bound as the runtime binds it")
                 if o.device == "cuda":
                     try:
                         graphed = call.session(graph=True)
