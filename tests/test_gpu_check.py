@@ -67,6 +67,7 @@ def dry_run(tmp_path_factory, tiny_model):
     return done.returncode, done.stdout + done.stderr, root / "work" / "results", root / "out"
 
 
+@pytest.mark.slow  # the dry run: about a minute of CPU, once for the module
 def test_every_stage_runs_and_passes(dry_run):
     code, output, results, _ = dry_run
     assert code == 0, output
@@ -75,6 +76,7 @@ def test_every_stage_runs_and_passes(dry_run):
         name: "ok" for name in ("env", "export", "pytest", "equality", "fp16", "graphs", "bench")}, output
 
 
+@pytest.mark.slow
 def test_env_reports_onnxruntime_and_no_gpu(dry_run):
     env = json.loads((dry_run[2] / "env.json").read_text())
     assert env["onnxruntime"]["available_providers"]
@@ -84,6 +86,7 @@ def test_env_reports_onnxruntime_and_no_gpu(dry_run):
     assert env["environment"]["NVIDIA_TF32_OVERRIDE"] == "0"  # check.sh turns TF32 off for every stage
 
 
+@pytest.mark.slow
 def test_device_equals_cpu_in_every_exact_mode_and_batch(dry_run):
     equality = json.loads((dry_run[2] / "equality.json").read_text())
     section = equality["bundles"]["tiny"]
@@ -94,6 +97,7 @@ def test_device_equals_cpu_in_every_exact_mode_and_batch(dry_run):
         assert run["vs_cpu_greedy"]["equal"] == run["vs_cpu_greedy"]["sentences"] == 11, run
 
 
+@pytest.mark.slow
 def test_fp16_block_vs_alone_and_modes_equal_fp16_greedy(dry_run):
     section = json.loads((dry_run[2] / "fp16.json").read_text())["bundles"]["tiny"]
     for precision in ("fp32", "fp16"):
@@ -105,6 +109,7 @@ def test_fp16_block_vs_alone_and_modes_equal_fp16_greedy(dry_run):
     assert section["fp16_greedy_vs_fp32_cpu_greedy"]["sentences"] == section["sentences"]
 
 
+@pytest.mark.slow
 def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
     graphs = json.loads((dry_run[2] / "graphs.json").read_text())
     assert any("not applicable on cpu" in note for note in graphs["notes"])
@@ -116,6 +121,7 @@ def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
         assert all(s["all_bound_equals_runtime_style"] is True for s in shapes)
 
 
+@pytest.mark.slow
 def test_bench_runs_fp32_and_fp16_systems_and_writes_its_report(dry_run):
     results = dry_run[2]
     section = json.loads((results / "bench.json").read_text())["bundles"]["tiny"]
@@ -127,12 +133,14 @@ def test_bench_runs_fp32_and_fp16_systems_and_writes_its_report(dry_run):
     assert not (results / "bench-tiny" / "outputs").exists()  # kept in WORK, not in what is committed
 
 
+@pytest.mark.slow
 def test_pytest_stage_ran_the_gpu_tests_which_skip_here(dry_run):
     record = json.loads((dry_run[2] / "pytest.json").read_text())
     assert record["returncode"] == 0
     assert record["counts"]["tests"] > 0 and record["counts"]["skipped"] == record["counts"]["tests"]
 
 
+@pytest.mark.slow
 def test_results_come_back_as_one_tarball_in_the_committed_layout(dry_run):
     _, _, results, out = dry_run
     assert sorted(p.name for p in out.iterdir()) == ["check.log", "results.tar.gz", "summary.md"]
@@ -144,6 +152,7 @@ def test_results_come_back_as_one_tarball_in_the_committed_layout(dry_run):
     assert "A dry run on the CPU" in readme and "| equality | ok |" in readme
 
 
+@pytest.mark.slow
 def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_run, tiny_model):
     """`equality --only tiny` in a later call: its own record beside the first; `carry` alone runs nothing."""
     _, _, results, out = dry_run
@@ -171,6 +180,7 @@ def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_ru
     assert entry["bundle"] == exported and entry["checkpoint"] is None and entry["drafter"] and "fp16" in entry
 
 
+@pytest.mark.slow
 def test_without_pip_the_tree_is_linked_in_as_the_package(tmp_path):
     """check.sh's fallback when pip cannot install aggdec (GPU_CHECK_INSTALL=links forces it): the
     env stage imports aggdec from the links, and says it is no GPU check on the CPU."""
