@@ -316,3 +316,12 @@ def test_the_report_weighs_the_issue_targets():
     assert rows["m: aggdec-gad >= 4x greedy at batch 1"] == ("3.0x", "no")
     assert rows["m: greedy batch 32 >= 10x batch 1 throughput"] == ("11.00x", "yes")
     assert rows["m-fp32: greedy verifier call <= 0.3 ms with CUDA graphs"][1] == "yes"
+
+
+def test_the_ctranslate2_probe_answers_in_a_process_of_its_own():
+    check = _module("check")
+    usable, said = check.ct2_on_device("cpu")
+    assert usable and said.startswith("ctranslate2 "), said  # the [bench] extra installs it
+    if said.endswith(" 0 CUDA device(s)"):  # no GPU here: it is left out of a CUDA bench, saying why
+        usable, said = check.ct2_on_device("cuda")
+        assert not usable and "sees no CUDA device" in said

@@ -841,7 +841,8 @@ def ct2_on_device(device: str) -> tuple[bool, str]:
     except subprocess.TimeoutExpired:
         return False, "importing ctranslate2 took over 120 s"
     if done.returncode != 0:
-        return False, f"ctranslate2 does not import here: {done.stderr.strip().splitlines()[-1:] or done.returncode}"
+        last = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        return False, f"ctranslate2 does not import here ({last[0]})"
     version, count = done.stdout.split()
     if device == "cuda" and int(count) < 1:
         return False, f"ctranslate2 {version} sees no CUDA device (its wheel's CUDA may not match this machine's)"
