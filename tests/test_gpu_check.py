@@ -12,7 +12,7 @@ real files, and a real (tiny) wheel is installed from them.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -31,13 +31,11 @@ GPU = ROOT / "benchmarks" / "gpu"
 
 
 def _module(name: str):
-    """benchmarks/gpu/NAME.py (a script, not a package) as a module."""
-    if f"gpu_{name}" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules[f"gpu_{name}"]
+    """benchmarks/gpu/NAME.py as a module: the folder holds scripts, which import each other as
+    top-level modules (as they do when run from there)."""
+    if str(GPU) not in sys.path:
+        sys.path.insert(0, str(GPU))
+    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +277,7 @@ def test_a_wheel_carried_in_parts_is_installed_into_site(tmp_path):
 
 
 def test_a_difference_is_reported_with_where_it_starts():
-    check = _module("check")
+    check = _module("check_stages")
     texts = ["a", "b", "c"]
     report = check.compare([[5, 6, 7], [5, 6, 9, 2], [1]], [[5, 6, 7], [5, 6, 8, 2], [1]], texts)
     assert report["equal"] == 2 and report["differing"] == [1]
@@ -293,7 +291,7 @@ def test_a_difference_is_reported_with_where_it_starts():
 def test_the_report_weighs_the_issue_targets():
     """From records as the stages write them: every equality and fp16 run summed, the bench's
     batch-1 speedups and batch-32 throughput, the CUDA-graph greedy call."""
-    check = _module("check")
+    check = _module("check_report")
 
     def figure(system, batch, speedup, rate):
         return {"system": system, "batch_size": batch, "device": "cuda", "speedup_vs_aggdec_greedy": speedup,
@@ -319,7 +317,7 @@ def test_the_report_weighs_the_issue_targets():
 
 
 def test_the_ctranslate2_probe_answers_in_a_process_of_its_own():
-    check = _module("check")
+    check = _module("check_stages")
     usable, said = check.ct2_on_device("cpu")
     assert usable and said.startswith("ctranslate2 "), said  # the [bench] extra installs it
     if said.endswith(" 0 CUDA device(s)"):  # no GPU here: it is left out of a CUDA bench, saying why
