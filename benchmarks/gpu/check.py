@@ -53,6 +53,26 @@ GRACE_S = 30  # past its budget a stage's process is killed (it stops by itself 
 REPORT_RESERVE_S = 20  # kept at the end of a call for the report and the tarball
 
 
+def named_path(text: str) -> tuple[str, Path]:
+    """NAME=PATH, for --model and --bundle."""
+    name, _, path = text.partition("=")
+    if not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=PATH")
+    return name, Path(path).resolve()
+
+
+def stage_seconds(text: str) -> tuple[str, float]:
+    """STAGE=SECONDS, for --budget."""
+    stage, _, seconds = text.partition("=")
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = -1.0
+    if stage not in STAGES or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected STAGE=SECONDS, STAGE one of {', '.join(STAGES)}")
+    return stage, value
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stages", nargs="*", metavar="STAGE", help=f"stages to run (default all): {', '.join(STAGES)}; "
@@ -63,9 +83,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
                         help="where results.tar.gz and summary.md go at the end (default $OUT; none if unset)")
     parser.add_argument("--name", help="the results folder's name (default gpu-check-<the GPU's name>)")
-    parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT", type=named_path,
                         help="a checkpoint to export and check (default: the reference models)")
-    parser.add_argument("--bundle", action="append", default=[], metavar="NAME=BUNDLE",
+    parser.add_argument("--bundle", action="append", default=[], metavar="NAME=BUNDLE", type=named_path,
                         help="an fp32 bundle exported elsewhere (and carried), checked instead of exporting NAME")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="only this model's bundles (repeatable; default every model)")
@@ -77,7 +97,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--bench-limit", type=int, help="sentences for the bench (360; 8 in the dry run)")
     parser.add_argument("--max-new-tokens", type=int, help="(the bundle's limit; 24 in the dry run)")
     parser.add_argument("--deadline-s", type=float, help="this call's seconds for stages (510; 300 in the dry run)")
-    parser.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS", help="a stage's budget")
+    parser.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS", type=stage_seconds,
+                        help="a stage's budget")
     parser.add_argument("--pytest-path", action="append", default=[], help="what pytest -m gpu runs (tests)")
     parser.add_argument("--ct2", choices=("auto", "off"), help="CTranslate2 in the bench when it runs (auto; off dry)")
     parser.add_argument("--commit", default=os.environ.get("AGGDEC_COMMIT"), help="the commit this tree is "
@@ -88,24 +109,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     dry = args.dry_run
-    budgets = dict(DRY_BUDGETS if dry else BUDGETS)
-    for item in args.budget:
-        stage, _, seconds = item.partition("=")
-        if stage not in STAGES or not seconds:
-            parser.error(f"--budget {item!r}: expected STAGE=SECONDS with STAGE one of {', '.join(STAGES)}")
-        budgets[stage] = float(seconds)
-    models: dict[str, Path] = {}
-    for item in args.model:
-        name, _, path = item.partition("=")
-        if not name or not path:
-            parser.error(f"--model {item!r}: expected NAME=CHECKPOINT")
-        models[name] = Path(path).resolve()
-    given: dict[str, Path] = {}
-    for item in args.bundle:
-        name, _, path = item.partition("=")
-        if not name or not path:
-            parser.error(f"--bundle {item!r}: expected NAME=BUNDLE")
-        given[name] = Path(path).resolve()
+    budgets = {**(DRY_BUDGETS if dry else BUDGETS), **dict(args.budget)}
+    models: dict[str, Path] = dict(args.model)
+    given: dict[str, Path] = dict(args.bundle)
     if not models and not dry:
         models = dict(REFERENCE_MODELS)
         for candidate in (args.work / "carried" / LARGER_MODEL / "model", REPO.parent / "shared" / "models" /
