@@ -249,7 +249,8 @@ def test_a_corrupt_part_is_refused_by_its_sha256(tmp_path):
     for folder in folders:
         shutil.copytree(folder, repo / ".gpu-pack" / "blob" / folder.name)
     last = next((repo / ".gpu-pack" / "blob" / folders[-1].name).glob("part*"))
-    last.write_bytes(b"x" + last.read_bytes()[1:])
+    data = last.read_bytes()
+    last.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # one byte changed
     state = carry.stage(repo, tmp_path / "work")["blob"]
     assert state["error"] and "sha256 mismatch" in state["state"]
 
