@@ -76,7 +76,7 @@ def test_every_stage_runs_and_passes(dry_run):
 
 @pytest.mark.slow
 def test_env_reports_onnxruntime_and_no_gpu(dry_run):
-    env = json.loads((dry_run[2] / "env.json").read_text())
+    env = json.loads((dry_run[2] / "check-env.json").read_text())
     assert env["onnxruntime"]["available_providers"]
     assert env["session_probe"]["providers"] == ["CPUExecutionProvider"]
     assert env["gpu"]["name"] is None or shutil.which("nvidia-smi")
@@ -86,7 +86,7 @@ def test_env_reports_onnxruntime_and_no_gpu(dry_run):
 
 @pytest.mark.slow
 def test_device_equals_cpu_in_every_exact_mode_and_batch(dry_run):
-    equality = json.loads((dry_run[2] / "equality.json").read_text())
+    equality = json.loads((dry_run[2] / "check-equality.json").read_text())
     section = equality["bundles"]["tiny"]
     assert section["sentences"] == 11  # random_texts(count=10) gives 11 texts
     assert {(run["mode"], run["batch_size"]) for run in section["runs"]} == {
@@ -97,7 +97,7 @@ def test_device_equals_cpu_in_every_exact_mode_and_batch(dry_run):
 
 @pytest.mark.slow
 def test_fp16_block_vs_alone_and_modes_equal_fp16_greedy(dry_run):
-    section = json.loads((dry_run[2] / "fp16.json").read_text())["bundles"]["tiny"]
+    section = json.loads((dry_run[2] / "check-fp16.json").read_text())["bundles"]["tiny"]
     for precision in ("fp32", "fp16"):
         checked = section["block_vs_alone"][precision]
         assert checked["bitwise_equal"] and checked["positions"] > 100, checked
@@ -109,7 +109,7 @@ def test_fp16_block_vs_alone_and_modes_equal_fp16_greedy(dry_run):
 
 @pytest.mark.slow
 def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
-    graphs = json.loads((dry_run[2] / "graphs.json").read_text())
+    graphs = json.loads((dry_run[2] / "check-graphs.json").read_text())
     assert any("not applicable on cpu" in note for note in graphs["notes"])
     assert graphs["wired_into_runtime"] is False
     for key in ("tiny-fp32", "tiny-fp16"):
@@ -122,7 +122,7 @@ def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
 @pytest.mark.slow
 def test_bench_runs_fp32_and_fp16_systems_and_writes_its_report(dry_run):
     results = dry_run[2]
-    section = json.loads((results / "bench.json").read_text())["bundles"]["tiny"]
+    section = json.loads((results / "check-bench.json").read_text())["bundles"]["tiny"]
     rows = {(f["system"], f["batch_size"]) for f in section["figures"]}
     assert rows == {(s, b) for s in ("aggdec-greedy", "aggdec-iad", "aggdec-gad", "aggdec-fp16-greedy",
                                      "aggdec-fp16-iad", "aggdec-fp16-gad") for b in (1, 4)}
@@ -133,7 +133,7 @@ def test_bench_runs_fp32_and_fp16_systems_and_writes_its_report(dry_run):
 
 @pytest.mark.slow
 def test_pytest_stage_ran_the_gpu_tests_which_skip_here(dry_run):
-    record = json.loads((dry_run[2] / "pytest.json").read_text())
+    record = json.loads((dry_run[2] / "check-pytest.json").read_text())
     assert record["returncode"] == 0
     assert record["counts"]["tests"] > 0 and record["counts"]["skipped"] == record["counts"]["tests"]
 
@@ -144,7 +144,8 @@ def test_results_come_back_as_one_tarball_in_the_committed_layout(dry_run):
     assert sorted(p.name for p in out.iterdir()) == ["check.log", "results.tar.gz", "summary.md"]
     with tarfile.open(out / "results.tar.gz") as tar:
         names = set(tar.getnames())
-    for name in ("README.md", "check.json", "env.json", "equality.json", "bench-tiny/bench.md", "pytest-gpu.log"):
+    for name in ("README.md", "check.json", "check-env.json", "check-equality.json", "bench-tiny/bench.md",
+                 "pytest-gpu.log"):
         assert f"gpu-check-dry-run/{name}" in names
     readme = (results / "README.md").read_text()
     assert "A dry run on the CPU" in readme and "| equality | ok |" in readme
@@ -160,9 +161,9 @@ def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_ru
     again = subprocess.run(["bash", str(GPU / "check.sh"), "equality", "--only", "tiny", *common], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
-    record = json.loads((results / "equality-tiny.json").read_text())
+    record = json.loads((results / "check-equality-tiny.json").read_text())
     assert record["stage"] == "equality" and record["status"] == "ok" and set(record["bundles"]) == {"tiny"}
-    assert (results / "equality.json").is_file()
+    assert (results / "check-equality.json").is_file()
     nothing = subprocess.run(["bash", str(GPU / "check.sh"), "carry", *common], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 0 and "== equality" not in nothing.stdout, nothing.stdout + nothing.stderr
@@ -187,7 +188,7 @@ def test_without_pip_the_tree_is_linked_in_as_the_package(tmp_path):
     done = subprocess.run(["bash", str(GPU / "check.sh"), "env", "--device", "cpu"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    record = json.loads((tmp_path / "results" / "env.json").read_text())
+    record = json.loads((tmp_path / "results" / "check-env.json").read_text())
     aggdec = next(m for m in record["modules"] if m["module"] == "aggdec")
     assert aggdec["path"] == str(tmp_path / "src" / "aggdec")
     assert record["aggdec_install"].startswith(f"source links in {tmp_path / 'src'}")
@@ -199,7 +200,7 @@ def test_a_stage_without_time_left_is_skipped_with_a_note(tmp_path):
                            "--deadline-s", "30", "env", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     for stage in ("env", "bench"):
-        record = json.loads((tmp_path / "results" / f"{stage}.json").read_text())
+        record = json.loads((tmp_path / "results" / f"check-{stage}.json").read_text())
         assert record["status"] == "skipped" and "not started" in record["notes"][0]
 
 

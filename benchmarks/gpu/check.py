@@ -24,7 +24,7 @@ what is left of the call is skipped with a note, as is the rest of one that runs
 The stages are in check_stages.py, what they share in check_context.py, the report in
 check_report.py; carry.py gathers what the calls carried (check.sh runs it first).
 
-Results go to ``WORK/results/`` (a ``STAGE.json`` each, logs, the bench reports, README.md and
+Results go to ``WORK/results/`` (a ``check-STAGE.json`` each, logs, the bench reports, README.md and
 check.json), a layout to commit as ``benchmarks/results/<name>/``; at the end of every call it
 is packed into ``$OUT/results.tar.gz`` (the device tool returns at most 8 files a call).
 
@@ -172,7 +172,7 @@ def run_stages(argv: list[str], options: Options, stages: list[str]) -> int:
         left = options.deadline_s - (time.monotonic() - started) - REPORT_RESERVE_S
         budget = min(options.budgets[stage], left - GRACE_S)
         record_name = options.record_name(stage)
-        path = results / f"{record_name}.json"
+        path = options.record_path(results, stage)
         if budget < MIN_STAGE_S:
             note = (f"not started: {max(left, 0):.0f} s were left of this call's {options.deadline_s:.0f} s; "
                     "run it in the next call")

@@ -50,6 +50,10 @@ class Options:
         run for another bundle in a later call keeps what the earlier call recorded."""
         return stage if not self.only else f"{stage}-{'+'.join(self.only)}"
 
+    def record_path(self, results: Path, stage: str) -> Path:
+        """RESULTS/check-RECORD.json (``check-``: not to be taken for the bench's own bench.json)."""
+        return results / f"check-{self.record_name(stage)}.json"
+
 
 class Budget:
     """The seconds a stage has: it stops starting work when too few are left."""
@@ -87,7 +91,7 @@ class Context:
     def save(self) -> None:
         """Write the stage's result so far (a stage killed at its budget keeps what it finished)."""
         self.results.mkdir(parents=True, exist_ok=True)
-        path = self.results / f"{self.options.record_name(self.stage)}.json"
+        path = self.options.record_path(self.results, self.stage)
         path.write_text(json.dumps(self.result, indent=1, default=str) + "\n", encoding="utf-8")
 
     def bundles(self) -> dict[str, dict]:

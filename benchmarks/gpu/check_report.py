@@ -55,13 +55,13 @@ def results_name(options: Options, env: dict) -> str:
 
 
 def load_results(results: Path) -> dict[str, dict]:
-    """Every stage record in ``results`` by file name (``STAGE`` or ``STAGE-BUNDLES`` for a run
-    with --only), in stage order."""
+    """Every stage record in ``results`` (``check-STAGE.json``, or ``check-STAGE-BUNDLES.json``
+    for a run with --only), by the name after ``check-``, in stage order."""
     found = {}
-    for path in sorted(results.glob("*.json")):
+    for path in sorted(results.glob("check-*.json")):
         record = json.loads(path.read_text())
         if isinstance(record, dict) and record.get("stage") in STAGES:
-            found[path.stem] = record
+            found[path.stem[len("check-"):]] = record
     return dict(sorted(found.items(), key=lambda item: (STAGES.index(item[1]["stage"]), item[0])))
 
 
@@ -168,7 +168,7 @@ def write_report(options: Options, results: Path) -> tuple[str, dict]:
             lines += [f"| {key} | {s['rows']} | {s['tokens']} | {s['capacity']} | {s['runtime_style_ms']} | "
                       f"{s['all_bound_ms']} | {s.get('cuda_graph_ms', s.get('cuda_graph_error', 'n/a'))} | "
                       f"{s.get('cuda_graph_equals_plain', 'n/a')} |" for s in shapes]
-    lines += ["", "Every stage's full record is in `STAGE.json` (and `check.json`, all of them together); "
+    lines += ["", "Every stage's full record is in `check-STAGE.json` (and `check.json`, all of them together); "
               "logs in `logs/`, pytest's in `pytest-gpu.log`.", ""]
     text = "\n".join(lines)
     (results / "README.md").write_text(text, encoding="utf-8")
