@@ -168,7 +168,7 @@ def stage_env(ctx: Context, budget: Budget) -> None:
         r["session_probe"] = {"error": f"{type(exc).__name__}: {exc}"}
     missing = [f"{m['module']} ({m['for']})" for m in r["modules"] if "missing" in m]
     if missing:
-        ctx.note(f"missing here: {'; '.join(missing)} (why each: env.json 'modules')")
+        ctx.note(f"missing here: {'; '.join(missing)}")
     print(f"GPU: {r['gpu']}")
     print(f"onnxruntime {ort.__version__} at {r['onnxruntime']['path']}: {ort.get_available_providers()}")
     print(f"session on {ctx.options.device}: {r['session_probe']}")
