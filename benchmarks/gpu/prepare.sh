@@ -17,6 +17,7 @@
 #                            device's Python 3.12 on x86-64), installed there into /tmp/gpu-check/site
 #
 # Both folders are git-ignored: they travel only in a call's carry, one w folder per call.
+# Last, it prints the device calls in order, with their carry paths and this commit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-python3}
@@ -76,7 +77,32 @@ if [ "${#wheels[@]}" -gt 0 ]; then
   "$py" benchmarks/gpu/carry.py pack wheels "$scratch/wheels" --wheels
 fi
 
+# the device calls, to issue back to back (the machine keeps /tmp only 30 s after a call)
+sha=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || sha="$sha+uncommitted"
+run="AGGDEC_COMMIT=$sha bash benchmarks/gpu/check.sh"
 echo
-echo "to carry, one w folder per call, in this order (benchmarks/gpu/README.md):"
-ls -d .ort-gpu/w* .gpu-pack/*/w* 2>/dev/null | sort -V
+echo "device calls (run, timeout_s 600, one after the other; benchmarks/gpu/README.md):"
+mapfile -t parts < <(ls -d .ort-gpu/w* 2>/dev/null | sort -V)
+n=${#parts[@]}
+call=1
+for part in "${parts[@]}"; do
+  if [ "$call" = 1 ]; then
+    echo "$call. carry [\"$part\", \".gpu-pack/data/w1\"]  command: $run export"
+  elif [ "$call" = "$n" ]; then
+    echo "$call. carry [\"$part\"]  command: $run env pytest equality"
+  else
+    echo "$call. carry [\"$part\"]  command: $run carry"
+  fi
+  call=$((call + 1))
+done
+echo "$call. no carry  command: $run fp16 graphs   (and any stage the last call left 'not started')"
+echo "$((call + 1)). no carry  command: $run bench"
+for part in $(ls -d .gpu-pack/uagec-base/w* 2>/dev/null | sort -V); do
+  call=$((call + 1))
+  echo "$((call + 1)). carry [\"$part\"]  command: $run carry   (optional: the larger model)"
+done
+if [ -d .gpu-pack/uagec-base ]; then
+  echo "$((call + 2)). no carry  command: $run export equality fp16 --only uagec-base   (optional)"
+fi
 echo "source digest of this tree (the report records the device's): $("$py" benchmarks/gpu/check.py --digest)"
