@@ -96,7 +96,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--limit", type=int, help="sentences for equality and fp16 (1000; 12 in the dry run)")
     parser.add_argument("--bench-limit", type=int, help="sentences for the bench (360; 8 in the dry run)")
     parser.add_argument("--max-new-tokens", type=int, help="(the bundle's limit; 24 in the dry run)")
-    parser.add_argument("--deadline-s", type=float, help="this call's seconds for stages (510; 300 in the dry run)")
+    parser.add_argument("--deadline-s", type=float, help="this call's seconds for stages (540 on the GPU, 300 in the "
+                        "dry run, less what check.sh spent before: $GPU_CHECK_SPENT)")
     parser.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS", type=stage_seconds,
                         help="a stage's budget")
     parser.add_argument("--pytest-path", action="append", default=[], help="what pytest -m gpu runs (tests)")
@@ -130,7 +131,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
         batch_sizes=tuple(args.batch_sizes or ((1, 4) if dry else (1, 8, 32))),
         limit=args.limit or (12 if dry else 1000), bench_limit=args.bench_limit or (8 if dry else 360),
         max_new_tokens=args.max_new_tokens or (24 if dry else None),
-        deadline_s=args.deadline_s or (300 if dry else 510), budgets=budgets,
+        deadline_s=args.deadline_s or max((300 if dry else 540) - float(os.environ.get("GPU_CHECK_SPENT", 0)), 60),
+        budgets=budgets,
         pytest_paths=tuple(args.pytest_path or (("tests/runtime/test_gpu.py",) if dry else ("tests",))),
         ct2=args.ct2 or ("off" if dry else "auto"), commit=args.commit, models=models, given_bundles=given,
         data=args.data.resolve() if args.data else None, graph_calls=args.graph_calls or (20 if dry else 300),
