@@ -325,3 +325,9 @@ def test_the_ctranslate2_probe_answers_in_a_process_of_its_own():
     if said.endswith(" 0 CUDA device(s)"):  # no GPU here: it is left out of a CUDA bench, saying why
         usable, said = check.ct2_on_device("cuda")
         assert not usable and "sees no CUDA device" in said
+
+
+def test_a_later_finding_never_hides_a_worse_one():
+    context = _module("check_context")
+    assert context.worse("failed", "partial") == "failed" and context.worse("partial", "failed") == "failed"
+    assert context.worse("ok", "partial") == "partial" and context.worse("error", "failed") == "error"

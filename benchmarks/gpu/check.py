@@ -45,7 +45,7 @@ import traceback
 from pathlib import Path
 
 from check_context import (BUDGETS, DRY_BUDGETS, LARGER_MODEL, MIN_STAGE_S, REFERENCE_MODELS, REPO, STAGES, Budget,
-                           Context, Options, StageError)
+                           Context, Options, StageError, worse)
 from check_report import pack_out, source_digest, write_report
 from check_stages import STAGE_FUNCTIONS
 
@@ -153,7 +153,7 @@ def run_worker(stage: str, options: Options, budget_s: float) -> int:
         ctx.result["status"] = "skipped"
         ctx.note(str(exc))
     except Exception as exc:
-        ctx.result["status"] = "error"
+        ctx.mark("error")
         ctx.result["traceback"] = traceback.format_exc()
         ctx.note(f"{type(exc).__name__}: {exc}")
         traceback.print_exc()
@@ -196,7 +196,7 @@ def run_stages(argv: list[str], options: Options, stages: list[str]) -> int:
                 killed = True
         record = json.loads(path.read_text()) if path.is_file() else {"stage": stage, "notes": []}
         if killed or record.get("started") is None or "seconds" not in record:
-            record["status"] = "partial" if record.get("started") else "error"
+            record["status"] = worse(record.get("status", "ok"), "partial" if record.get("started") else "error")
             record["seconds"] = round(time.monotonic() - began, 1)
             record.setdefault("notes", []).append(
                 f"its process was killed after {record['seconds']} s (budget {budget:.0f} s)" if killed

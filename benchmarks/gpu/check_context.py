@@ -55,6 +55,14 @@ class Options:
         return results / f"check-{self.record_name(stage)}.json"
 
 
+# a stage's status, least to most serious: a later finding never hides an earlier, worse one
+SEVERITY = ("ok", "skipped", "partial", "failed", "error")
+
+
+def worse(a: str, b: str) -> str:
+    return max(a, b, key=SEVERITY.index)
+
+
 class Budget:
     """The seconds a stage has: it stops starting work when too few are left."""
 
@@ -83,6 +91,10 @@ class Context:
     @property
     def bundles_dir(self) -> Path:  # the bench's --work too, so that its fp16 conversions are these
         return self.options.work / "bundles"
+
+    def mark(self, status: str) -> None:
+        """The stage's status becomes ``status`` unless it already is something worse."""
+        self.result["status"] = worse(self.result.get("status", "ok"), status)
 
     def note(self, message: str) -> None:
         self.result.setdefault("notes", []).append(message)

@@ -174,11 +174,11 @@ def stage_env(ctx: Context, budget: Budget) -> None:
     print(f"session on {ctx.options.device}: {r['session_probe']}")
     if ctx.options.device == "cuda":
         if "CUDAExecutionProvider" not in r["session_probe"].get("providers", []):
-            r["status"] = "failed"
+            ctx.mark("failed")
             ctx.note("no CUDA session: onnxruntime-gpu is not installed yet (carry every .ort-gpu/wK), or cannot "
                      "start its CUDA provider (session_probe says why)")
         if r["gpu"].get("name") is None:
-            r["status"] = "failed"
+            ctx.mark("failed")
             ctx.note("nvidia-smi did not name a GPU")
     elif not ctx.options.dry_run:
         ctx.note("device cpu: this is not a GPU check")
@@ -202,7 +202,7 @@ def stage_export(ctx: Context, budget: Budget) -> None:
     for name, source in wanted.items():
         if budget.left() < MIN_STAGE_S:
             ctx.note(f"{name}: not exported, the stage's budget ran out")
-            ctx.result["status"] = "partial"
+            ctx.mark("partial")
             continue
         started = time.perf_counter()
         checkpoint = None if name in ctx.options.given_bundles else source
@@ -213,7 +213,7 @@ def stage_export(ctx: Context, budget: Budget) -> None:
                 raise StageError(f"{bundle} is an {manifest.precision} bundle; give the fp32 bundle")
         except Exception as exc:
             made[name] = {"source": str(source), "error": f"{type(exc).__name__}: {exc}"}
-            ctx.result["status"] = "error"
+            ctx.mark("error")
             ctx.note(f"{name}: export failed: {exc}")
             continue
         entry = {"checkpoint": str(checkpoint) if checkpoint else None, "bundle": str(bundle),
@@ -227,7 +227,7 @@ def stage_export(ctx: Context, budget: Budget) -> None:
             entry["fp16_quantization"] = load_manifest(fp16).quantization
         except Exception as exc:  # an fp16 overflow or a failed position check: the finding itself
             entry["fp16_error"] = f"{type(exc).__name__}: {exc}"
-            ctx.result["status"] = "failed"
+            ctx.mark("failed")
             ctx.note(f"{name}: fp16 conversion refused: {exc}")
         entry["fp16_seconds"] = round(time.perf_counter() - started, 1)
         made[name] = entries[name] = entry
@@ -259,7 +259,7 @@ def stage_pytest(ctx: Context, budget: Budget) -> None:
                                   timeout=max(budget.left(), 1))
             ctx.result["returncode"] = done.returncode
         except subprocess.TimeoutExpired:
-            ctx.result["status"] = "partial"
+            ctx.mark("partial")
             ctx.note(f"pytest stopped at the stage's budget ({budget.seconds:.0f} s); pytest-gpu.log has how far it got")
             return
     counts = _junit_counts(junit) if junit.is_file() else {}
@@ -269,10 +269,10 @@ def stage_pytest(ctx: Context, budget: Budget) -> None:
     print(ctx.result["summary"])
     ran = counts.get("tests", 0) - counts.get("skipped", 0)
     if ctx.result["returncode"] != 0:
-        ctx.result["status"] = "failed"
+        ctx.mark("failed")
         ctx.note(f"pytest -m gpu: {ctx.result['summary']} (pytest-gpu.log)")
     elif ran == 0 and ctx.options.device == "cuda":
-        ctx.result["status"] = "failed"
+        ctx.mark("failed")
         ctx.note("every gpu test was skipped: onnxruntime has no CUDA provider here")
     elif ran == 0:
         ctx.note("every gpu test skipped, as expected without a GPU")
@@ -325,7 +325,7 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
             continue
         if budget.left() < 5:
             ctx.note(f"{section['name']}: budget ran out before {mode} at batch {batch} (and what follows it)")
-            ctx.result["status"] = "partial"
+            ctx.mark("partial")
             return
         got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
         run = {"mode": mode, "batch_size": batch, "seconds": seconds,
@@ -334,7 +334,7 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
         if equal < len(texts):
             if explain is not None:
                 explain(run, got)
-            ctx.result["status"] = "failed"
+            ctx.mark("failed")
             ctx.note(f"{section['name']}: {section['precision']} {mode} at batch {batch} on {o.device} differs from "
                      f"{against.replace('_', ' ')} in {len(texts) - equal} of {len(texts)} sentences")
         section["runs"].append(run)
@@ -382,7 +382,7 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
             section["block_vs_alone"][precision] = checked
             print(f"{name} {precision} block vs alone on {o.device}: {checked}", flush=True)
             if not checked["bitwise_equal"]:
-                ctx.result["status"] = "failed"
+                ctx.mark("failed")
                 ctx.note(f"{name}: {precision} block-vs-alone differs on {o.device}: {checked['error']}")
         ctx.save()
         generator = Generator(entry["fp16"], device=o.device)
@@ -558,7 +558,7 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
             for rows, new in GRAPH_SHAPES:
                 if budget.left() < 10:
                     ctx.note(f"{name} {precision}: budget ran out before rows {rows}, T {new}")
-                    r["status"] = "partial"
+                    ctx.mark("partial")
                     break
                 call = VerifierCall(Path(entry[key]), o.device, rows, new)
                 row: dict = {"rows": rows, "tokens": new, "capacity": call.capacity, "source": call.source}
@@ -568,10 +568,10 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
                 row["all_bound_ms"], bound_last = time_calls(call.all_bound(plain), o.graph_calls)
                 row["all_bound_equals_runtime_style"] = same_outputs(bound_last, runtime_last)
                 if bound_last[0].shape != (rows, new, call.top_k):
-                    r["status"] = "failed"
+                    ctx.mark("failed")
                     ctx.note(f"{name} {precision} rows {rows} T {new}: candidates of shape {bound_last[0].shape}")
                 if not row["all_bound_equals_runtime_style"]:
-                    r["status"] = "failed"
+                    ctx.mark("failed")
                     ctx.note(f"{name} {precision} rows {rows} T {new}: the call with every buffer on the device "
                              "differs from the call bound as the runtime binds it")
                 if o.device == "cuda":
@@ -580,14 +580,15 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
                         row["cuda_graph_ms"], graph_last = time_calls(call.all_bound(graphed), o.graph_calls)
                         row["cuda_graph_equals_plain"] = same_outputs(graph_last, bound_last)
                         if not row["cuda_graph_equals_plain"]:
-                            r["status"] = "failed"
+                            ctx.mark("failed")
                             ctx.note(f"{name} {precision} rows {rows} T {new}: CUDA graph replay differs from the "
                                      "plain run")
                     except Exception as exc:  # onnxruntime refuses capture: that is the finding
                         row["cuda_graph_error"] = f"{type(exc).__name__}: {str(exc)[:600]}"
-                        r["status"] = "partial"
-                        ctx.note(f"{name} {precision}: onnxruntime could not run the verifier under CUDA graphs: "
-                                 f"{row['cuda_graph_error']}")
+                        ctx.mark("partial")
+                        said = f"onnxruntime could not run the verifier under CUDA graphs: {row['cuda_graph_error']}"
+                        if not any(said in note for note in r.get("notes", [])):  # once, not per shape
+                            ctx.note(f"{name} {precision}: {said}")
                 rows_out.append(row)
                 print(f"{name} {precision} rows {rows} T {new}: {row}", flush=True)
                 ctx.save()
@@ -634,7 +635,7 @@ def stage_bench(ctx: Context, budget: Budget) -> None:
             continue
         if budget.left() < 60 and not o.dry_run:
             ctx.note(f"{name}: not benchmarked, {budget.left():.0f} s left of the stage's budget")
-            ctx.result["status"] = "partial"
+            ctx.mark("partial")
             continue
         systems = ["aggdec-greedy", "aggdec-iad"] + (["aggdec-gad"] if entry["drafter"] else [])
         if "fp16" in entry:
@@ -659,15 +660,15 @@ def stage_bench(ctx: Context, budget: Budget) -> None:
                 section["returncode"] = done.returncode
             except subprocess.TimeoutExpired:
                 section["returncode"] = None
-                ctx.result["status"] = "partial"
+                ctx.mark("partial")
                 ctx.note(f"{name}: the bench stopped at the stage's budget (logs/bench-{name}.log)")
                 ctx.save()
                 continue
         if section["returncode"] == 1:
-            ctx.result["status"] = "failed"
+            ctx.mark("failed")
             ctx.note(f"{name}: an exact system differs from its greedy (bench.md's notes say which)")
         elif section["returncode"] != 0:
-            ctx.result["status"] = "error"
+            ctx.mark("error")
             ctx.note(f"{name}: aggdec bench failed (exit {section['returncode']}; logs/bench-{name}.log)")
             ctx.save()
             continue
