@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, sha256_of
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
 from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_position_independence, cpu_session,
                         isolate_positions, validation_cases)
 
@@ -442,7 +442,7 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
                else ""))
 
         say("[3/3] writing tokenizer and manifest")
-        files = {name: sha256_of(tmp / name) for name in (*(spec.file for spec in graphs.values()), TOKENIZER_FILE)}
+        files = hash_files(tmp)  # every file written, external data included
         quantization = {"scheme": scheme, "reference": "fp32 graphs",
                         **({"encoder": options.encoder} if precision == "int8" else {}),
                         "output_projection": options.output_projection,

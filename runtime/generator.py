@@ -103,7 +103,9 @@ class DecodeStats:
     """How one output was produced.
 
     In a batch, each verifier, drafter and encoder call's time is split evenly among the rows
-    it served, so the rows' figures add up to the batch's; ``batch_size`` is the batch's slots.
+    it served, so the rows' figures add up to the batch's; ``batch_size`` is the most rows a
+    verifier call that decoded this output served (it included): 1 for a text decoded alone,
+    whatever batch size was allowed.
     """
 
     iterations: int  # verifier calls
@@ -566,7 +568,7 @@ class Generator:
             encoder_seconds=seconds["encoder"],
             verifier_seconds=seconds["verifier"],
             total_seconds=seconds["total"] + time.perf_counter() - started,
-            batch_size=batch,
+            batch_size=max(trace.rows, default=1),  # the rows decoded together, not the configured maximum
             drafter_seconds=seconds["drafter"],
         )
         return GenerationResult(text=text, ids=ids, stats=stats)

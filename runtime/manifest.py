@@ -235,6 +235,20 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def hash_files(directory: Path) -> dict[str, str]:
+    """The manifest's ``files`` for a bundle being written: the sha256 of every file in
+    ``directory`` but the manifest, so that whatever an exporter writes (ONNX external data
+    included) is covered, not only the files it meant to list."""
+    files = {}
+    for path in sorted(Path(directory).iterdir()):
+        if path.name == MANIFEST_FILE:
+            continue
+        if not path.is_file() or path.is_symlink():
+            raise BundleError(f"{str(path)!r} is not a regular file; a bundle holds regular files only.")
+        files[path.name] = sha256_of(path)
+    return files
+
+
 def _read_regular(path: Path) -> bytes:
     with os.fdopen(_open_regular(path), "rb") as handle:
         return handle.read()
