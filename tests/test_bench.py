@@ -406,3 +406,16 @@ def test_every_heading_of_a_two_device_report_follows_a_blank_line():
     headings = [i for i, line in enumerate(lines) if line.startswith("## ")]
     assert len(headings) >= 6 and any(lines[i].startswith("## CPU, batch 1") for i in headings)
     assert all(lines[i - 1] == "" for i in headings), [lines[i - 1] for i in headings]
+
+
+def test_the_transformers_worker_does_not_warn_per_sentence():
+    """The reference checkpoint's generation config sets max_length; with the bench's
+    max_new_tokens, transformers warned at every generate call (once per sentence)."""
+    script = ("import sys; from aggdec.bench.worker import TransformersSystem; "
+              f"s = TransformersSystem({{'threads': 1, 'device': 'cpu', 'model': {str(MODEL)!r}, "
+              "'max_new_tokens': 64, 'options': {'num_beams': 1}}); "
+              "outs = [s.run([t]) for t in ('Привіт , як справи ?', 'Я йду до дому .')]; print(outs[1][0]['text'])")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "Я йду до дому."
+    assert "seem to have been set" not in result.stderr and "max_new_tokens" not in result.stderr, result.stderr
