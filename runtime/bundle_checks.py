@@ -7,6 +7,9 @@ sessions are created and before anything is decoded, so such a bundle fails at l
 :class:`BundleError` naming the field and both values, not deep inside a decode with an
 onnxruntime shape error (or, worse, with wrong output).
 
+What IO cannot show (a graph's vocabulary) is checked by running the graphs once at load:
+:mod:`.bundle_probe`.
+
 Everything here is generic over the graphs' IO: tensors are recognised by their role (which
 graph, input or output, element type, rank), never by name, so the exporter can rename or
 split tensors (a stacked cache or one tensor per layer) without changing this module.

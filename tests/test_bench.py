@@ -419,3 +419,26 @@ def test_the_transformers_worker_does_not_warn_per_sentence():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "Я йду до дому."
     assert "seem to have been set" not in result.stderr and "max_new_tokens" not in result.stderr, result.stderr
+
+
+def test_quick_runs_a_short_subset_and_prints_the_result_table(reference_bundle, tmp_path):
+    result = aggdec("bench", str(reference_bundle), "--checkpoint", str(MODEL), "--quick", "--systems", "aggdec-greedy",
+                    "aggdec-iad", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "out" / "bench.json").read_text())["config"]
+    assert (config["sentences"], config["batch_sizes"], config["quick"]) == (16, [1, 8], True)
+    # the tables of bench.md, on the terminal
+    assert "## CPU, batch 1 (one sentence at a time)" in result.stdout and "## CPU, batched" in result.stdout
+    table = [line for line in result.stdout.splitlines() if line.startswith("| aggdec IAD |")]
+    assert len(table) == 2 and "| 100.0% |" in table[0]  # batch 1 (equal to greedy) and batched
+    assert result.stdout.strip().splitlines()[1] in (tmp_path / "out" / "bench.md").read_text()
+
+
+def test_quick_defaults_to_aggdecs_exact_modes_and_two_peers():
+    from aggdec.bench import QUICK_SYSTEMS, BenchOptions, _systems
+    from aggdec.bench.systems import SYSTEMS
+
+    assert _systems(BenchOptions(quick=True)) == QUICK_SYSTEMS
+    assert set(QUICK_SYSTEMS) == {"aggdec-greedy", "aggdec-iad", "aggdec-gad", "hf-greedy", "ct2-fp32"}
+    assert _systems(BenchOptions()) == tuple(spec.name for spec in SYSTEMS)
+    assert _systems(BenchOptions(quick=True, systems=("aggdec-iad",))) == ("aggdec-iad",)
