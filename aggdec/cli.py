@@ -241,7 +241,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bench.add_argument("--work", default="bench-work", metavar="DIR",
                        help="converted models, reused while the checkpoint is unchanged (bench-work)")
     bench.add_argument("--quick", action="store_true",
-                       help="a few minutes on 2 cores: the first 48 sentences, batch sizes 1 and 8")
+                       help="a first look: the first 16 sentences, batch sizes 1 and 8, and (unless --systems "
+                            "says otherwise) aggdec greedy, IAD and GAD against hf-greedy and ct2-fp32")
     bench.add_argument("--optimum-python", metavar="PYTHON",
                        help="the python of an environment with optimum-onnx (default: $AGGDEC_OPTIMUM_PYTHON or "
                             "this python); optimum-onnx pins transformers<4.58, see benchmarks/optimum_env.sh")

@@ -24,7 +24,6 @@ import hashlib
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,9 +31,20 @@ MODEL = ROOT / "benchmarks" / "models" / "uagec" / "model"
 SAMPLE = ROOT / "examples" / "uagec_test_sample.tsv"
 
 
+def _sentence_count(text: str) -> int:
+    available = len(SAMPLE.read_text(encoding="utf-8").splitlines())
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= available:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {available} (the sentences in {SAMPLE.name}), got {value}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sentences", type=int, default=100, help="sentences to correct (at most 100)")
+    parser.add_argument("--sentences", type=_sentence_count, default=100, help="sentences to correct (1 to 100)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=ROOT / "uagec-work", help="where the bundle is written")
     parser.add_argument("--show", type=int, default=8, help="corrections to print")
@@ -49,7 +59,11 @@ def main() -> int:
     if not (drafter / "drafter.json").is_file():
         if args.drafter is not None:
             parser.error(f"--drafter {args.drafter}: no drafter.json there (written by aggdec train-drafter)")
+        print(f"no GAD drafter for this checkpoint (none at {drafter}): GAD is left out, greedy and IAD run. "
+              "Train one with `aggdec train-drafter`, or name one with --drafter.", file=sys.stderr)
         drafter = None
+
+    from tqdm import tqdm  # with the [export] extra the demo needs
 
     from aggdec import Generator
 
@@ -61,7 +75,8 @@ def main() -> int:
 
     generator.generate(sources[:5], mode="greedy")  # warm-up
     results = {mode: [] for mode in modes}
-    for source in sources:  # interleaved: each sentence in every mode before the next sentence
+    # interleaved: each sentence in every mode before the next sentence
+    for source in tqdm(sources, desc=f"correcting ({', '.join(modes)})", unit="sentence", file=sys.stderr):
         for mode in modes:
             results[mode].extend(generator.generate([source], mode=mode))
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import Driver, check_position_independence, cpu_session, isolate_positions, validation_cases
@@ -237,7 +237,7 @@ def export_bundle(
 
         _say(progress, "[5/5] writing tokenizer and manifest")
         tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
-        files = {name: sha256_of(tmp / name) for name in (*(g.file for g in graphs.values()), TOKENIZER_FILE)}
+        files = hash_files(tmp)  # every file written, external data included
         manifest = Manifest(
             family=family.name,
             architecture=ARCHITECTURES[type(config).__name__],

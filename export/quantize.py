@@ -44,6 +44,8 @@ machine that cannot export.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -53,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, sha256_of
+from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
 from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_position_independence, cpu_session,
                         isolate_positions, validation_cases)
 
@@ -242,15 +244,37 @@ def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> i
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     settings = {"weight_type": QuantType.QInt8, "per_channel": True, "reduce_range": True}
-    if matmuls_only:
-        quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True},
-                         **settings)
-    else:
-        with tempfile.TemporaryDirectory(prefix=".dynamic-int8.", dir=dst.parent) as scratch:
-            prepared = Path(scratch) / "prepared.onnx"
-            quant_pre_process(str(src), str(prepared))  # shape inference, as onnxruntime's quantizer asks
-            quantize_dynamic(prepared, dst, **settings)
+    with _without_preprocessing_advice():
+        if matmuls_only:
+            quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True},
+                             **settings)
+        else:
+            with tempfile.TemporaryDirectory(prefix=".dynamic-int8.", dir=dst.parent) as scratch:
+                prepared = Path(scratch) / "prepared.onnx"
+                quant_pre_process(str(src), str(prepared))  # shape inference, as onnxruntime's quantizer asks
+                quantize_dynamic(prepared, dst, **settings)
     return sum(node.op_type == "MatMulInteger" for node in onnx.load(str(dst)).graph.node)
+
+
+class _PreprocessingAdvice(logging.Filter):
+    """onnxruntime's quantize_dynamic logs "Please consider (to run) pre-processing before
+    quantization" on the root logger for every graph it is given that its quant_pre_process did
+    not tag. Here the advice never applies: the encoder's products are quantized on the graph as
+    exported on purpose (see write_dynamic_int8), and the rest is pre-processed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(("Please consider to run pre-processing",
+                                                   "Please consider pre-processing"))
+
+
+@contextlib.contextmanager
+def _without_preprocessing_advice():
+    root, advice = logging.getLogger(), _PreprocessingAdvice()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
 
 
 def draft_agreement(reference, quantized, cases) -> float:
@@ -442,7 +466,7 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
                else ""))
 
         say("[3/3] writing tokenizer and manifest")
-        files = {name: sha256_of(tmp / name) for name in (*(spec.file for spec in graphs.values()), TOKENIZER_FILE)}
+        files = hash_files(tmp)  # every file written, external data included
         quantization = {"scheme": scheme, "reference": "fp32 graphs",
                         **({"encoder": options.encoder} if precision == "int8" else {}),
                         "output_projection": options.output_projection,

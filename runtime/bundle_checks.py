@@ -7,6 +7,9 @@ sessions are created and before anything is decoded, so such a bundle fails at l
 :class:`BundleError` naming the field and both values, not deep inside a decode with an
 onnxruntime shape error (or, worse, with wrong output).
 
+What IO cannot show (a graph's vocabulary) is checked by running the graphs once at load:
+:mod:`.bundle_probe`.
+
 Everything here is generic over the graphs' IO: tensors are recognised by their role (which
 graph, input or output, element type, rank), never by name, so the exporter can rename or
 split tensors (a stacked cache or one tensor per layer) without changing this module.
@@ -15,7 +18,7 @@ split tensors (a stacked cache or one tensor per layer) without changing this mo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from .bundle_schema import DRAFTER_GRAPHS, DTYPES, show
@@ -160,33 +163,49 @@ def _check_contract(manifest: Manifest) -> None:
 _USE = {"inputs": "feeds", "outputs": "reads"}
 
 
-def _check_tokenizer(manifest: Manifest, tokenizer_vocab_size: int) -> None:
+# the ids decoding starts, stops and pads with, and forces: tokens the tokenizer must know, as special
+SPECIAL_ID_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id",
+                     "forced_eos_token_id")
+
+
+def _check_tokenizer(manifest: Manifest, tokenizer_vocab_size: int, special_ids: Collection[int] | None) -> None:
     m = manifest
     # the model's embedding may be larger than the tokenizer (padded rows), never smaller
     if tokenizer_vocab_size > m.vocab_size:
         raise BundleError(f"tokenizer.json has {tokenizer_vocab_size} tokens but manifest vocab_size is "
                           f"{m.vocab_size}: the tokenizer belongs to another model; {ADVICE}")
-    # the ids decoding starts, stops and pads with are text the tokenizer must know
-    for field in ("decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id",
-                  "forced_eos_token_id"):
+    for field in SPECIAL_ID_FIELDS:
         value = getattr(m, field)
         if value is not None and value >= tokenizer_vocab_size:
             raise BundleError(f"manifest {field} is {value} but tokenizer.json has only {tokenizer_vocab_size} "
                               f"tokens; {ADVICE}")
+        # a tokenizer of the same size from another model has ordinary words at these ids: the
+        # output would end, start or be dropped (decoding skips special tokens) at the wrong tokens
+        if value is not None and special_ids is not None and value not in special_ids:
+            raise BundleError(f"manifest {field} is {value}, which tokenizer.json has as an ordinary token, not a "
+                              f"special one (its special ids: {sorted(special_ids)[:8]}): the tokenizer belongs to "
+                              f"another model; {ADVICE}")
+    # the drafter's [MASK] is an extra embedding row: an id the tokenizer produces would be read as text
+    if m.mask_token_id is not None and m.mask_token_id < tokenizer_vocab_size:
+        raise BundleError(f"manifest mask_token_id is {m.mask_token_id}, a token of tokenizer.json (which has "
+                          f"{tokenizer_vocab_size}): the drafter's [MASK] must be outside the tokenizer's "
+                          f"vocabulary; {ADVICE}")
 
 
-def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer_vocab_size: int) -> None:
+def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer_vocab_size: int,
+                      special_ids: Collection[int] | None = None) -> None:
     """Raise :class:`BundleError` unless the manifest, the graphs and the tokenizer agree.
 
     ``sessions``: graph name ("encoder", "verifier", "drafter") -> the onnxruntime
     InferenceSession (or aggdec OrtSession) created for it; every graph of the manifest must
     be there, except that of a bundle's two drafter graphs (``DRAFTER_GRAPHS``) the one the
-    runtime did not open may be absent. ``tokenizer_vocab_size``: the tokenizer's size with added tokens.
+    runtime did not open may be absent. ``tokenizer_vocab_size``: the tokenizer's size with added tokens;
+    ``special_ids``: the ids it marks special (None: not checked).
     Checks each graph's real IO against the manifest's spec (names, element types, ranks,
     fixed dims), the manifest's sizes (d_model, num_heads, head_dim, top_k, draft_k,
     decoder_layers) against the dims where they appear, that IO against what this runtime feeds
     and reads (names, element types, ranks: ``graph_specs``), and the special ids against the
-    tokenizer.
+    tokenizer: within its vocabulary, special there, and the drafter's [MASK] outside it.
     """
     unopened = set(DRAFTER_GRAPHS) - set(sessions) if set(DRAFTER_GRAPHS) & set(sessions) else set()
     missing = sorted(set(manifest.graphs) - set(sessions) - unopened)
@@ -207,4 +226,4 @@ def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer
     unchecked = sorted(wanted - seen)
     if unchecked:  # a size no graph shows cannot be trusted: the runtime sizes buffers from it
         raise BundleError(f"no graph of the bundle has a fixed dim for manifest {', '.join(unchecked)}; {ADVICE}")
-    _check_tokenizer(manifest, tokenizer_vocab_size)
+    _check_tokenizer(manifest, tokenizer_vocab_size, special_ids)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bundle_checks import check_consistency
+from .bundle_probe import probe_vocabulary
 from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
@@ -19,7 +20,7 @@ from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.sizing import AcceptancePrior, CallCost
 from .decoding.verifier import SLACK, Verifier
 from .errors import BundleError, InputError, ProviderError
-from .manifest import TOKENIZER_FILE, Manifest, load_manifest
+from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
 from .session import OrtSession, check_device, ort
 from .tokenizer import TextCodec
 
@@ -102,7 +103,9 @@ class DecodeStats:
     """How one output was produced.
 
     In a batch, each verifier, drafter and encoder call's time is split evenly among the rows
-    it served, so the rows' figures add up to the batch's; ``batch_size`` is the batch's slots.
+    it served, so the rows' figures add up to the batch's; ``batch_size`` is the most rows a
+    verifier call that decoded this output served (it included): 1 for a text decoded alone,
+    whatever batch size was allowed.
     """
 
     iterations: int  # verifier calls
@@ -200,18 +203,22 @@ class Generator:
         self.drafter_graph = drafter_graph(self.manifest, device, int8_drafter, self.root)
         self.device = device
         self.tf32 = tf32
-        self.codec = TextCodec(self.root / TOKENIZER_FILE)
+        files = BundleFiles(self.root, self.manifest, verify)  # what is read is what was hashed
+        self.codec = TextCodec(self.root / TOKENIZER_FILE, files.read(TOKENIZER_FILE))
         m = self.manifest
         if device == "tensorrt":
             from aggdec.engines.runtime import engine_sessions
 
             sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
         else:
-            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32, m.graph(name), name)
+            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32, m.graph(name), name,
+                                         contents=files.read(m.graph(name).file), external_data=files.external_data())
                         for name in ("encoder", "verifier", self.drafter_graph, "drafter_source")
                         if name is not None and name in m.graphs}  # drafter_source: a drafter's own layers
         # the graphs must be what the manifest says they are, before any text meets them
-        check_consistency(m, sessions, self.codec.vocab_size)
+        check_consistency(m, sessions, self.codec.vocab_size, self.codec.special_ids)
+        if device != "tensorrt":  # engine profiles fix shapes the probe cannot assume
+            probe_vocabulary(m, sessions)  # and their vocabulary, which their IO does not show
         self._sessions = sessions
         self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
         self.drafter: Drafter | None = None
@@ -224,7 +231,7 @@ class Generator:
         if self.drafter_graph is not None:
             self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
                                    int(m.draft_window or 0), sessions.get("drafter_source"),
-                                   source_positions=m.draft_positions == "source")
+                                   source_positions=m.draft_positions == "source", vocab_size=m.vocab_size)
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -561,7 +568,7 @@ class Generator:
             encoder_seconds=seconds["encoder"],
             verifier_seconds=seconds["verifier"],
             total_seconds=seconds["total"] + time.perf_counter() - started,
-            batch_size=batch,
+            batch_size=max(trace.rows, default=1),  # the rows decoded together, not the configured maximum
             drafter_seconds=seconds["drafter"],
         )
         return GenerationResult(text=text, ids=ids, stats=stats)

@@ -10,11 +10,16 @@ A bundle is untrusted input. ``manifest.json`` is read without following symlink
 UTF-8 JSON and pass the schema in :mod:`.bundle_schema` (types, ranges, plain file names)
 before anything else happens; every file the runtime opens must be listed in ``files``, be a
 regular file directly in the bundle directory and match its sha256, and the directory may
-hold no symlink at all. ONNX external-data files, should an exporter ever write them, must be
-listed in ``files`` too: the runtime does not parse ONNX, so it cannot see which files a
-graph references. What keeps a graph from reading outside the bundle through external data
-is onnxruntime (1.2x refuses external-data paths that escape the model's directory) plus the
-no-symlink rule above.
+hold no symlink at all.
+
+What the runtime reads is exactly what was hashed (:class:`BundleFiles`): each graph and the
+tokenizer are read into memory once, hashed, and those bytes are what onnxruntime and
+tokenizers are given, so a file edited or swapped between the check and the load is never what
+runs. ONNX external data (weights kept beside a graph) follows the same rule without the
+runtime parsing ONNX: onnxruntime gets, in memory, every listed file that is neither a graph
+nor the tokenizer, and no directory to read anything else from, so a graph that names an
+unlisted (unhashed) file, a path outside the bundle or a link fails to load with a
+BundleError. Files in the directory that the manifest does not list are never read.
 
 Why the manifest carries no hash of itself: a digest stored beside (or inside) what it
 covers only detects accidental corruption, and that the JSON parser, the schema and the
@@ -230,6 +235,25 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def hash_files(directory: Path) -> dict[str, str]:
+    """The manifest's ``files`` for a bundle being written: the sha256 of every file in
+    ``directory`` but the manifest, so that whatever an exporter writes (ONNX external data
+    included) is covered, not only the files it meant to list."""
+    files = {}
+    for path in sorted(Path(directory).iterdir()):
+        if path.name == MANIFEST_FILE:
+            continue
+        if not path.is_file() or path.is_symlink():
+            raise BundleError(f"{str(path)!r} is not a regular file; a bundle holds regular files only.")
+        files[path.name] = sha256_of(path)
+    return files
+
+
+def _read_regular(path: Path) -> bytes:
+    with os.fdopen(_open_regular(path), "rb") as handle:
+        return handle.read()
+
+
 def _read_manifest_bytes(path: Path) -> bytes:
     with os.fdopen(_open_regular(path), "rb") as handle:
         raw = handle.read(MAX_MANIFEST_BYTES + 1)
@@ -281,6 +305,13 @@ def _refuse_links(root: Path) -> None:
                           "bundle holds regular files only. Copy the bundle without links, or re-run `aggdec export`.")
 
 
+def _mismatch(path: Path, actual: str, expected: str) -> BundleError:
+    return BundleError(
+        f"bundle file {str(path)!r} does not match its manifest (sha256 {actual[:12]}..., "
+        f"expected {expected[:12]}...): it was modified after export. Re-run `aggdec export`."
+    )
+
+
 def verify_files(root: Path, manifest: Manifest) -> None:
     """Refuse a bundle whose files are missing, links, or differ from what was exported.
 
@@ -290,7 +321,36 @@ def verify_files(root: Path, manifest: Manifest) -> None:
         path = root / name
         actual = sha256_of(path)
         if actual != expected:
-            raise BundleError(
-                f"bundle file {str(path)!r} does not match its manifest (sha256 {actual[:12]}..., "
-                f"expected {expected[:12]}...): it was modified after export. Re-run `aggdec export`."
-            )
+            raise _mismatch(path, actual, expected)
+
+
+class BundleFiles:
+    """A bundle's listed files as the runtime reads them: each read once, into memory, and (with
+    ``verify``) checked against its sha256 as it is read, so that the bytes handed on (to
+    onnxruntime, to tokenizers) are the bytes that were hashed (see the module docstring)."""
+
+    def __init__(self, root: str | Path, manifest: Manifest, verify: bool = True) -> None:
+        self.root = Path(root)
+        self.manifest = manifest
+        self.verify = verify
+        self._data: dict[str, bytes] | None = None
+
+    def read(self, name: str) -> bytes:
+        """The content of listed file ``name``; BundleError if it differs from its sha256."""
+        if name not in self.manifest.files:  # the schema lists every graph file and the tokenizer
+            raise BundleError(f"{name!r} is not listed in the manifest's files, so it is not read.")
+        path = self.root / name
+        content = _read_regular(path)
+        if self.verify:
+            actual = hashlib.sha256(content).hexdigest()
+            if actual != self.manifest.files[name]:
+                raise _mismatch(path, actual, self.manifest.files[name])
+        return content
+
+    def external_data(self) -> dict[str, bytes]:
+        """Every listed file that is neither a graph nor the tokenizer, by name: the only files a
+        graph may keep external data in (read once, for every graph that needs them)."""
+        if self._data is None:
+            own = {spec.file for spec in self.manifest.graphs.values()} | {TOKENIZER_FILE}
+            self._data = {name: self.read(name) for name in self.manifest.files if name not in own}
+        return self._data

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import io
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -169,14 +170,35 @@ def check_output_shapes(spec: GraphSpec, inputs: Mapping[str, Any], outputs: Map
                               f"IO implies {shown}; the bundle's graph does not compute what its manifest says.")
 
 
+# where onnxruntime looks for the external data of a graph loaded from memory: a directory
+# that cannot exist (under a file), so that it reads external data from the table it is given
+# or not at all
+_NO_DIRECTORY = str(Path(os.devnull) / "aggdec-reads-external-data-from-memory-only")
+
+
+def _external_data_from_memory_only(options: Any, files: Mapping[str, bytes]) -> None:
+    """Let a graph loaded from memory read external data from ``files`` and nowhere else.
+    onnxruntime copies the buffers while the session is made: they may be freed after."""
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", _NO_DIRECTORY)
+    if files:
+        names = list(files)
+        options.add_external_initializers_from_files_in_memory(names, [files[n] for n in names],
+                                                               [len(files[n]) for n in names])
+
+
 class OrtSession:
     """An ONNX graph run by onnxruntime on one device."""
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
-                 tf32: bool = False, spec: GraphSpec | None = None, name: str | None = None) -> None:
+                 tf32: bool = False, spec: GraphSpec | None = None, name: str | None = None,
+                 contents: bytes | None = None, external_data: Mapping[str, bytes] | None = None) -> None:
         """``spec``: the IO the manifest declares for this graph; with it, every unbound call's
         outputs are checked against the shapes the inputs imply (a bundle is untrusted: a graph
-        can declare one shape and compute another). ``name``: the graph's, for messages."""
+        can declare one shape and compute another). ``name``: the graph's, for messages.
+        ``contents``: the graph's bytes, as read and hashed (manifest.BundleFiles); onnxruntime
+        then reads nothing from disk: ``external_data`` (file name -> bytes) are the only files
+        its external-data tensors may name, and a graph naming any other fails to load.
+        Without ``contents`` the graph is read from ``path``."""
         providers = check_device(device, tf32)
         self.spec = spec
         self.label = f"{Path(path).name} ({name})" if name else Path(path).name
@@ -190,10 +212,18 @@ class OrtSession:
                 raise ProviderError(f"threads must be at least 1, got {threads}.")
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
+        if contents is not None:
+            _external_data_from_memory_only(options, external_data or {})
         try:
-            self._session = ort.InferenceSession(str(path), options, providers=providers)
+            self._session = ort.InferenceSession(str(path) if contents is None else contents, options,
+                                                 providers=providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors for a corrupt file
-            raise BundleError(f"onnxruntime could not load {str(path)!r}: {exc}") from exc
+            detail = str(exc).strip()
+            if contents is not None and "xternal" in detail:
+                raise BundleError(f"{str(path)!r} keeps weights in external data that is not a file the manifest "
+                                  f"lists (and hashes) in the bundle ({detail[:300]}); re-run `aggdec export`."
+                                  ) from exc
+            raise BundleError(f"onnxruntime could not load {str(path)!r}: {detail}") from exc
         if device == "cuda" and "CUDAExecutionProvider" not in self._session.get_providers():
             failed = [line for line in preload_cuda_libraries() if "ailed" in line]
             raise ProviderError(

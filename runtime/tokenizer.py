@@ -10,9 +10,17 @@ from .errors import BundleError
 
 
 class TextCodec:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, contents: bytes | None = None) -> None:
+        """``contents``: the tokenizer file's bytes, as read and hashed (manifest.BundleFiles);
+        without them it is read from ``path``."""
         try:
-            self._tokenizer = Tokenizer.from_file(str(path))
+            if contents is None:
+                self._tokenizer = Tokenizer.from_file(str(path))
+            else:
+                self._tokenizer = Tokenizer.from_str(contents.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"the tokenizer {str(path)!r} is not UTF-8 text (invalid byte at offset "
+                              f"{exc.start}).") from None
         except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
             raise BundleError(f"could not read the tokenizer {str(path)!r}: {exc}") from exc
         self._tokenizer.no_padding()
@@ -26,6 +34,11 @@ class TextCodec:
     @property
     def unk_id(self) -> int | None:
         return self._unk_id
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the tokens the tokenizer marks special (decoding skips them)."""
+        return frozenset(self._special_ids)
 
     @property
     def vocab_size(self) -> int:

@@ -406,3 +406,39 @@ def test_every_heading_of_a_two_device_report_follows_a_blank_line():
     headings = [i for i, line in enumerate(lines) if line.startswith("## ")]
     assert len(headings) >= 6 and any(lines[i].startswith("## CPU, batch 1") for i in headings)
     assert all(lines[i - 1] == "" for i in headings), [lines[i - 1] for i in headings]
+
+
+def test_the_transformers_worker_does_not_warn_per_sentence():
+    """The reference checkpoint's generation config sets max_length; with the bench's
+    max_new_tokens, transformers warned at every generate call (once per sentence)."""
+    script = ("import sys; from aggdec.bench.worker import TransformersSystem; "
+              f"s = TransformersSystem({{'threads': 1, 'device': 'cpu', 'model': {str(MODEL)!r}, "
+              "'max_new_tokens': 64, 'options': {'num_beams': 1}}); "
+              "outs = [s.run([t]) for t in ('Привіт , як справи ?', 'Я йду до дому .')]; print(outs[1][0]['text'])")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "Я йду до дому."
+    assert "seem to have been set" not in result.stderr and "max_new_tokens" not in result.stderr, result.stderr
+
+
+def test_quick_runs_a_short_subset_and_prints_the_result_table(reference_bundle, tmp_path):
+    result = aggdec("bench", str(reference_bundle), "--checkpoint", str(MODEL), "--quick", "--systems", "aggdec-greedy",
+                    "aggdec-iad", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "out" / "bench.json").read_text())["config"]
+    assert (config["sentences"], config["batch_sizes"], config["quick"]) == (16, [1, 8], True)
+    # the tables of bench.md, on the terminal
+    assert "## CPU, batch 1 (one sentence at a time)" in result.stdout and "## CPU, batched" in result.stdout
+    table = [line for line in result.stdout.splitlines() if line.startswith("| aggdec IAD |")]
+    assert len(table) == 2 and "| 100.0% |" in table[0]  # batch 1 (equal to greedy) and batched
+    assert result.stdout.strip().splitlines()[1] in (tmp_path / "out" / "bench.md").read_text()
+
+
+def test_quick_defaults_to_aggdecs_exact_modes_and_two_peers():
+    from aggdec.bench import QUICK_SYSTEMS, BenchOptions, _systems
+    from aggdec.bench.systems import SYSTEMS
+
+    assert _systems(BenchOptions(quick=True)) == QUICK_SYSTEMS
+    assert set(QUICK_SYSTEMS) == {"aggdec-greedy", "aggdec-iad", "aggdec-gad", "hf-greedy", "ct2-fp32"}
+    assert _systems(BenchOptions()) == tuple(spec.name for spec in SYSTEMS)
+    assert _systems(BenchOptions(quick=True, systems=("aggdec-iad",))) == ("aggdec-iad",)

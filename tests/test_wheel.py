@@ -23,6 +23,11 @@ def test_wheel_installs_and_imports(tmp_path, bundle):
                    "aggdec/runtime/decoding/iad.py", "aggdec/export/pipeline.py", "aggdec/engines/__init__.py"):
         assert module in names
     assert not any(name.startswith(("tests/", "runtime/", "export/")) for name in names)
+    assert "aggdec/py.typed" in names  # PEP 561: type checkers read aggdec's hints
+    license_text = (ROOT / "LICENSE").read_text()
+    licenses = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
+    assert licenses and zipfile.ZipFile(wheel).read(licenses[0]).decode() == license_text
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
 
     target = tmp_path / "site"
     install = subprocess.run(
@@ -40,3 +45,14 @@ def test_wheel_installs_and_imports(tmp_path, bundle):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().startswith(str(target))
+
+
+def test_the_sdist_carries_the_license_and_the_changelog(tmp_path):
+    import tarfile
+
+    build = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--skip-dependency-check", "--outdir", str(tmp_path),
+                            str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    with tarfile.open(next(tmp_path.glob("aggdec-*.tar.gz"))) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    assert {"LICENSE", "CHANGELOG.md", "aggdec/py.typed"} <= names

@@ -18,7 +18,11 @@ from aggdec.bench.data import UAGEC_TEST
 from aggdec.bench.systems import BY_NAME, SYSTEMS, with_references
 from aggdec.runtime.errors import InputError
 
-QUICK_LIMIT, QUICK_BATCH_SIZES = 48, (1, 8)
+# --quick: a first look in a few minutes on a small machine, as the README promises: aggdec's
+# exact modes against the two peers most users would otherwise pick, on a few sentences (the
+# full run's int8/fp16 conversions, beam search and optimum are what made it take 9 minutes)
+QUICK_LIMIT, QUICK_BATCH_SIZES = 16, (1, 8)
+QUICK_SYSTEMS = ("aggdec-greedy", "aggdec-iad", "aggdec-gad", "hf-greedy", "ct2-fp32")
 
 
 @dataclass
@@ -26,7 +30,7 @@ class BenchOptions:
     bundle: Path | None = None  # None: the checkpoint (default: the reference UA-GEC model) exported into work
     checkpoint: Path | None = None
     data: str = UAGEC_TEST
-    systems: tuple[str, ...] = tuple(spec.name for spec in SYSTEMS)
+    systems: tuple[str, ...] | None = None  # None: every system (QUICK_SYSTEMS with quick)
     devices: tuple[str, ...] = ("cpu",)
     threads: int = 1
     tf32: bool = False  # aggdec on cuda: TF32 matrix products allowed
@@ -41,8 +45,14 @@ class BenchOptions:
     command: str = ""
 
 
+def _systems(options: BenchOptions) -> tuple[str, ...]:
+    if options.systems is not None:
+        return tuple(options.systems)
+    return QUICK_SYSTEMS if options.quick else tuple(spec.name for spec in SYSTEMS)
+
+
 def _check(options: BenchOptions) -> None:
-    unknown = [name for name in options.systems if name not in BY_NAME]
+    unknown = [name for name in _systems(options) if name not in BY_NAME]
     if unknown:
         raise InputError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(BY_NAME)}.")
     if options.threads < 1:
@@ -82,7 +92,7 @@ def run_bench(options: BenchOptions) -> int:
     from aggdec import Generator
     from aggdec.bench.analysis import not_lossless, summarize
     from aggdec.bench.data import load_examples
-    from aggdec.bench.report import environment, markdown, plots, write_json
+    from aggdec.bench.report import environment, headline, markdown, plots, write_json
     from aggdec.bench.runner import Bench, RunPlan
 
     _check(options)
@@ -90,7 +100,7 @@ def run_bench(options: BenchOptions) -> int:
     batch_sizes = sorted(set(options.batch_sizes or (QUICK_BATCH_SIZES if options.quick else (1, 8, 32))))
     if 1 not in batch_sizes:
         batch_sizes.insert(0, 1)  # batch 1 is the reference every ratio is taken against
-    systems = with_references(options.systems)
+    systems = with_references(_systems(options))
     examples = load_examples(options.data, limit)
     work = options.work.resolve()
     if options.bundle is None:
@@ -161,6 +171,7 @@ def run_bench(options: BenchOptions) -> int:
     report["plots"] = plots(report, out)
     write_json(report, out / "bench.json")
     (out / "bench.md").write_text(markdown(report), encoding="utf-8")
+    print(headline(report), end="", flush=True)  # the result, where the command was run
     print(f"aggdec bench: wrote {out / 'bench.json'}, {out / 'bench.md'} and {len(report['plots'])} plot(s)",
           file=sys.stderr)
     return 1 if broken else 0

@@ -96,7 +96,6 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 def markdown(report: dict) -> str:
     env, config = report["environment"], report["config"]
     rows = report["summary"]["rows"]
-    order = {spec.name: i for i, spec in enumerate(SYSTEMS)}
     lines = [f"# aggdec bench: {config['data']} ({config['sentences']} sentences)", "",
              f"`{config['command']}`", "",
              f"{env['cpu']}, {env['cpu_count']} cores, {env['threads']} thread(s) per system; "
@@ -109,42 +108,18 @@ def markdown(report: dict) -> str:
                   f"aggdec TF32: {'on' if tf32 == ['True'] else 'off' if tf32 == ['False'] else 'mixed' if tf32 else '?'}.",
                   ""]
     for device in config["devices"]:
-        one = sorted((r for r in rows if r["device"] == device and r["batch_size"] == 1), key=lambda r: order[r["system"]])
+        one = _batch_one(rows, device)
         if not one:
             continue
         if lines[-1] != "":  # a heading right after a table would be read as one of its rows
             lines.append("")
-        lines += [f"## {device.upper()}, batch 1 (one sentence at a time)", "",
-                  "| system | median ms | p90 ms | sent/s | tok/s | vs aggdec greedy | vs CT2 fp32 | vs beam 5 "
-                  "| = greedy | F0.5 | peak RSS MiB | load s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in one:
-            gec = r.get("gec") or {}
-            lines.append(
-                f"| {r['label']} | {r['latency_ms']['median']:.1f} | {r['latency_ms']['p90']:.1f} "
-                f"| {r['sentences_per_second']:.1f} | {r['tokens_per_second']:.0f} "
-                f"| {_fmt(r['speedup_vs_aggdec_greedy'], '.2f', 'x')} | {_fmt(r['speedup_vs_ct2_fp32'], '.2f', 'x')} "
-                f"| {_fmt(r['speedup_vs_hf_beam5'], '.2f', 'x')} "
-                f"| {_percent(r['exact_match_vs_greedy'])} "
-                f"| {_fmt(gec.get('f0.5'), '.3f')} | {_fmt(r['peak_rss_mib'], '.0f')} | {_fmt(r['load_seconds'], '.2f')} |")
+        lines += _batch_one_table(one, device)
         if any(r.get("greedy_reference", REFERENCE) != REFERENCE for r in one):  # older reports: fp32 only
             lines += ["", "\"= greedy\" compares token ids with the greedy of the system's own precision at batch 1 "
                       "(int8 and fp16 systems: aggdec int8 or fp16 greedy); "
                       "\"vs aggdec greedy\" is against fp32 aggdec greedy."]
         lines += _precision_table(report, device)
-        batched = sorted({r["batch_size"] for r in rows if r["device"] == device and r["batch_size"] > 1})
-        if batched:
-            lines += ["", f"## {device.upper()}, batched: sentences/s (speedup over aggdec greedy at the same batch size)",
-                      "", "| system | " + " | ".join(f"batch {b}" for b in batched) + " |",
-                      "|---|" + "---|" * len(batched)]
-            for name in sorted({r["system"] for r in rows if r["device"] == device and r["batch_size"] > 1},
-                               key=order.get):
-                cells = []
-                for b in batched:
-                    r = next((x for x in rows if (x["system"], x["device"], x["batch_size"]) == (name, device, b)), None)
-                    cells.append("–" if r is None else
-                                 f"{r['sentences_per_second']:.1f} ({_fmt(r['speedup_vs_aggdec_greedy'], '.2f', 'x')})")
-                lines.append(f"| {next(r['label'] for r in rows if r['system'] == name)} | " + " | ".join(cells) + " |")
+        lines += _batched_table(rows, device)
         split = [r for r in one if r["time_split"]]
         if split:
             lines += ["", f"## Where aggdec's time goes ({device.upper()}, batch 1)", "",
@@ -183,6 +158,61 @@ def markdown(report: dict) -> str:
                   f"(exact match with the human target {report['summary']['copy_gec']['exact_match']:.3f})."]
     if report["notes"]:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _order(name: str) -> int:
+    return next(i for i, spec in enumerate(SYSTEMS) if spec.name == name)
+
+
+def _batch_one(rows: list[dict], device: str) -> list[dict]:
+    return sorted((r for r in rows if r["device"] == device and r["batch_size"] == 1), key=lambda r: _order(r["system"]))
+
+
+def _batch_one_table(one: list[dict], device: str) -> list[str]:
+    lines = [f"## {device.upper()}, batch 1 (one sentence at a time)", "",
+             "| system | median ms | p90 ms | sent/s | tok/s | vs aggdec greedy | vs CT2 fp32 | vs beam 5 "
+             "| = greedy | F0.5 | peak RSS MiB | load s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in one:
+        gec = r.get("gec") or {}
+        lines.append(
+            f"| {r['label']} | {r['latency_ms']['median']:.1f} | {r['latency_ms']['p90']:.1f} "
+            f"| {r['sentences_per_second']:.1f} | {r['tokens_per_second']:.0f} "
+            f"| {_fmt(r['speedup_vs_aggdec_greedy'], '.2f', 'x')} | {_fmt(r['speedup_vs_ct2_fp32'], '.2f', 'x')} "
+            f"| {_fmt(r['speedup_vs_hf_beam5'], '.2f', 'x')} "
+            f"| {_percent(r['exact_match_vs_greedy'])} "
+            f"| {_fmt(gec.get('f0.5'), '.3f')} | {_fmt(r['peak_rss_mib'], '.0f')} | {_fmt(r['load_seconds'], '.2f')} |")
+    return lines
+
+
+def _batched_table(rows: list[dict], device: str) -> list[str]:
+    batched = sorted({r["batch_size"] for r in rows if r["device"] == device and r["batch_size"] > 1})
+    if not batched:
+        return []
+    lines = ["", f"## {device.upper()}, batched: sentences/s (speedup over aggdec greedy at the same batch size)",
+             "", "| system | " + " | ".join(f"batch {b}" for b in batched) + " |", "|---|" + "---|" * len(batched)]
+    for name in sorted({r["system"] for r in rows if r["device"] == device and r["batch_size"] > 1}, key=_order):
+        cells = []
+        for b in batched:
+            r = next((x for x in rows if (x["system"], x["device"], x["batch_size"]) == (name, device, b)), None)
+            cells.append("–" if r is None else
+                         f"{r['sentences_per_second']:.1f} ({_fmt(r['speedup_vs_aggdec_greedy'], '.2f', 'x')})")
+        lines.append(f"| {next(r['label'] for r in rows if r['system'] == name)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def headline(report: dict) -> str:
+    """The result tables of bench.md (batch 1 and batched, per device) and its notes, for the
+    terminal."""
+    rows = report["summary"]["rows"]
+    lines = []
+    for device in report["config"]["devices"]:
+        one = _batch_one(rows, device)
+        if one:
+            lines += ([""] if lines else []) + _batch_one_table(one, device) + _batched_table(rows, device)
+    if report["notes"]:
+        lines += ["", "Notes:"] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
 
 

@@ -139,6 +139,15 @@ def _torch_threads(threads: int) -> None:
         pass
 
 
+def _bounded_by_max_new_tokens(model) -> None:
+    """Leave the output length to ``max_new_tokens`` alone. A checkpoint's generation config
+    that also sets ``max_length`` makes transformers warn at every generate call (once per
+    sentence) that both are set and max_new_tokens wins; the outputs are the same without it."""
+    config = getattr(model, "generation_config", None)
+    if config is not None:
+        config.max_length = None
+
+
 class TransformersSystem:
     def __init__(self, cfg: dict) -> None:
         import torch
@@ -149,6 +158,7 @@ class TransformersSystem:
         self.device = cfg["device"]
         # fp32 whatever the checkpoint's dtype: the precision every other fp32 system runs at
         self.model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model"], dtype=torch.float32).to(self.device).eval()
+        _bounded_by_max_new_tokens(self.model)
         self.tok = _Tokenized(Path(cfg["model"]))
         self.beams = int(cfg.get("options", {}).get("num_beams", 1))
         if self.device == "cuda":  # torch's own setting: its float32 matmuls on TF32 or not
@@ -180,6 +190,7 @@ class OptimumSystem(TransformersSystem):
         provider = "CUDAExecutionProvider" if cfg["device"] == "cuda" else "CPUExecutionProvider"
         self.model = ORTModelForSeq2SeqLM.from_pretrained(cfg["work"], session_options=options, provider=provider,
                                                           use_io_binding=cfg["device"] == "cuda")
+        _bounded_by_max_new_tokens(self.model)
         self.tok = _Tokenized(Path(cfg["model"]))
         self.beams = 1
         self.max_new_tokens = cfg["max_new_tokens"]

@@ -7,11 +7,17 @@ Failure behaviour, in the order a request meets it:
 
 - draining (SIGTERM) or not warm yet: 503 with ``Retry-After``;
 - a body over ``max_body_bytes``: 413, before it is parsed; more than ``max_texts`` texts: 413;
-- malformed JSON, a wrong type, an unknown field, an option the bundle cannot honour: 422;
+- a body that is not UTF-8 JSON sent as ``application/json``, a wrong type, an unknown field,
+  an option the bundle cannot honour: 422;
+- a path the API does not serve: 404; a method a path does not take: 405 with ``Allow``;
 - more texts than the queue has room for: 429 with ``Retry-After`` (nothing is queued);
 - past ``timeout_s``: 504, and the request's unfinished rows are dropped from their batch;
 - a text that cannot be decoded (empty, too long, not a string): an error in its own output
-  item; the request's other texts are decoded.
+  item; the request's other texts are decoded;
+- a fault of the server: 500.
+
+Every error answer, whatever its origin (the framework's own 404 and 405 included), is
+``{"error": {"kind", "message"}}`` and counted in ``aggdec_errors_total`` by kind.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aggdec import __version__
 from aggdec.runtime.errors import AggdecError
@@ -132,6 +139,11 @@ def _error(status: int, kind: str, message: str, metrics: Metrics | None = None,
     if metrics is not None:
         metrics.errors.labels(kind).inc()
     return JSONResponse({"error": {"kind": kind, "message": message, **extra}}, status_code=status, headers=headers)
+
+
+def _sent_as_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _output(result) -> dict[str, Any]:
@@ -275,10 +287,36 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+        if not _sent_as_json(request):  # FastAPI then validates the raw body as the object: a riddle
+            kind = request.headers.get("content-type")
+            return _error(422, "invalid", f"send the body as JSON with Content-Type: application/json (this request "
+                          f"{'has ' + repr(kind) if kind else 'has no Content-Type'}).", metrics, detail=errors)
         first = errors[0] if errors else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         message = f"{where + ': ' if where else ''}{first.get('msg', 'invalid request')}"
         return _error(422, "invalid", message, metrics, detail=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """The framework's own errors, in the API's shape: 404, 405, and a body it cannot parse."""
+        method, path = request.method, request.url.path
+        if exc.status_code == 404:
+            return _error(404, "not_found", f"no endpoint {path}; this API serves POST {GENERATE_PATH}, GET /healthz, "
+                          "/readyz, /metrics and /docs.", metrics)
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            return _error(405, "method_not_allowed", f"{path} does not take {method}; use {allowed or 'another method'}.",
+                          metrics, headers=exc.headers)
+        if exc.status_code == 400:  # FastAPI could not read the body (e.g. it is not UTF-8)
+            return _error(422, "invalid", "the body could not be parsed: send UTF-8 JSON with Content-Type: "
+                          "application/json.", metrics)
+        return _error(exc.status_code, "invalid" if exc.status_code < 500 else "internal", str(exc.detail), metrics,
+                      headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def fault(request: Request, exc: Exception) -> JSONResponse:
+        # answered in the API's shape; the exception is still logged by the server
+        return _error(500, "internal", f"{type(exc).__name__}: {exc}", metrics)
 
     error_responses = {413: {"model": ErrorResponse, "description": "body or text count over the limit"},
                        422: {"model": ErrorResponse, "description": "malformed JSON, wrong types, bad options"},

@@ -9,7 +9,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKENS_PER_CALL_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 # errors by kind: what the client sent or met
-ERROR_KINDS = ("input", "invalid", "too_large", "overloaded", "timeout", "unavailable", "internal")
+ERROR_KINDS = ("input", "invalid", "too_large", "overloaded", "timeout", "unavailable", "internal", "not_found",
+               "method_not_allowed")
 
 
 class Metrics:

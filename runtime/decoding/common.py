@@ -30,6 +30,7 @@ class RowTrace:
     tokens: list[int]  # decoder start token first
     drafted: list[int] = field(default_factory=list)  # draft tokens proposed per iteration
     accepted: list[int] = field(default_factory=list)  # tokens appended per iteration
+    rows: list[int] = field(default_factory=list)  # rows of each iteration's verifier call, this one included
     done: bool = False
 
     @property

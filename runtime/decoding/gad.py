@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle_probe import check_ids
 from ..session import Session
 from .alignment import source_position_offsets
 from .loop import Row
@@ -42,7 +43,9 @@ class Drafter:
     has them; :meth:`memory` runs it once per source, and every :meth:`draft` reads its output."""
 
     def __init__(self, session: Session, k: int, mask_id: int, window: int = 0, source: Session | None = None,
-                 source_positions: bool = False) -> None:
+                 source_positions: bool = False, vocab_size: int | None = None) -> None:
+        """``vocab_size``: the verifier's; a draft outside it is refused (BundleError), as the
+        verifier could not embed it (None: not checked)."""
         self.session = session
         self.k = k
         self.mask_id = mask_id
@@ -51,6 +54,7 @@ class Drafter:
         # read tokens at their aligned source positions, not their output positions (as trained:
         # the manifest's draft_positions)
         self.source_positions = source_positions
+        self.vocab_size = vocab_size
 
     def memory(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """What :meth:`draft` reads of sources whose encoder output is ``hidden`` [m, S, d]: the
@@ -82,6 +86,8 @@ class Drafter:
             "encoder_hidden_states": memory,
             "encoder_attention_mask": mask,
         })
+        if self.vocab_size is not None:
+            check_ids(out["draft_ids"], self.vocab_size, "the drafter")
         return out["draft_ids"]
 
 

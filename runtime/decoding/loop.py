@@ -202,6 +202,7 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
                                     row.limits)
         row.trace.drafted.append(len(draft))
         row.trace.accepted.append(appended)
+        row.trace.rows.append(len(rows))
         drafts.observe(row, len(draft), accepted, appended)
     batch.keep(kept)
 

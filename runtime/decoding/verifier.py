@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..bundle_probe import check_ids
 from ..bundle_schema import ACTIVATION_DTYPES
 from ..errors import BundleError
 from ..manifest import Manifest
@@ -192,6 +193,7 @@ class Batch:
                                   f"{list(top_ids.shape)} for {rows} row(s) of {new} token(s), where its declared IO "
                                   f"implies {list(expected)}; the bundle's graph does not compute what its manifest "
                                   "says.")
+        check_ids(top_ids, self._verifier.manifest.vocab_size, "the verifier")  # they become the output
         self.last_call = (new, time.perf_counter() - started)  # (positions per row, seconds): the cost model's data
         self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids

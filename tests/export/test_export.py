@@ -146,3 +146,24 @@ def test_generation_config_suppressions_are_baked_in(random_checkpoint, tmp_path
     outputs = [r.ids for r in Generator(tmp_path / "out").generate(texts, mode="iad", max_new_tokens=16)]
     assert outputs == expected
     assert not {5, 7} & {token for ids in outputs for token in ids}
+
+
+def test_the_manifest_hashes_every_file_an_exporter_writes(tmp_path):
+    """Whatever lands in the bundle (ONNX external data included) is hashed, not only the files
+    the exporter meant to list; a link is refused."""
+    import hashlib
+    import os
+
+    import pytest
+
+    from aggdec.runtime.errors import BundleError
+    from aggdec.runtime.manifest import hash_files
+
+    (tmp_path / "verifier.onnx").write_bytes(b"graph")
+    (tmp_path / "verifier.weights").write_bytes(b"external data")
+    (tmp_path / "manifest.json").write_text("{}")
+    assert hash_files(tmp_path) == {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+                                    for name in ("verifier.onnx", "verifier.weights")}
+    os.symlink(tmp_path / "verifier.weights", tmp_path / "linked.weights")
+    with pytest.raises(BundleError, match="not a regular file"):
+        hash_files(tmp_path)

@@ -204,3 +204,19 @@ def test_steps_of_one_shape_bind_nothing_and_each_result_stays_its_own(family, b
     unbound.keep(np.ones(2, dtype=np.int64))
     assert np.array_equal(again[1], first[1])
     assert np.array_equal(unbound.verify(first[1][:, :, 0])[1], second[1])
+
+
+def test_stats_batch_size_is_the_rows_decoded_together_not_the_maximum(bundle):
+    """A text decoded alone reports 1 whatever batch size was allowed; rows report how many
+    shared their calls, at most the configured maximum."""
+    generator = Generator(bundle("marian"))
+    texts = ragged_texts(seed=4, count=5)  # 8 texts with the duplicates
+    (alone,) = generator.generate(texts[:1], max_new_tokens=MAX_NEW, batch_size=16)
+    assert alone.stats.batch_size == 1
+    together = generator.generate(texts, max_new_tokens=MAX_NEW, batch_size=16)
+    assert max(r.stats.batch_size for r in together) == len(texts)  # all of them joined the first call
+    assert all(1 <= r.stats.batch_size <= len(texts) for r in together)
+    capped = generator.generate(texts, max_new_tokens=MAX_NEW, batch_size=3)
+    assert max(r.stats.batch_size for r in capped) == 3
+    streamed = dict(generator.stream(texts[:2], max_new_tokens=MAX_NEW, batch_size=16))
+    assert all(r.stats.batch_size <= 2 for r in streamed.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -339,10 +340,10 @@ def test_a_graph_that_computes_other_shapes_than_it_declares_is_a_bundle_error(b
     """The encoder's declared IO checks out, but it pads one cross-attention output by a source
     position: the first call says which graph and output, instead of failing somewhere later."""
     _pad_output(bundle_copy, "encoder", "cross_key.0", [0, 0, 0, 0, 0, 0, 1, 0])  # one more source position
-    generator = Generator(bundle_copy)  # loads: the declared IO is the runtime's
+    # the declared IO is the runtime's: the load-time probe's call is the first to see it
     with pytest.raises(BundleError, match=r"encoder.onnx \(encoder\) computed output 'cross_key.0' of shape "
                                           r"\[1, \d+, (\d+), \d+\], where its declared IO implies"):
-        generator.generate(["w1 w2 w3"], max_new_tokens=4)
+        Generator(bundle_copy)
 
 
 @pytest.mark.parametrize("binding", [True, False])
@@ -350,9 +351,8 @@ def test_a_verifier_that_computes_other_candidate_shapes_is_a_bundle_error(bundl
     """The candidates are bound without a shape (their width varies), so the bound path checks
     them itself; the unbound path through its session."""
     _pad_output(bundle_copy, "verifier", "top_ids", [0, 0, 0, 0, 1, 0])  # one more candidate
-    generator = Generator(bundle_copy, io_binding=binding)
-    with pytest.raises(BundleError, match="does not compute what its manifest says"):
-        generator.generate(["w1 w2 w3"], max_new_tokens=4)
+    with pytest.raises(BundleError, match="does not compute what its manifest says"):  # at load, by the probe
+        Generator(bundle_copy, io_binding=binding).generate(["w1 w2 w3"], max_new_tokens=4)
 
 
 def test_a_graph_that_fails_on_valid_inputs_is_an_error_naming_it(bundle_copy):
@@ -367,12 +367,194 @@ def test_a_graph_that_fails_on_valid_inputs_is_an_error_naming_it(bundle_copy):
             for index, name in enumerate(where):
                 if name == "encoder_hidden_states":
                     where[index] = "hidden.raw"
-    # position 1000 of every source: out of range at run time, which no load-time check can see
-    model.graph.initializer.append(numpy_helper.from_array(np.array([1000], np.int64), "far.position"))
-    model.graph.node.append(helper.make_node("Gather", ["hidden.raw", "far.position"], ["encoder_hidden_states"],
-                                             axis=1))
+    # reshaped to two source positions: it runs on the load-time probe's two-token source and
+    # fails on longer ones, which no load-time check can see
+    shape = np.array([1, 2, manifest["d_model"]], np.int64)
+    model.graph.initializer.append(numpy_helper.from_array(shape, "two.positions"))
+    model.graph.node.append(helper.make_node("Reshape", ["hidden.raw", "two.positions"], ["encoder_hidden_states"]))
     onnx.save(model, str(bundle_copy / spec["file"]))
     manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
     write(bundle_copy, manifest)
     with pytest.raises(GraphRunError, match=r"encoder.onnx \(encoder\) failed on inputs input_ids \[1, \d+\]"):
         Generator(bundle_copy).generate(["w1 w2 w3"], max_new_tokens=4)
+
+
+# ------------------------------------------------- every byte the runtime reads is hashed
+
+
+def _rehash(root, *names) -> None:
+    manifest = read(root)
+    for name in names:
+        manifest["files"][name] = hashlib.sha256((root / name).read_bytes()).hexdigest()
+    write(root, manifest)
+
+
+def _externalize(root, graph_file: str, location: str) -> None:
+    """Rewrite ``graph_file`` with its weights in the external-data file ``location`` (as onnx
+    writes graphs over 2 GB), and re-hash the graph alone: its weights are no file the manifest lists."""
+    import onnx
+
+    model = onnx.load(str(root / graph_file))
+    onnx.save(model, str(root / graph_file), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location, size_threshold=0)
+    _rehash(root, graph_file)
+
+
+def test_external_data_no_hash_covers_is_refused(bundle_copy, capsys):
+    """A flipped byte in weights that no hash covers would change the output silently."""
+    _externalize(bundle_copy, "verifier.onnx", "verifier.weights")
+    for verify in (True, False):  # the runtime reads no unlisted file, whether or not it checks hashes
+        with pytest.raises(BundleError, match="keeps weights in external data that is not a file the manifest lists"):
+            Generator(bundle_copy, verify=verify)
+    assert_cli_one_error(bundle_copy, capsys, "external data")
+
+
+def test_listed_external_data_loads_and_a_flipped_byte_in_it_is_refused(bundle, bundle_copy, capsys):
+    _externalize(bundle_copy, "verifier.onnx", "verifier.weights")
+    _rehash(bundle_copy, "verifier.weights")  # listed and hashed, as an exporter writing external data does
+    texts = ["w1 w2 w3", "w4 w5"]
+    expected = [r.ids for r in Generator(bundle("marian")).generate(texts, max_new_tokens=8)]
+    assert [r.ids for r in Generator(bundle_copy).generate(texts, max_new_tokens=8)] == expected
+    weights = bytearray((bundle_copy / "verifier.weights").read_bytes())
+    weights[len(weights) // 2] ^= 0x01
+    (bundle_copy / "verifier.weights").write_bytes(bytes(weights))
+    with pytest.raises(BundleError, match="verifier.weights.* does not match its manifest"):
+        Generator(bundle_copy)
+    assert_cli_one_error(bundle_copy, capsys, "does not match its manifest")
+
+
+@pytest.mark.parametrize("place", ["outside", "link"])
+def test_external_data_outside_the_bundle_is_never_read(bundle_copy, tmp_path, place, capsys):
+    """The graph names a path out of the bundle (or a link in it) holding the right weights:
+    onnxruntime is given the listed files in memory and no directory, so it reads neither."""
+    import onnx
+
+    _externalize(bundle_copy, "verifier.onnx", "verifier.weights")
+    shutil.move(bundle_copy / "verifier.weights", tmp_path / "verifier.weights")
+    model = onnx.load(str(bundle_copy / "verifier.onnx"), load_external_data=False)
+    location = "../verifier.weights" if place == "outside" else "linked.weights"
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(model, str(bundle_copy / "verifier.onnx"))
+    _rehash(bundle_copy, "verifier.onnx")
+    if place == "link":  # the right weights, through a link in the bundle
+        os.symlink(tmp_path / "verifier.weights", bundle_copy / "linked.weights")
+        match = "holds symlinks"
+    else:  # the right weights, beside the bundle (bundle_copy.parent is tmp_path)
+        match = "keeps weights in external data that is not a file the manifest lists"
+    with pytest.raises(BundleError, match=match):
+        Generator(bundle_copy)
+    assert_cli_one_error(bundle_copy, capsys, match)
+
+
+def test_the_bytes_given_to_the_runtime_are_the_bytes_hashed(bundle_copy):
+    """A file changed after the manifest's check (between hashing and loading) is refused when
+    it is read for use: the read is checked, not only the earlier pass."""
+    from aggdec.runtime.manifest import BundleFiles
+
+    manifest = load_manifest(bundle_copy)  # every hash checks out here
+    (bundle_copy / "tokenizer.json").write_text((bundle_copy / "tokenizer.json").read_text() + " ")
+    files = BundleFiles(bundle_copy, manifest)
+    assert files.read("verifier.onnx") == (bundle_copy / "verifier.onnx").read_bytes()
+    with pytest.raises(BundleError, match="tokenizer.json.* does not match its manifest"):
+        files.read("tokenizer.json")
+    with pytest.raises(BundleError, match="not listed"):
+        files.read("other.onnx")
+
+
+# ------------------------------------------------- tokenizer, manifest and graphs agree
+
+
+def test_a_tokenizer_from_another_model_of_the_same_size_is_refused(bundle_copy, capsys):
+    """Its special tokens sit at other ids: the manifest's eos is an ordinary word there."""
+    tokenizer = json.loads((bundle_copy / "tokenizer.json").read_text())
+    eos = read(bundle_copy)["eos_token_id"]
+    vocab = tokenizer["model"]["vocab"]
+    word = next(token for token, index in vocab.items() if index == eos + 5)
+    eos_token = next(token for token, index in vocab.items() if index == eos)
+    vocab[word], vocab[eos_token] = eos, eos + 5  # the same tokens, two of them at each other's ids
+    for added in tokenizer["added_tokens"]:
+        if added["content"] == eos_token:
+            added["id"] = eos + 5
+    for processor in [tokenizer.get("post_processor") or {}]:
+        for special in (processor.get("special_tokens") or {}).values():
+            special["ids"] = [eos + 5 if i == eos else i for i in special["ids"]]
+    (bundle_copy / "tokenizer.json").write_text(json.dumps(tokenizer))
+    _rehash(bundle_copy, "tokenizer.json")
+    needle = f"manifest eos_token_id is {eos}, which tokenizer.json has as an ordinary token"
+    with pytest.raises(BundleError, match=needle):
+        Generator(bundle_copy)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def test_a_manifest_vocabulary_larger_than_the_graphs_is_refused(bundle_copy, capsys):
+    """The tokenizer fits in it, but the graphs have no rows for its last ids."""
+    manifest = read(bundle_copy)
+    manifest["vocab_size"] += 7
+    write(bundle_copy, manifest)
+    needle = f"the encoder graph fails at load on a probe with token id {manifest['vocab_size'] - 1}"
+    with pytest.raises(BundleError, match=needle):
+        Generator(bundle_copy)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def _foreign_drafter(root, **changes) -> None:
+    """Replace the bundle's drafter graphs with one traced from a drafter of another model
+    (``changes`` to its config), re-hashed and re-declared as the exporter would write it."""
+    import torch
+
+    from aggdec.export.drafter import Drafter, DrafterConfig, DrafterGraph
+    from aggdec.export.pipeline import _drafter_dummy, _trace
+    from aggdec.export.specs import drafter_spec
+
+    manifest = read(root)
+    torch.manual_seed(0)
+    fields = {"vocab_size": manifest["vocab_size"], "d_model": manifest["d_model"], "num_heads": 2, "ffn_dim": 32,
+              "k": manifest["draft_k"], "max_positions": 64, **changes}
+    config = DrafterConfig(head_dim=fields["d_model"] // 2, **fields)
+    drafter = Drafter(config).eval()
+    spec = drafter_spec(config.d_model, config.k)
+    _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, config.d_model), root / spec.file, spec, 17)
+    for name in ("drafter_int8", "drafter_source"):  # the bundle's other drafter graphs go
+        if name in manifest["graphs"]:
+            manifest["files"].pop(manifest["graphs"].pop(name)["file"])
+    manifest["graphs"]["drafter"] = json.loads(json.dumps(dataclasses.asdict(spec)))
+    write(root, manifest)
+    _rehash(root, spec.file)
+
+
+@pytest.fixture()
+def gad_copy(drafter_bundle, tmp_path):
+    from aggdec.export.drafter import new_drafter_from_verifier
+
+    source, _ = drafter_bundle("marian", "gad", lambda model: new_drafter_from_verifier(model, layers=2, k=25, seed=1))
+    shutil.copytree(source, tmp_path / "bundle")
+    return tmp_path / "bundle"
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"vocab_size": -9}, "the drafter graph fails at load on a probe with token id"),  # no row for its [MASK]
+    ({"vocab_size": +400}, "the drafter graph returned token id"),  # drafts ids the verifier has no row for
+    ({"d_model": 16}, "manifest d_model is 32 but drafter input 'encoder_hidden_states'"),
+    ({"k": 7}, "manifest draft_k is 25 but drafter output 'draft_ids'"),
+])
+def test_a_drafter_from_another_model_is_refused_at_load(gad_copy, changes, needle, capsys):
+    """A drafter graph traced for another vocabulary, width or k, declared (as the graph is)
+    and hashed in its bundle's manifest."""
+    vocab = read(gad_copy)["vocab_size"]
+    _foreign_drafter(gad_copy, **{k: vocab + v if k == "vocab_size" else v for k, v in changes.items()})
+    with pytest.raises(BundleError, match=re.escape(needle)):
+        Generator(gad_copy)
+    assert_cli_one_error(gad_copy, capsys, needle)
+
+
+def test_a_mask_id_the_tokenizer_produces_is_refused(gad_copy, capsys):
+    manifest = read(gad_copy)
+    manifest["mask_token_id"] = 5
+    write(gad_copy, manifest)
+    needle = "manifest mask_token_id is 5, a token of tokenizer.json"
+    with pytest.raises(BundleError, match=needle):
+        Generator(gad_copy)
+    assert_cli_one_error(gad_copy, capsys, needle)

@@ -293,3 +293,14 @@ def test_a_per_call_int8_encoder_is_given_one_source_per_call(bundle, int8, tmp_
                  "--encoder-quantization", "per-row"]) == 2
     assert "--encoder-quantization is for int8 bundles" in capsys.readouterr().err
     assert not (tmp_path / "half").exists()
+
+
+def test_quantize_prints_no_preprocessing_advice(bundle, tmp_path):
+    """onnxruntime's quantizer advises pre-processing on the root logger for every graph; it
+    does not apply to aggdec's graphs and is silenced there, nothing else (export/quantize.py)."""
+    from tests.test_cli import aggdec
+
+    result = aggdec("quantize", str(bundle("marian")), str(tmp_path / "int8"))
+    assert result.returncode == 0, result.stderr
+    assert "pre-processing" not in result.stderr and "WARNING:root" not in result.stderr, result.stderr
+    assert "done in" in result.stderr  # aggdec's own progress still shows

@@ -236,3 +236,28 @@ def test_past_the_deadline_504_and_the_rows_are_dropped(generator):
     with Running(generator, max_batch=2) as running:
         ok = running.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)
         assert [item["ids"] for item in ok.json()["outputs"]] == greedy(generator, texts)
+
+
+@pytest.mark.parametrize("method, path, body, headers, status, kind, needle", [
+    ("POST", "/v1/generate", b'{"texts": ["\xff\xfe"]}', {"content-type": "application/json"}, 422, "invalid",
+     "send UTF-8 JSON with Content-Type: application/json"),  # FastAPI's own 400 {"detail": ...} before
+    ("POST", "/v1/generate", b'{"texts": ["w1"]}', {}, 422, "invalid", "this request has no Content-Type"),
+    ("POST", "/v1/generate", b'{"texts": ["w1"]}', {"content-type": "text/plain"}, 422, "invalid",
+     "send the body as JSON with Content-Type: application/json (this request has 'text/plain')"),
+    ("GET", "/v2/generate", None, {}, 404, "not_found", "no endpoint /v2/generate; this API serves POST /v1/generate"),
+    ("GET", "/v1/generate", None, {}, 405, "method_not_allowed", "/v1/generate does not take GET; use POST"),
+    ("DELETE", "/healthz", None, {}, 405, "method_not_allowed", "/healthz does not take DELETE; use GET"),
+])
+def test_every_error_has_the_documented_shape_and_is_counted(server, method, path, body, headers, status, kind,
+                                                             needle):
+    """Errors the framework answers itself (404, 405, a body it cannot read, a body not sent as
+    JSON) too: {"error": {kind, message}} and one more in aggdec_errors_total{kind}."""
+    before = metrics(server)[f"aggdec_errors_total{{kind={kind}}}"]
+    response = server.client.request(method, path, content=body, headers=headers)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["kind"] == kind and needle in error["message"], error
+    assert set(response.json()) == {"error"}
+    if status == 405:
+        assert response.headers["allow"]
+    assert metrics(server)[f"aggdec_errors_total{{kind={kind}}}"] == before + 1

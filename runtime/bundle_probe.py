@@ -1,0 +1,85 @@
+"""Load-time probe: every graph run once at the edges of the manifest's vocabulary.
+
+A graph's IO says nothing of its vocabulary (token ids go in and out as int64 of any value),
+and the runtime does not parse ONNX to count an embedding's rows. So, after the IO checks of
+:mod:`.bundle_checks` and before any text is decoded, :func:`probe_vocabulary` runs each graph
+once on a two-token source holding the manifest's last id (``vocab_size - 1``), and the drafter
+on its [MASK] id, and requires every id a graph returns to lie in the vocabulary. A graph
+traced from another model then fails at load with a :class:`BundleError` naming it:
+
+- a smaller vocabulary than the manifest's: the id is past the graph's embedding, which
+  onnxruntime refuses to look up (on the CPU; a GPU kernel may not check);
+- a drafter for another vocabulary: its [MASK] (an extra row after the verifier's vocabulary)
+  is past its embedding, or it drafts ids the verifier has no row for;
+- a larger vocabulary: the verifier or drafter returns an id outside the manifest's, when it
+  does here (the decode loop checks every call's ids as well, decoding/verifier.py and gad.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .bundle_checks import ADVICE
+from .bundle_schema import ACTIVATION_DTYPES, DRAFTER_GRAPHS
+from .decoding.cache import cross_names, self_cache_names
+from .errors import BundleError, GraphRunError
+from .manifest import Manifest
+
+_PROBE_CAPACITY = 2  # self-attention buffer positions the verifier probe gets (it writes two)
+
+
+def check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
+    """Refuse token ids outside [0, vocab_size) that a graph returned (``what`` names it)."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise BundleError(f"{what} returned token id {bad}, outside the manifest's vocabulary of {vocab_size}: "
+                          f"the graph was made for another vocabulary; {ADVICE}")
+
+
+def _run(session: Any, graph: str, feeds: dict[str, np.ndarray], probe: str) -> dict[str, np.ndarray]:
+    try:
+        return session.run(feeds)
+    except GraphRunError as exc:
+        raise BundleError(f"the {graph} graph fails at load on a probe with {probe} ({exc}); {ADVICE}") from None
+
+
+def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
+    """Raise :class:`BundleError` unless each graph in ``sessions`` (graph name -> a session
+    with ``run(feeds) -> outputs``, as the runtime opened it) takes the vocabulary's last id
+    and returns ids within the vocabulary (the module docstring)."""
+    m = manifest
+    last = m.vocab_size - 1
+    act = np.dtype(ACTIVATION_DTYPES[m.precision])
+    source = np.array([[last, m.eos_token_id]], dtype=np.int64)
+    mask = np.ones_like(source)
+    probe = f"token id {last}, the last of manifest vocab_size {m.vocab_size}"
+    encoded = _run(sessions["encoder"], "encoder", {"input_ids": source, "attention_mask": mask}, probe)
+    empty = np.zeros((1, m.num_heads, _PROBE_CAPACITY, m.head_dim), dtype=act)
+    verified = _run(sessions["verifier"], "verifier", {
+        "input_ids": np.array([[m.decoder_start_token_id, last]], dtype=np.int64),
+        "past_lengths": np.zeros(1, dtype=np.int64),
+        **{name: empty.copy() for name in self_cache_names(m.decoder_layers)},
+        **{name: encoded[name] for name in cross_names(m.decoder_layers)},
+        "encoder_attention_mask": mask,
+    }, probe)
+    check_ids(verified["top_ids"], m.vocab_size, "the verifier")
+    drafter = next((name for name in DRAFTER_GRAPHS if name in sessions), None)
+    if drafter is None or m.draft_k is None or m.mask_token_id is None:
+        return
+    memory = encoded["encoder_hidden_states"]
+    if "drafter_source" in sessions:
+        memory = _run(sessions["drafter_source"], "drafter_source",
+                      {"encoder_hidden_states": memory, "encoder_attention_mask": mask}, probe)["drafter_memory"]
+    ids = np.array([[m.decoder_start_token_id, last] + [m.mask_token_id] * m.draft_k], dtype=np.int64)
+    drafted = _run(sessions[drafter], drafter, {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "slot_start": np.array([2], dtype=np.int64),
+        "position_offset": np.zeros(1, dtype=np.int64),
+        "encoder_hidden_states": memory,
+        "encoder_attention_mask": mask,
+    }, f"{probe} and its [MASK] id {m.mask_token_id}")
+    check_ids(drafted["draft_ids"], m.vocab_size, f"the {drafter} graph")
