@@ -16,6 +16,7 @@ from typing import Any, BinaryIO, TextIO
 
 from aggdec.runtime.bundle_schema import ENCODER_QUANTIZATION, PRECISIONS
 from aggdec.runtime.errors import AggdecError, InputError
+from aggdec.runtime.options import MODES, DecodeOptions
 
 
 def _positive_int(text: str) -> int:
@@ -108,7 +109,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     gen = commands.add_parser("generate", help="decode one input per line with a bundle")
     gen.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
-    gen.add_argument("--mode", choices=("greedy", "iad", "gad", "gad++"), default="greedy",
+    gen.add_argument("--mode", choices=MODES, default="greedy",
                      help="decoding mode (greedy)")
     gen.add_argument("--beta", type=_positive_int, help="gad++: accept drafts among the verifier's top-beta (3)")
     gen.add_argument("--tau", type=_finite_non_negative, help="gad++: ... within tau log-prob of its best (1.0)")
@@ -164,7 +165,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on, 0 = any free one (8000)")
     serve.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
     serve.add_argument("--threads", type=_positive_int, help="intra-op threads (default: onnxruntime's choice)")
-    serve.add_argument("--mode", choices=("greedy", "iad", "gad", "gad++"), default="iad",
+    serve.add_argument("--mode", choices=MODES, default="iad",
                        help="mode of a request that names none (iad)")
     serve.add_argument("--max-batch", type=_positive_int, default=32, help="rows per verifier call (32)")
     serve.add_argument("--max-wait-ms", type=_finite_non_negative, default=5.0,
@@ -203,7 +204,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="closed-loop clients per step (1 8 32 64)")
     load.add_argument("--duration", type=_positive_float, default=20.0, help="seconds per step (20)")
     load.add_argument("--max-requests", type=_positive_int, default=100000, help="requests per step at most (100000)")
-    load.add_argument("--mode", choices=("greedy", "iad", "gad", "gad++"), default="iad", help="mode requested (iad)")
+    load.add_argument("--mode", choices=MODES, default="iad", help="mode requested (iad)")
     load.add_argument("--texts-per-request", type=_positive_int, default=1, help="texts per request (1)")
     load.add_argument("--timeout-s", type=_positive_float, default=60.0, help="client timeout per request (60)")
     load.add_argument("--offline-batch", type=int, default=32,
@@ -423,11 +424,11 @@ def _generate(args: argparse.Namespace) -> int:
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
                           io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
                           engines=args.engines, int8_drafter=False if args.fp32_drafter else None)
-    generator.check_options(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k)
+    options = generator.resolve_options(DecodeOptions(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k))
     load = time.perf_counter() - loading
     # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):
     # done here on a short made-up input, so that neither the first lines nor --stats pay for it
-    warm_up = generator.warm_up(args.mode, args.batch_size)
+    warm_up = generator.warm_up(options, args.batch_size)
     source = _open_input(args.input)
     name = "stdin" if args.input is None else repr(args.input)
     started, graphs_before = time.perf_counter(), generator.graph_seconds
@@ -438,9 +439,8 @@ def _generate(args: argparse.Namespace) -> int:
         # as soon as it and every line before it are done.
         done: dict[int, tuple[Any, str | None]] = {}
         written = 0  # input lines answered so far
-        for index, result in generator.stream(_lines(source, name), mode=args.mode,
-                                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                              beta=args.beta, tau=args.tau, draft_k=args.draft_k):
+        for index, result in generator.stream(_lines(source, name), options, max_new_tokens=args.max_new_tokens,
+                                              batch_size=args.batch_size):
             if isinstance(result, InputError):
                 refused += 1
                 reason = str(result).replace(f"text {index} ", "input ", 1)
@@ -458,7 +458,7 @@ def _generate(args: argparse.Namespace) -> int:
                 bar.update(1)
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     if args.stats:
-        costs = (*generator.gad_costs.fit(), generator.gad_costs.drafter_seconds) if args.mode in ("gad", "gad++") \
+        costs = (*generator.gad_costs.fit(), generator.gad_costs.drafter_seconds) if options.mode.needs_drafter \
             else None
         _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up, costs)
     return 1 if refused else 0

@@ -30,8 +30,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from aggdec.runtime.errors import InputError
+from aggdec.runtime.options import Mode
 
-LOSSLESS = ("greedy", "iad", "gad")  # modes whose output must equal greedy's
+LOSSLESS = (Mode.GREEDY, Mode.IAD, Mode.GAD)  # modes whose output must equal greedy's
 REFUSED_PAUSE = 0.01
 
 

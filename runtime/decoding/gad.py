@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..session import Session
-from .alignment import source_position_offsets
+from .alignment import MIN_REPEAT, source_position_offsets
 from .loop import Row
 from .repetition import RepeatDrafts
-from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
+from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost
 from .verifier import Batch
 
 
@@ -114,11 +114,13 @@ class DrafterDraft:
 
     def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None, cost_ratio: float = 0.05,
                  adaptive: bool = True, costs: CallCost | None = None, prior: AcceptancePrior | None = None,
-                 repeats: bool = True) -> None:
+                 repeats: bool = True, decay: float = DECAY, max_rest: int = MAX_REST,
+                 min_repeat: int = MIN_REPEAT) -> None:
         self.drafter = drafter
         self.pad_id = pad_id
         self.k = drafter.k if k is None else min(k, drafter.k)
-        self.options = BlockOptions(max_block=self.k, adaptive=adaptive, cost_ratio=cost_ratio, decay=DECAY)
+        self.options = BlockOptions(max_block=self.k, adaptive=adaptive, cost_ratio=cost_ratio, decay=decay,
+                                    max_rest=max_rest, min_repeat=min_repeat)
         self.costs = CallCost(cost_ratio) if costs is None else costs
         self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
         self.repeats = repeats
