@@ -219,7 +219,7 @@ class Generator:
         self.gad_costs = CallCost(self.tuning.cost_ratio)
         # per drafting mode, the acceptance its rows have seen: a new row's first draft length
         # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
-        self.draft_priors = {mode: AcceptancePrior() for mode in DRAFTING_MODES}
+        self.draft_priors = {mode: AcceptancePrior() if self.tuning.shared_prior else None for mode in DRAFTING_MODES}
         if self.drafter_graph is not None:
             self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
                                    int(m.draft_window or 0), sessions.get("drafter_source"),
@@ -259,7 +259,8 @@ class Generator:
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
         for prior in self.draft_priors.values():
-            prior.reset()  # the warm-up's made-up text is not the workload
+            if prior is not None:
+                prior.reset()  # the warm-up's made-up text is not the workload
         return time.perf_counter() - started
 
     @property

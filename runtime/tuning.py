@@ -46,6 +46,9 @@ class Tuning:
     (decoding/alignment.py: MIN_REPEAT).
     ``max_rest``: the longest run of plain steps between two tries of a failing draft source
     (decoding/sizing.py: MAX_REST).
+    ``shared_prior``: a new row's first draft length starts from the acceptance the earlier
+    rows of its mode saw (decoding/sizing.py: AcceptancePrior); False: from BlockOptions'
+    fixed prior (benchmarks/results/draft-prior-cpu).
     """
 
     cost_ratio: float = 0.05
@@ -56,6 +59,7 @@ class Tuning:
     width_quantile: float = WIDTH_QUANTILE
     min_repeat: int = MIN_REPEAT
     max_rest: int = MAX_REST
+    shared_prior: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_block", "encoder_call_tokens", "min_repeat", "max_rest"):
@@ -68,6 +72,8 @@ class Tuning:
             value = getattr(self, name)
             if not _real(value) or not 0 < value <= 1:
                 raise InputError(f"tuning {name} must be a number in (0, 1], got {value!r}.")
+        if not isinstance(self.shared_prior, bool):
+            raise InputError(f"tuning shared_prior must be True or False, got {self.shared_prior!r}.")
         classes = self.length_classes
         if not isinstance(classes, tuple) or any(isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1
                                                  for c in classes) or list(classes) != sorted(set(classes)):

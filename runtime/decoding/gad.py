@@ -88,8 +88,9 @@ class Drafter:
 # How fast a GAD row's acceptance estimate forgets (BlockOptions.decay; IAD keeps 0.8). A drafter
 # that tracked a long stretch often fails for good when the output turns repetitive; with 0.8
 # a row kept drafting k for five to eight failed calls after a run of successes. Measured with
-# benchmarks/gad_decay_ab.py (1,500 sentences, one process): 0.5 against 0.8 took 0.962x the
-# GAD time, 0.922x on outputs over 64 tokens (0.8 against itself, the noise: 0.996x, 1.004x).
+# benchmarks/gad_decay_ab.py (now `benchmarks/ab.py --set mode=gad --a gad_decay=0.8`; 1,500
+# sentences, one process): 0.5 against 0.8 took 0.962x the GAD time, 0.922x on outputs over 64
+# tokens (0.8 against itself, the noise: 0.996x, 1.004x). A Generator's Tuning.gad_decay.
 DECAY = 0.5
 
 
