@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch-size and --limit must be at least 1")
 
     from aggdec import Generator
-    from aggdec.bench.data import load_examples
+    from aggdec.sentences import load_examples
     from aggdec.runtime.tuning import tuning_for
 
     both = side_settings(args.both)

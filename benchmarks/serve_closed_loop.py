@@ -20,7 +20,8 @@ import numpy as np
 
 import aggdec.runtime.decoding.verifier as verifier_module
 from aggdec import Generator
-from aggdec.bench.data import load_examples
+from aggdec.sentences import load_examples
+from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
 from aggdec.runtime.tuning import tuning_for
 
@@ -60,7 +61,7 @@ def closed_loop(generator: Generator, ids: list[list[int]], concurrency: int, sl
     ``passes`` times over the list) as it finishes."""
     total = passes * len(ids)
     work = Arrivals()
-    rows = generator.decoder(work, "iad", slots, linger=linger)
+    rows = RowDecoder(generator).rows(work, "iad", slots, linger=linger)
     sent = 0
     started = time.perf_counter()
     for _ in range(min(concurrency, total)):
@@ -90,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     generators = {name: Generator(args.bundle, threads=args.threads, tuning=tuning) for name, tuning in VARIANTS.items()}
     texts = [e.source for e in load_examples("uagec-test", limit=args.limit)]
-    ids = [generators["cohorts"].prepare(text)[1] for text in texts]
+    ids = [RowDecoder(generators["cohorts"]).prepare(text)[1] for text in texts]
     for generator in generators.values():
         generator.generate(texts[:8], mode="iad")  # warm-up
     calls = Calls()

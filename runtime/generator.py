@@ -5,27 +5,25 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle_checks import check_consistency
 from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.common import GREEDY, DecodeLimits, Verification
-from .decoding.gad import Drafter, DrafterDraft
+from .decoding.gad import DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.sizing import AcceptancePrior, CallCost
 from .decoding.verifier import SLACK, Verifier
-from .errors import BundleError, InputError, ProviderError
-from .manifest import TOKENIZER_FILE, Manifest, load_manifest
+from .errors import InputError
+from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
-from .session import OrtSession, check_device, ort
 from .tokenizer import TextCodec
 from .tuning import Tuning, tuning_for
 
 __all__ = ["DecodeOptions", "DecodeStats", "GAD_PLUS_BETA", "GAD_PLUS_TAU", "GenerationResult", "Generator", "MODES",
-           "Mode"]
+           "Mode", "PRECISION_DEVICES", "PRECISION_LIMITS", "check_precision", "drafter_graph"]
 _END = object()  # the end of a stream's results
 
 
@@ -36,58 +34,14 @@ class _Failed:
     error: BaseException
 
 
+def _check_tuning(tuning: object) -> None:
+    if tuning is not None and not isinstance(tuning, Tuning):
+        raise InputError(f"tuning must be an aggdec.runtime.tuning.Tuning, not {type(tuning).__name__}.")
+
+
 def _check_batch_size(batch_size: object) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
-
-
-# the devices each bundle precision runs on, and why the others cannot run it
-PRECISION_DEVICES = {"fp32": ("cpu", "cuda", "tensorrt"), "int8": ("cpu",), "fp16": ("cuda", "cpu")}
-PRECISION_LIMITS = {
-    "int8": "its MatMulInteger products are a CPU kernel (onnxruntime's CUDA provider would run them on the CPU, "
-            "copying every activation across, and TensorRT has no such layer)",
-    "fp16": "aggdec's TensorRT engines are built from fp32 graphs (`aggdec build-engines --fp16` builds fp16 "
-            "engines from them)",
-}
-
-
-def check_precision(manifest: Manifest, device: str, root: Path | str = "the bundle") -> None:
-    """Refuse a bundle whose precision ``device`` cannot run, before any session is made."""
-    devices = PRECISION_DEVICES.get(manifest.precision, ())
-    if device not in devices:
-        raise ProviderError(
-            f"{str(root)!r} is an {manifest.precision} bundle, which runs on device {' or '.join(map(repr, devices))} "
-            f"only, not {device!r}: {PRECISION_LIMITS[manifest.precision]}. Use "
-            f"device {devices[0]!r}, or the fp32 bundle it was converted from on {device!r}."
-        )
-
-
-def drafter_graph(manifest: Manifest, device: str, int8_drafter: bool | None, root: Path | str = "the bundle"
-                  ) -> str | None:
-    """Which of the bundle's drafter graphs to open: "drafter_int8" (fp32 bundles exported by
-    this aggdec carry one) on the CPU unless ``int8_drafter`` is False, else "drafter"; None
-    when the bundle has no drafter. The drafter only proposes tokens, which the verifier checks,
-    so its precision never changes an output (only how many drafts are accepted)."""
-    if int8_drafter is not None and not isinstance(int8_drafter, bool):
-        raise InputError(f"int8_drafter must be True, False or None, got {int8_drafter!r}.")
-    if "drafter" not in manifest.graphs:
-        if int8_drafter:
-            raise BundleError(f"int8_drafter=True, but {str(root)!r} has no drafter; export it with --drafter.")
-        return None
-    if int8_drafter and device != "cpu":
-        raise ProviderError(f"int8_drafter=True runs on device 'cpu' only, not {device!r} (int8 MatMulInteger is a "
-                            "CPU kernel); leave it unset to use the float drafter there.")
-    if int8_drafter and manifest.precision == "fp32" and "drafter_int8" not in manifest.graphs:
-        raise BundleError(f"int8_drafter=True, but {str(root)!r} has no int8 drafter (drafter_int8): it was exported "
-                          "before aggdec wrote one, or with --no-int8-drafter; re-export it, or leave int8_drafter "
-                          "unset.")
-    if device == "cpu" and int8_drafter is not False and "drafter_int8" in manifest.graphs:
-        return "drafter_int8"
-    return "drafter"  # in an int8 bundle, that one is int8 already
-
-
-def _ort_cuda_available() -> bool:
-    return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 
 
 @dataclass(frozen=True)
@@ -177,53 +131,35 @@ class Generator:
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
-        if device == "tensorrt":  # fail before reading any file
-            from aggdec.engines.runtime import check_tensorrt
+        _check_tuning(tuning)  # before any file is read
+        self._setup(open_bundle(bundle_dir, device=device, threads=threads, io_binding=io_binding, verify=verify,
+                                tf32=tf32, engines=engines, int8_drafter=int8_drafter), tuning)
 
-            check_tensorrt()
-            if io_binding is None:
-                io_binding = _ort_cuda_available()
-            elif io_binding:
-                check_device("cuda")  # the bound cache buffers are onnxruntime CUDA allocations
-        else:
-            check_device(device, tf32)
-            if engines is not None:
-                raise ProviderError("engines applies to device 'tensorrt' only.")
-        self.io_binding = True if io_binding is None else bool(io_binding)
-        self.root = Path(bundle_dir)
-        self.manifest: Manifest = load_manifest(self.root, verify=verify)
-        check_precision(self.manifest, device, self.root)  # before any session is made
-        self.drafter_graph = drafter_graph(self.manifest, device, int8_drafter, self.root)
-        self.device = device
-        self.tf32 = tf32
-        self.codec = TextCodec(self.root / TOKENIZER_FILE)
-        m = self.manifest
-        if device == "tensorrt":
-            from aggdec.engines.runtime import engine_sessions
+    @classmethod
+    def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None) -> Generator:
+        """A Generator over a bundle :func:`~aggdec.runtime.loader.open_bundle` opened."""
+        generator = cls.__new__(cls)
+        generator._setup(bundle, tuning)
+        return generator
 
-            sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
-        else:
-            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32, m.graph(name), name)
-                        for name in ("encoder", "verifier", self.drafter_graph, "drafter_source")
-                        if name is not None and name in m.graphs}  # drafter_source: a drafter's own layers
-        # the graphs must be what the manifest says they are, before any text meets them
-        check_consistency(m, sessions, self.codec.vocab_size)
-        self._sessions = sessions
-        self.tuning = tuning_for(device) if tuning is None else tuning
-        if not isinstance(self.tuning, Tuning):
-            raise InputError(f"tuning must be an aggdec.runtime.tuning.Tuning, not {type(self.tuning).__name__}.")
-        self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m, self.tuning.encoder_call_tokens)
-        self.drafter: Drafter | None = None
+    def _setup(self, bundle: OpenedBundle, tuning: Tuning | None) -> None:
+        if not isinstance(bundle, OpenedBundle):
+            raise InputError(f"bundle must be what open_bundle returns, not {type(bundle).__name__}.")
+        _check_tuning(tuning)
+        self.tuning = tuning_for(bundle.device) if tuning is None else tuning
+        self.bundle = bundle
+        self.root, self.manifest, self.codec = bundle.root, bundle.manifest, bundle.codec
+        self.device, self.tf32, self.io_binding = bundle.device, bundle.request.tf32, bundle.io_binding
+        self.drafter_graph, self.drafter = bundle.drafter_graph, bundle.drafter
+        self._sessions = bundle.sessions
+        self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
+                                 self.tuning.encoder_call_tokens)
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured
         self.gad_costs = CallCost(self.tuning.cost_ratio)
         # per drafting mode, the acceptance its rows have seen: a new row's first draft length
         # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
         self.draft_priors = {mode: AcceptancePrior() if self.tuning.shared_prior else None for mode in DRAFTING_MODES}
-        if self.drafter_graph is not None:
-            self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
-                                   int(m.draft_window or 0), sessions.get("drafter_source"),
-                                   source_positions=m.draft_positions == "source")
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -387,7 +323,7 @@ class Generator:
             try:
                 for index, item in enumerate(items):
                     try:
-                        text, ids = self.prepare(item, index)
+                        text, ids = self._prepare(item, index)
                     except InputError as exc:
                         out.put((index, exc))
                         continue
@@ -500,37 +436,13 @@ class Generator:
             return drafts, GREEDY
         return drafts, Verification(beta=int(options.beta), tau=float(options.tau))
 
-    # ------------------------------------------------------------------ building blocks for servers
-
-    def prepare(self, item: object, index: int = 0) -> tuple[str, list[int]]:
+    def _prepare(self, item: object, index: int = 0) -> tuple[str, list[int]]:
         """``item`` (a string, or UTF-8 bytes) as a text and its token ids, or the InputError that
-        :meth:`stream` would report for it (naming ``index``): what a server checks per item."""
+        :meth:`stream` reports for it (naming ``index``)."""
         text = _as_text(item, index)
         ids = self.codec.encode([text])[0]
         self._check_length(ids, index)
         return text, ids
-
-    def limits(self, max_new_tokens: int | None = None) -> DecodeLimits:
-        """The stopping rule for ``max_new_tokens`` (None: the bundle's limit), for a
-        :class:`Work` of its own; InputError if the bundle cannot honour it."""
-        return self._limits(max_new_tokens)
-
-    def decoder(self, work: Arrivals, options: DecodeOptions | Mode | str | None = None, batch_size: int = 16,
-                linger: float = 0.0, on_call: Callable[[int], None] | None = None) -> Iterator[Finished]:
-        """The batched decode loop over ``work`` (which may keep growing until it is closed):
-        yields each row as it finishes; :meth:`result` turns it into a GenerationResult. A server
-        runs one per decoding configuration in a thread of its own, with a queue it never
-        closes. ``linger``: seconds an idle loop waits to gather a batch after the first
-        source. ``on_call(rows)``: called before each verifier call with its number of rows."""
-        drafts, verification = self._strategy(self.resolve_options(options))
-        _check_batch_size(batch_size)
-        if on_call is not None:
-            drafts = _Counted(drafts, on_call)
-        return self._decode(work, self._limits(None), drafts, verification, batch_size, linger)
-
-    def result(self, done: Finished, batch_size: int = 1, source: str | None = None) -> GenerationResult:
-        """A finished row as a GenerationResult (``source``: its text, to restore <unk>)."""
-        return self._result(done, batch_size, source)
 
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
@@ -560,29 +472,3 @@ class Generator:
             drafter_seconds=seconds["drafter"],
         )
         return GenerationResult(text=text, ids=ids, stats=stats)
-
-
-class _Counted:
-    """A draft source that reports each verifier call's number of rows (a server's batch-size metric)."""
-
-    def __init__(self, inner: DraftSource, on_call: Callable[[int], None]) -> None:
-        self.inner = inner
-        self.on_call = on_call
-
-    @property
-    def seconds(self) -> float:
-        return self.inner.seconds
-
-    @property
-    def memory(self):
-        return self.inner.memory
-
-    def start(self, row) -> None:
-        self.inner.start(row)
-
-    def propose(self, batch, rows, rooms):
-        self.on_call(len(rows))
-        return self.inner.propose(batch, rows, rooms)
-
-    def observe(self, row, drafted: int, accepted: int, appended: int) -> None:
-        self.inner.observe(row, drafted, accepted, appended)

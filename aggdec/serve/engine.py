@@ -2,7 +2,7 @@
 
 Each decoding configuration a request asks for (its resolved :class:`DecodeOptions`) gets a *lane*:
 an :class:`~aggdec.runtime.decoding.arrivals.Arrivals` queue that is never closed and one
-decoder thread running :meth:`Generator.decoder` over it. A request's texts are tokenized and
+decoder thread running :meth:`RowDecoder.rows` over it. A request's texts are tokenized and
 put on their lane's queue; they join the running batch as soon as a slot is free
 (continuous batching), and each finished row resolves the request's asyncio future through
 ``loop.call_soon_threadsafe``, so the event loop never waits on a decode. Texts of different
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
 from aggdec.runtime.errors import AggdecError, InputError
+from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.generator import GenerationResult, Generator
 from aggdec.runtime.options import DecodeOptions, Mode
 
@@ -78,8 +79,8 @@ class Lane:
         self.failure: BaseException | None = None
         self.last_used = time.monotonic()
         # options are checked here, on the caller's thread: a bad one never starts a thread
-        self._rows = engine.generator.decoder(self.work, config, engine.max_batch, linger=engine.max_wait,
-                                              on_call=engine.hooks.on_call)
+        self._rows = engine.rows.rows(self.work, config, engine.max_batch, linger=engine.max_wait,
+                                      on_call=engine.hooks.on_call)
         self.thread = threading.Thread(target=self._run, name=f"aggdec-serve-{config.mode.value}", daemon=True)
         self.thread.start()
 
@@ -123,7 +124,7 @@ class Lane:
                     self.work.forget(done.index)
                     continue
                 try:
-                    result = self.engine.generator.result(done, self.engine.max_batch, pending.text)
+                    result = self.engine.rows.result(done, self.engine.max_batch, pending.text)
                 except BaseException as exc:  # noqa: BLE001 - reported to this row's request only
                     _resolve_later(pending, error=exc)
                     continue
@@ -172,6 +173,7 @@ class Engine:
     def __init__(self, generator: Generator, mode: Mode | str = Mode.IAD, max_batch: int = 32,
                  max_wait: float = 0.005, max_queue: int = 256, hooks: EngineHooks | None = None) -> None:
         self.generator = generator
+        self.rows = RowDecoder(generator)
         self.default_mode = Mode.parse(mode)
         self.max_batch = max_batch
         self.max_wait = max_wait
@@ -202,7 +204,7 @@ class Engine:
                                               draft_k=draft_k)
 
     def limits(self, max_new_tokens: int | None):
-        return None if max_new_tokens is None else self.generator.limits(max_new_tokens)
+        return None if max_new_tokens is None else self.rows.limits(max_new_tokens)
 
     # ------------------------------------------------------------------ load
 
@@ -238,7 +240,7 @@ class Engine:
         accepted: list[tuple[Handle, str, list[int]]] = []
         for position, item in enumerate(items):
             try:
-                text, ids = self.generator.prepare(item, position)
+                text, ids = self.rows.prepare(item, position)
             except InputError as exc:
                 handles.append(Handle(error=exc))
                 continue

@@ -209,7 +209,7 @@ def _plot(report: dict, path: Path) -> bool:
 
 
 def run_from_args(args) -> int:
-    from aggdec.bench.data import load_examples
+    from aggdec.sentences import load_examples
     from aggdec.runtime.generator import Generator
 
     if args.mode not in LOSSLESS:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
 from aggdec.runtime.decoding.cache import SlotBuffers
 from aggdec.runtime.decoding.loop import Cohort, length_class, next_cohort
@@ -30,11 +31,12 @@ MAX_NEW = 24
 def in_arrival_order(generator: Generator, texts: list[str], mode: str, batch_size: int) -> list[tuple[int, ...]]:
     """``texts`` through the decode loop as a server feeds it (a queue, not a sorted list)."""
     work = Arrivals()
-    limits = generator.limits(MAX_NEW)
+    rows = RowDecoder(generator)
+    limits = rows.limits(MAX_NEW)
     for index, text in enumerate(texts):
-        work.put(Work(index, generator.prepare(text)[1], limits))
+        work.put(Work(index, rows.prepare(text)[1], limits))
     work.close()
-    got = {done.index: generator.result(done).ids for done in generator.decoder(work, mode, batch_size)}
+    got = {done.index: rows.result(done).ids for done in rows.rows(work, mode, batch_size)}
     return [got[index] for index in range(len(texts))]
 
 
@@ -88,7 +90,8 @@ def test_texts_arriving_while_cohorts_decode_come_out_as_alone(bundle):
     generator = Generator(bundle("marian"), tuning=tuning_for("cpu").replace(length_classes=(4, 12)))
     texts = ragged_texts(seed=5, count=30)
     alone = [r.ids for r in generator.generate(texts, mode="iad", batch_size=1)]
-    ids = [generator.prepare(text)[1] for text in texts]
+    rows = RowDecoder(generator)
+    ids = [rows.prepare(text)[1] for text in texts]
     work = Arrivals()
     order = list(range(len(texts)))
     random.Random(1).shuffle(order)
@@ -102,7 +105,7 @@ def test_texts_arriving_while_cohorts_decode_come_out_as_alone(bundle):
 
     feeder = threading.Thread(target=feed)
     feeder.start()
-    got = {done.index: tuple(done.trace.tokens[1:]) for done in generator.decoder(work, "iad", 6)}
+    got = {done.index: tuple(done.trace.tokens[1:]) for done in rows.rows(work, "iad", 6)}
     feeder.join()
     assert [got[i] for i in range(len(texts))] == alone
 
