@@ -21,7 +21,7 @@ The scripts this replaces, as settings (``OFF=1000000000``, a repeat no output r
     GAD decay 0.8 against 0.5:       --set mode=gad --a gad_decay=0.8 --b gad_decay=0.5
     repetition drafts off / on:      --set mode=iad --a min_repeat=OFF           (and mode=gad)
     fixed against shared prior:      --set mode=iad --a shared_prior=false
-    two bundles:                     --set mode=iad --a bundle=A --b bundle=B
+    two bundles, several modes:      --modes greedy iad gad --a bundle=A --b bundle=B
     the float against the int8 drafter: --set mode=gad --a int8_drafter=false
 
 Prints each side's summed decode time, tokens per verifier call, B's time over A's overall and on
@@ -83,11 +83,11 @@ class SideSetup:
     """What one side decodes with."""
 
     generator_args: dict[str, Any]
-    options: Any  # DecodeOptions
+    option_fields: dict[str, Any]  # DecodeOptions fields (a block as BlockOptions)
     tuning_fields: dict[str, Any]
 
 
-def build_side(settings: dict[str, str], default_bundle: str) -> SideSetup:
+def build_side(settings: dict[str, str], default_bundle: str, modes_given: bool = False) -> SideSetup:
     from aggdec.runtime.decoding.sizing import BlockOptions
     from aggdec.runtime.options import DecodeOptions
     from aggdec.runtime.tuning import Tuning
@@ -114,7 +114,11 @@ def build_side(settings: dict[str, str], default_bundle: str) -> SideSetup:
                              f"{', '.join(GENERATOR_KEYS)}")
     if block_fields:
         option_fields["block"] = BlockOptions(**block_fields)
-    return SideSetup(generator_args, DecodeOptions(**option_fields), tuning_fields)
+    if not modes_given:
+        DecodeOptions(**option_fields)  # a bad option is refused here, before anything is loaded
+    elif "mode" in option_fields:
+        raise SystemExit("ab.py: give --modes or mode=, not both")
+    return SideSetup(generator_args, option_fields, tuning_fields)
 
 
 def describe(options: Any) -> str:
@@ -128,12 +132,25 @@ def exact(options: Any) -> bool:
     return options.mode.value != "gad++" or options.beta == 1
 
 
+def for_mode(fields: dict[str, Any], mode: str | None) -> Any:
+    """DecodeOptions of ``fields`` in ``mode`` (None: the fields' own mode), keeping the fields
+    that apply to it."""
+    from aggdec.runtime.options import APPLIES_TO, DecodeOptions, Mode
+
+    if mode is None:
+        return DecodeOptions(**fields)
+    kept = {name: value for name, value in fields.items() if name in APPLIES_TO and Mode.parse(mode) in APPLIES_TO[name]}
+    return DecodeOptions(mode, **kept)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", metavar="BUNDLE")
     parser.add_argument("--set", dest="both", nargs="+", default=[], metavar="KEY=VALUE", help="both sides")
     parser.add_argument("--a", nargs="+", default=[], metavar="KEY=VALUE", help="side A")
     parser.add_argument("--b", nargs="+", default=[], metavar="KEY=VALUE", help="side B")
+    parser.add_argument("--modes", nargs="+", metavar="MODE",
+                        help="run each side in each of these modes (in place of its mode setting), all alternated")
     parser.add_argument("--limit", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=1)
@@ -143,59 +160,75 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch-size and --limit must be at least 1")
 
     from aggdec import Generator
-    from aggdec.sentences import load_examples
     from aggdec.runtime.tuning import tuning_for
+    from aggdec.sentences import load_examples
 
     both = side_settings(args.both)
-    setups = {name: build_side({**both, **side_settings(pairs)}, args.bundle)
+    setups = {name: build_side({**both, **side_settings(pairs)}, args.bundle, bool(args.modes))
               for name, pairs in (("A", args.a), ("B", args.b))}
     generators = {}
     for name, setup in setups.items():
         generator_args = dict(setup.generator_args)
         generators[name] = Generator(generator_args.pop("bundle"), threads=args.threads,
                                      tuning=tuning_for("cpu").replace(**setup.tuning_fields), **generator_args)
-        setups[name] = dataclasses.replace(setup, options=generators[name].resolve_options(setup.options))
+    modes = args.modes or [None]
+    # (side, mode) -> the options it decodes with, resolved against its bundle
+    options = {(name, mode): generators[name].resolve_options(for_mode(setup.option_fields, mode))
+               for name, setup in setups.items() for mode in modes}
     sources = [example.source for example in load_examples(args.data, limit=args.limit)]
-    for name, generator in generators.items():  # arenas, kernel choice and first calls out of the timings
-        generator.warm_up(setups[name].options, batch_size=args.batch_size)
+    for (name, _), chosen in options.items():  # arenas, kernel choice and first calls out of the timings
+        generators[name].warm_up(chosen, batch_size=args.batch_size)
     if args.batch_size == 1:
         units = sources
-        sides = {name: (lambda source, g=generators[name], o=setups[name].options: g.generate([source], o)[0])
-                 for name in setups}
+        sides = {key: (lambda source, g=generators[key[0]], o=chosen: g.generate([source], o)[0])
+                 for key, chosen in options.items()}
     else:
         size = max(CHUNK, args.batch_size)
         units = [sources[i : i + size] for i in range(0, len(sources), size)]
-        sides = {name: (lambda texts, g=generators[name], o=setups[name].options:
-                        g.generate(texts, o, batch_size=args.batch_size)) for name in setups}
+        sides = {key: (lambda texts, g=generators[key[0]], o=chosen: g.generate(texts, o, batch_size=args.batch_size))
+                 for key, chosen in options.items()}
     done = alternate(sides, units)
 
     n, failed = len(sources), False
     print(f"{n} sentences of {args.data}, batch {args.batch_size}, CPU, {args.threads} thread(s)")
     for name, setup in setups.items():
-        side = done[name]
         print(f"  {name}: {setup.generator_args['bundle']} ({generators[name].drafter_graph or 'no drafter'}), "
-              f"{describe(setup.options)}, tuning {setup.tuning_fields or 'default'}: {side.total:.2f} s, "
-              f"{side.tokens_per_call():.2f} tokens/call")
-    a, b = done["A"], done["B"]
-    print(f"  B/A time {b.total / a.total:.3f}")
-    for over in (64, 128) if args.batch_size == 1 else ():  # a batched side's time is per chunk
-        long = [i for i, ids in enumerate(a.outputs) if len(ids) > over]
-        ta, tb = (sum(side.seconds[i] for i in long) for side in (a, b))
-        print(f"    {len(long)} outputs over {over} tokens: B/A {tb / max(ta, 1e-9):.3f} (A {ta:.2f} s, B {tb:.2f} s)")
-    same = sum(x == y for x, y in zip(a.outputs, b.outputs))
-    print(f"  B = A outputs: {same}/{n}")
-    one_bundle = Path(setups["A"].generator_args["bundle"]).resolve() == Path(setups["B"].generator_args["bundle"]).resolve()
-    if one_bundle and exact(setups["A"].options) and exact(setups["B"].options):
-        failed = same != n
-    else:
-        for name, generator in generators.items():
-            if exact(setups[name].options):
-                greedy = [r.ids for r in generator.generate(sources, batch_size=max(args.batch_size, 8))]
-                own = sum(x == y for x, y in zip(done[name].outputs, greedy))
-                print(f"  {name} = its own greedy: {own}/{n}")
-                failed |= own != n
+              f"tuning {setup.tuning_fields or 'default'}")
+    one_bundle = (Path(setups["A"].generator_args["bundle"]).resolve()
+                  == Path(setups["B"].generator_args["bundle"]).resolve())
+    greedy: dict[str, list] = {}  # each side's own greedy, decoded once (untimed) when needed
+    for mode in modes:
+        a, b = done["A", mode], done["B", mode]
+        for name, side in (("A", a), ("B", b)):
+            print(f"    {name} {describe(options[name, mode])}: {side.total:.2f} s, "
+                  f"{side.tokens_per_call():.2f} tokens/call")
+        print(f"  B/A time {b.total / a.total:.3f}")
+        for over in (64, 128) if args.batch_size == 1 else ():  # a batched side's time is per chunk
+            long = [i for i, ids in enumerate(a.outputs) if len(ids) > over]
+            if not long:
+                continue
+            ta, tb = (sum(side.seconds[i] for i in long) for side in (a, b))
+            print(f"    {len(long)} outputs over {over} tokens: B/A {tb / max(ta, 1e-9):.3f} "
+                  f"(A {ta:.2f} s, B {tb:.2f} s)")
+        same = sum(x == y for x, y in zip(a.outputs, b.outputs))
+        print(f"    B = A outputs: {same}/{n}")
+        if one_bundle and exact(options["A", mode]) and exact(options["B", mode]):
+            failed |= same != n
+            continue
+        for name in setups:
+            if not exact(options[name, mode]):
+                continue
+            if name not in greedy:
+                greedy[name] = [r.ids for r in generators[name].generate(sources, batch_size=max(args.batch_size, 8))]
+            own = sum(x == y for x, y in zip(done[name, mode].outputs, greedy[name]))
+            print(f"    {name} = its own greedy: {own}/{n}")
+            failed |= own != n
     return 1 if failed else 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from aggdec.runtime.errors import AggdecError
+
+    try:
+        sys.exit(main())
+    except AggdecError as exc:  # a bad setting or bundle: one line, as the CLI says it
+        sys.exit(f"ab.py: error: {exc}")

@@ -1,4 +1,8 @@
-"""`Generator`: load a bundle, decode texts with greedy, IAD or GAD, report what it cost."""
+"""`Generator`: decode texts with greedy, IAD or GAD over an opened bundle, report what it cost.
+
+Opening the bundle (manifest, sessions, drafter) is :func:`aggdec.runtime.loader.open_bundle`;
+how to decode is a :class:`~aggdec.runtime.options.DecodeOptions`; how drafts and batches are
+sized is a :class:`~aggdec.runtime.tuning.Tuning`."""
 
 from __future__ import annotations
 
@@ -19,11 +23,11 @@ from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
-from .tokenizer import TextCodec
 from .tuning import Tuning, tuning_for
 
 __all__ = ["DecodeOptions", "DecodeStats", "GAD_PLUS_BETA", "GAD_PLUS_TAU", "GenerationResult", "Generator", "MODES",
            "Mode", "PRECISION_DEVICES", "PRECISION_LIMITS", "check_precision", "drafter_graph"]
+
 _END = object()  # the end of a stream's results
 
 
