@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["AggdecError", "GenerationResult", "Generator", "__version__"]
+__all__ = ["AggdecError", "DecodeOptions", "GenerationResult", "Generator", "Mode", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,6 +19,10 @@ def __getattr__(name: str) -> Any:
         from aggdec.runtime import generator
 
         return getattr(generator, name)
+    if name in ("DecodeOptions", "Mode"):
+        from aggdec.runtime import options
+
+        return getattr(options, name)
     if name == "AggdecError":
         from aggdec.runtime.errors import AggdecError
 

@@ -1,7 +1,7 @@
-"""The A/B loop the benchmarks/*_ab.py scripts share: every side decodes the same sentences in
-one process, one sentence at a time, the sides' order reversed every other sentence, so machine
-drift and cache warmth hit all sides alike. A side is a function of one source text that returns
-the runtime's GenerationResult; it may set anything it needs first (a module constant, an option).
+"""The A/B loop of benchmarks/ab.py: every side decodes the same sentences in one process, one
+sentence at a time, the sides' order reversed every other sentence, so machine drift and cache
+warmth hit all sides alike. A side is a function of one source text that returns the runtime's
+GenerationResult (a Generator of its own, with its own options and tuning).
 For batched decoding a unit may instead be a list of texts, and its side return their list of
 results (``calls`` then counts rows' iterations, not verifier calls).
 """

@@ -120,7 +120,7 @@ def main() -> int:
             rng = np.random.default_rng(0)
             texts = [" ".join(f"w{i}" for i in rng.integers(0, args.vocab - 3, size=20)) for _ in range(args.sentences)]
         else:
-            from aggdec.bench.uagec import load_pairs
+            from aggdec.uagec import load_pairs
 
             texts = [pair.source for pair in load_pairs("test")][: args.sentences]
         for runner in (generator, unbound):  # onnxruntime's first-call work, not measured

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aggdec import Generator
     from aggdec.bench.bundles import quantized_bundle
-    from aggdec.bench.uagec import load_pairs
+    from aggdec.uagec import load_pairs
 
     args.work.mkdir(parents=True, exist_ok=True)
     sources = [pair.source for pair in load_pairs("test")][: args.limit]

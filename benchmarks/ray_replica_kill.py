@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
     import ray
 
-    from aggdec.bench.data import load_examples
+    from aggdec.sentences import load_examples
     from aggdec.runtime.generator import Generator
     from aggdec.serve.loadtest import run_step
 

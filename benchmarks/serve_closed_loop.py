@@ -15,33 +15,21 @@ from __future__ import annotations
 
 import argparse
 import time
-from contextlib import contextmanager
 
 import numpy as np
 
 import aggdec.runtime.decoding.verifier as verifier_module
-import aggdec.runtime.generator as generator_module
 from aggdec import Generator
-from aggdec.bench.data import load_examples
+from aggdec.sentences import load_examples
+from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
+from aggdec.runtime.tuning import tuning_for
 
 VARIANTS = {
-    "one batch": {"classes": (), "call_tokens": 10**9},  # every joining text in one encoder call
-    "cohorts": {"classes": generator_module.LENGTH_CLASSES["cpu"],
-                "call_tokens": verifier_module.ENCODER_CALL_TOKENS["cpu"]},
+    # every joining text in one encoder call, one cohort
+    "one batch": tuning_for("cpu").replace(length_classes=(), encoder_call_tokens=10**9),
+    "cohorts": tuning_for("cpu"),
 }
-
-
-@contextmanager
-def variant(name: str):
-    settings = VARIANTS[name]
-    saved = generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS["cpu"]
-    generator_module.LENGTH_CLASSES["cpu"] = settings["classes"]
-    verifier_module.ENCODER_CALL_TOKENS["cpu"] = settings["call_tokens"]
-    try:
-        yield
-    finally:
-        generator_module.LENGTH_CLASSES["cpu"], verifier_module.ENCODER_CALL_TOKENS["cpu"] = saved
 
 
 class Calls:
@@ -73,7 +61,7 @@ def closed_loop(generator: Generator, ids: list[list[int]], concurrency: int, sl
     ``passes`` times over the list) as it finishes."""
     total = passes * len(ids)
     work = Arrivals()
-    rows = generator.decoder(work, "iad", slots, linger=linger)
+    rows = RowDecoder(generator).rows(work, "iad", slots, linger=linger)
     sent = 0
     started = time.perf_counter()
     for _ in range(min(concurrency, total)):
@@ -101,28 +89,28 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2, help="closed loop: times over the sentences")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    generator = Generator(args.bundle, threads=args.threads)
+    generators = {name: Generator(args.bundle, threads=args.threads, tuning=tuning) for name, tuning in VARIANTS.items()}
     texts = [e.source for e in load_examples("uagec-test", limit=args.limit)]
-    ids = [generator.prepare(text)[1] for text in texts]
-    generator.generate(texts[:8], mode="iad")  # warm-up
+    ids = [RowDecoder(generators["cohorts"]).prepare(text)[1] for text in texts]
+    for generator in generators.values():
+        generator.generate(texts[:8], mode="iad")  # warm-up
     calls = Calls()
     print(f"{len(texts)} UA-GEC test sentences, IAD, {args.threads} thread(s); closed loop: {args.concurrency} in "
           f"flight, {args.slots} slots, {args.passes} passes")
-    for name in VARIANTS:
-        with variant(name):
-            for run in ("offline", "closed loop"):
-                calls.rows.clear()
-                before = dict(generator.verifier.seconds)
-                started = time.perf_counter()
-                if run == "offline":
-                    generator.generate(texts, mode="iad", batch_size=args.slots)
-                    rate = len(texts) / (time.perf_counter() - started)
-                else:
-                    rate = closed_loop(generator, ids, args.concurrency, args.slots, args.passes, 0.005)
-                texts_done = len(texts) * (1 if run == "offline" else args.passes)
-                spent = {k: (v - before[k]) / texts_done * 1000 for k, v in generator.verifier.seconds.items()}
-                print(f"{name:>9} {run:>11}: {rate:6.1f} texts/s; per text: encoder {spent['encoder']:.2f} ms, "
-                      f"verifier {spent['verifier']:.2f} ms; {calls.summary()}")
+    for name, generator in generators.items():
+        for run in ("offline", "closed loop"):
+            calls.rows.clear()
+            before = dict(generator.verifier.seconds)
+            started = time.perf_counter()
+            if run == "offline":
+                generator.generate(texts, mode="iad", batch_size=args.slots)
+                rate = len(texts) / (time.perf_counter() - started)
+            else:
+                rate = closed_loop(generator, ids, args.concurrency, args.slots, args.passes, 0.005)
+            texts_done = len(texts) * (1 if run == "offline" else args.passes)
+            spent = {k: (v - before[k]) / texts_done * 1000 for k, v in generator.verifier.seconds.items()}
+            print(f"{name:>9} {run:>11}: {rate:6.1f} texts/s; per text: encoder {spent['encoder']:.2f} ms, "
+                  f"verifier {spent['verifier']:.2f} ms; {calls.summary()}")
 
 
 if __name__ == "__main__":

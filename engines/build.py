@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from aggdec.runtime.errors import InputError
-from aggdec.runtime.generator import check_precision
+from aggdec.runtime.loader import check_precision
 from aggdec.runtime.manifest import Manifest, load_manifest, manifest_digest
 
 from .profiles import (

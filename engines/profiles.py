@@ -41,11 +41,12 @@ from aggdec.runtime.decoding.cache import MIN_CAPACITY
 from aggdec.runtime.decoding.verifier import SLACK
 from aggdec.runtime.errors import BundleError, InputError
 from aggdec.runtime.manifest import Manifest
+from aggdec.runtime.tuning import tuning_for
 
 ENGINES_FORMAT = 1
 ENGINES_MANIFEST = "engines.json"
 TIMING_CACHE = "timing.cache"
-DEFAULT_MAX_BLOCK = 64  # the runtime's IAD max block on CUDA (runtime/generator.DEFAULT_MAX_BLOCK)
+DEFAULT_MAX_BLOCK = tuning_for("tensorrt").max_block  # the runtime's IAD max block on a GPU
 GRAPHS = ("encoder", "verifier", "drafter", "drafter_source")
 
 

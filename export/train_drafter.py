@@ -626,6 +626,7 @@ def _speed_on_runtime(src: Path, drafter_dir: Path, texts: list[str], progress: 
     and GAD sizes each draft instead of checking all k.
     """
     from ..runtime.generator import Generator
+    from ..runtime.options import Mode
     from .pipeline import export_bundle
 
     if progress:
@@ -639,12 +640,13 @@ def _speed_on_runtime(src: Path, drafter_dir: Path, texts: list[str], progress: 
             return None
         seconds: dict[str, float] = {}
         calls = tokens = 0
-        for mode in ("greedy", "gad"):
-            generator.warm_up(mode)
+        for mode in (Mode.GREEDY, Mode.GAD):
+            options = generator.resolve_options(mode)
+            generator.warm_up(options)
             started = time.perf_counter()
-            results = generator.generate(usable, mode=mode, batch_size=1)
-            seconds[mode] = time.perf_counter() - started
-            if mode == "gad":
+            results = generator.generate(usable, options, batch_size=1)
+            seconds[mode.value] = time.perf_counter() - started
+            if mode is Mode.GAD:
                 calls = sum(r.stats.iterations for r in results)
                 tokens = sum(sum(r.stats.accepted) for r in results)
         one_token, ratio = generator.gad_costs.fit()

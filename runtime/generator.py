@@ -1,39 +1,33 @@
-"""`Generator`: load a bundle, decode texts with greedy, IAD or GAD, report what it cost."""
+"""`Generator`: decode texts with greedy, IAD or GAD over an opened bundle, report what it cost.
+
+Opening the bundle (manifest, sessions, drafter) is :func:`aggdec.runtime.loader.open_bundle`;
+how to decode is a :class:`~aggdec.runtime.options.DecodeOptions`; how drafts and batches are
+sized is a :class:`~aggdec.runtime.tuning.Tuning`."""
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle_checks import check_consistency
-from .bundle_probe import probe_vocabulary
 from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.common import GREEDY, DecodeLimits, Verification
-from .decoding.gad import Drafter, DrafterDraft
+from .decoding.gad import DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.sizing import AcceptancePrior, CallCost
 from .decoding.verifier import SLACK, Verifier
-from .errors import BundleError, InputError, ProviderError
-from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
-from .session import OrtSession, check_device, ort
-from .tokenizer import TextCodec
+from .errors import InputError
+from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
+from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
+from .tuning import Tuning, tuning_for
 
-MODES = ("greedy", "iad", "gad", "gad++")
-GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verification)
-# per extra block position, relative to a one-token call (see BlockOptions)
-DEFAULT_COST_RATIO = {"cpu": 0.05, "cuda": 0.005, "tensorrt": 0.005}
-DEFAULT_MAX_BLOCK = {"cpu": 32, "cuda": 64, "tensorrt": 64}
-# Source lengths that split a batch into cohorts (runtime/decoding/loop.py: decode). On the CPU a
-# call's cost grows with the span its longest row makes every row attend over; a server's
-# arrival-order batches mix lengths (benchmarks/results/serve-cpu). A GPU call costs about the
-# same at any span and more calls would cost more: one batch.
-LENGTH_CLASSES = {"cpu": (32, 64), "cuda": (), "tensorrt": ()}
+__all__ = ["DecodeOptions", "DecodeStats", "GAD_PLUS_BETA", "GAD_PLUS_TAU", "GenerationResult", "Generator", "MODES",
+           "Mode", "PRECISION_DEVICES", "PRECISION_LIMITS", "check_precision", "drafter_graph"]
+
 _END = object()  # the end of a stream's results
 
 
@@ -44,58 +38,14 @@ class _Failed:
     error: BaseException
 
 
+def _check_tuning(tuning: object) -> None:
+    if tuning is not None and not isinstance(tuning, Tuning):
+        raise InputError(f"tuning must be an aggdec.runtime.tuning.Tuning, not {type(tuning).__name__}.")
+
+
 def _check_batch_size(batch_size: object) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
-
-
-# the devices each bundle precision runs on, and why the others cannot run it
-PRECISION_DEVICES = {"fp32": ("cpu", "cuda", "tensorrt"), "int8": ("cpu",), "fp16": ("cuda", "cpu")}
-PRECISION_LIMITS = {
-    "int8": "its MatMulInteger products are a CPU kernel (onnxruntime's CUDA provider would run them on the CPU, "
-            "copying every activation across, and TensorRT has no such layer)",
-    "fp16": "aggdec's TensorRT engines are built from fp32 graphs (`aggdec build-engines --fp16` builds fp16 "
-            "engines from them)",
-}
-
-
-def check_precision(manifest: Manifest, device: str, root: Path | str = "the bundle") -> None:
-    """Refuse a bundle whose precision ``device`` cannot run, before any session is made."""
-    devices = PRECISION_DEVICES.get(manifest.precision, ())
-    if device not in devices:
-        raise ProviderError(
-            f"{str(root)!r} is an {manifest.precision} bundle, which runs on device {' or '.join(map(repr, devices))} "
-            f"only, not {device!r}: {PRECISION_LIMITS[manifest.precision]}. Use "
-            f"device {devices[0]!r}, or the fp32 bundle it was converted from on {device!r}."
-        )
-
-
-def drafter_graph(manifest: Manifest, device: str, int8_drafter: bool | None, root: Path | str = "the bundle"
-                  ) -> str | None:
-    """Which of the bundle's drafter graphs to open: "drafter_int8" (fp32 bundles exported by
-    this aggdec carry one) on the CPU unless ``int8_drafter`` is False, else "drafter"; None
-    when the bundle has no drafter. The drafter only proposes tokens, which the verifier checks,
-    so its precision never changes an output (only how many drafts are accepted)."""
-    if int8_drafter is not None and not isinstance(int8_drafter, bool):
-        raise InputError(f"int8_drafter must be True, False or None, got {int8_drafter!r}.")
-    if "drafter" not in manifest.graphs:
-        if int8_drafter:
-            raise BundleError(f"int8_drafter=True, but {str(root)!r} has no drafter; export it with --drafter.")
-        return None
-    if int8_drafter and device != "cpu":
-        raise ProviderError(f"int8_drafter=True runs on device 'cpu' only, not {device!r} (int8 MatMulInteger is a "
-                            "CPU kernel); leave it unset to use the float drafter there.")
-    if int8_drafter and manifest.precision == "fp32" and "drafter_int8" not in manifest.graphs:
-        raise BundleError(f"int8_drafter=True, but {str(root)!r} has no int8 drafter (drafter_int8): it was exported "
-                          "before aggdec wrote one, or with --no-int8-drafter; re-export it, or leave int8_drafter "
-                          "unset.")
-    if device == "cpu" and int8_drafter is not False and "drafter_int8" in manifest.graphs:
-        return "drafter_int8"
-    return "drafter"  # in an int8 bundle, that one is int8 already
-
-
-def _ort_cuda_available() -> bool:
-    return ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
 
 
 @dataclass(frozen=True)
@@ -163,7 +113,8 @@ class Generator:
 
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
-                 engines: str | Path | None = None, int8_drafter: bool | None = None) -> None:
+                 engines: str | Path | None = None, int8_drafter: bool | None = None,
+                 tuning: Tuning | None = None) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
@@ -181,57 +132,40 @@ class Generator:
         ``int8_drafter``: GAD's drafter with int8 products (the bundle's ``drafter_int8``
         graph). None (the default): on the CPU when the bundle has one; True: require it;
         False: the float drafter. Outputs are the same either way: drafts are only proposals.
+        ``tuning``: how drafts and batches are sized (default: ``tuning_for(device)``); speed
+        only, never the output.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
-        if device == "tensorrt":  # fail before reading any file
-            from aggdec.engines.runtime import check_tensorrt
+        _check_tuning(tuning)  # before any file is read
+        self._setup(open_bundle(bundle_dir, device=device, threads=threads, io_binding=io_binding, verify=verify,
+                                tf32=tf32, engines=engines, int8_drafter=int8_drafter), tuning)
 
-            check_tensorrt()
-            if io_binding is None:
-                io_binding = _ort_cuda_available()
-            elif io_binding:
-                check_device("cuda")  # the bound cache buffers are onnxruntime CUDA allocations
-        else:
-            check_device(device, tf32)
-            if engines is not None:
-                raise ProviderError("engines applies to device 'tensorrt' only.")
-        self.io_binding = True if io_binding is None else bool(io_binding)
-        self.root = Path(bundle_dir)
-        self.manifest: Manifest = load_manifest(self.root, verify=verify)
-        check_precision(self.manifest, device, self.root)  # before any session is made
-        self.drafter_graph = drafter_graph(self.manifest, device, int8_drafter, self.root)
-        self.device = device
-        self.tf32 = tf32
-        files = BundleFiles(self.root, self.manifest, verify)  # what is read is what was hashed
-        self.codec = TextCodec(self.root / TOKENIZER_FILE, files.read(TOKENIZER_FILE))
-        m = self.manifest
-        if device == "tensorrt":
-            from aggdec.engines.runtime import engine_sessions
+    @classmethod
+    def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None) -> Generator:
+        """A Generator over a bundle :func:`~aggdec.runtime.loader.open_bundle` opened."""
+        generator = cls.__new__(cls)
+        generator._setup(bundle, tuning)
+        return generator
 
-            sessions = engine_sessions(self.root, m, None if engines is None else Path(engines), tf32)
-        else:
-            sessions = {name: OrtSession(self.root / m.graph(name).file, device, threads, tf32, m.graph(name), name,
-                                         contents=files.read(m.graph(name).file), external_data=files.external_data())
-                        for name in ("encoder", "verifier", self.drafter_graph, "drafter_source")
-                        if name is not None and name in m.graphs}  # drafter_source: a drafter's own layers
-        # the graphs must be what the manifest says they are, before any text meets them
-        check_consistency(m, sessions, self.codec.vocab_size, self.codec.special_ids)
-        if device != "tensorrt":  # engine profiles fix shapes the probe cannot assume
-            probe_vocabulary(m, sessions)  # and their vocabulary, which their IO does not show
-        self._sessions = sessions
-        self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
-        self.drafter: Drafter | None = None
+    def _setup(self, bundle: OpenedBundle, tuning: Tuning | None) -> None:
+        if not isinstance(bundle, OpenedBundle):
+            raise InputError(f"bundle must be what open_bundle returns, not {type(bundle).__name__}.")
+        _check_tuning(tuning)
+        self.tuning = tuning_for(bundle.device) if tuning is None else tuning
+        self.bundle = bundle
+        self.root, self.manifest, self.codec = bundle.root, bundle.manifest, bundle.codec
+        self.device, self.tf32, self.io_binding = bundle.device, bundle.request.tf32, bundle.io_binding
+        self.drafter_graph, self.drafter = bundle.drafter_graph, bundle.drafter
+        self._sessions = bundle.sessions
+        self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
+                                 self.tuning.encoder_call_tokens)
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured
-        self.gad_costs = CallCost(DEFAULT_COST_RATIO[device])
+        self.gad_costs = CallCost(self.tuning.cost_ratio)
         # per drafting mode, the acceptance its rows have seen: a new row's first draft length
         # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
-        self.draft_priors = {mode: AcceptancePrior() for mode in ("iad", "gad", "gad++")}
-        if self.drafter_graph is not None:
-            self.drafter = Drafter(sessions[self.drafter_graph], int(m.draft_k or 0), int(m.mask_token_id or 0),
-                                   int(m.draft_window or 0), sessions.get("drafter_source"),
-                                   source_positions=m.draft_positions == "source", vocab_size=m.vocab_size)
+        self.draft_priors = {mode: AcceptancePrior() if self.tuning.shared_prior else None for mode in DRAFTING_MODES}
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -246,11 +180,12 @@ class Generator:
         (empty for TensorRT engines, which onnxruntime does not run)."""
         return dict(getattr(self.verifier.verifier, "provider_options", {}))
 
-    def warm_up(self, mode: str = "greedy", batch_size: int = 1, max_new_tokens: int = 8) -> float:
-        """Decode a few short sources once with ``mode`` so that onnxruntime's first-call work
+    def warm_up(self, options: DecodeOptions | Mode | str | None = None, batch_size: int = 1,
+                max_new_tokens: int = 8) -> float:
+        """Decode a few short sources once with ``options`` (or a mode) so that onnxruntime's first-call work
         (memory arenas, CUDA kernel selection, cuBLAS handles) is not counted in the next
         decode's time. Returns the seconds it took; the graphs' time counters are restored."""
-        drafts, verification = self._strategy(mode, None, None, None, None)
+        drafts, verification = self._strategy(self.resolve_options(options))
         started = time.perf_counter()
         before = {name: session.seconds for name, session in self._sessions.items()}
         m = self.manifest
@@ -266,7 +201,8 @@ class Generator:
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
         for prior in self.draft_priors.values():
-            prior.reset()  # the warm-up's made-up text is not the workload
+            if prior is not None:
+                prior.reset()  # the warm-up's made-up text is not the workload
         return time.perf_counter() - started
 
     @property
@@ -321,24 +257,24 @@ class Generator:
 
     # ------------------------------------------------------------------ decoding
 
-    def generate(self, texts: Iterable[str], mode: str = "greedy", max_new_tokens: int | None = None,
-                 batch_size: int = 16, block: BlockOptions | None = None, beta: int | None = None,
-                 tau: float | None = None, draft_k: int | None = None) -> list[GenerationResult]:
+    def generate(self, texts: Iterable[str], options: DecodeOptions | Mode | str | None = None,
+                 max_new_tokens: int | None = None, batch_size: int = 16, *, mode: Mode | str | None = None,
+                 block: BlockOptions | None = None, beta: int | None = None, tau: float | None = None,
+                 draft_k: int | None = None) -> list[GenerationResult]:
         """Decode ``texts`` (any iterable of strings); results come back in order.
 
-        ``mode``: "greedy", "iad" (the source is the draft), "gad" (drafts from the bundle's
-        drafter, output identical to greedy) or "gad++" (relaxed verification: ``beta`` top
-        candidates, default 3, within ``tau`` log-prob of the best, default 1.0; ``beta=1`` is
-        greedy again). Every mode runs up to ``batch_size`` texts per verifier call, each row with
-        its own draft; a finished row's slot goes to the next text at once.
-        ``max_new_tokens``: tokens to generate at most (default: the bundle's limit).
-        ``block``: IAD draft-block options (default: tuned for the device).
-        ``draft_k``: the most GAD draft tokens a verifier call checks, at most the drafter's k
-        (default: its k); each row checks fewer while its drafts are being rejected.
+        ``options``: a :class:`DecodeOptions` (default: greedy), or just a mode. The keywords
+        ``mode``, ``block``, ``beta``, ``tau`` and ``draft_k`` are a shorthand for
+        ``DecodeOptions(mode, ...)`` (its fields are documented there): "greedy", "iad" (the
+        source is the draft), "gad" (drafts from the bundle's drafter, output identical to
+        greedy) or "gad++" (relaxed verification). Every mode runs up to ``batch_size`` texts per
+        verifier call, each row with its own draft; a finished row's slot goes to the next text
+        at once. ``max_new_tokens``: tokens to generate at most (default: the bundle's limit).
         A text that cannot be decoded (empty, too long) raises InputError naming its index,
         before anything is decoded (`check` tells in advance).
         """
-        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
+        drafts, verification = self._strategy(self.resolve_options(
+            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k))
         _check_batch_size(batch_size)
         limits = self._limits(max_new_tokens)
         if not isinstance(texts, (str, bytes)):
@@ -352,9 +288,10 @@ class Generator:
             results[done.index] = self._result(done, batch_size, texts[done.index])
         return results  # type: ignore[return-value]
 
-    def stream(self, texts: Iterable[str | bytes], mode: str = "greedy", max_new_tokens: int | None = None,
-               batch_size: int = 16, block: BlockOptions | None = None, beta: int | None = None,
-               tau: float | None = None, draft_k: int | None = None, lookahead: int | None = None
+    def stream(self, texts: Iterable[str | bytes], options: DecodeOptions | Mode | str | None = None,
+               max_new_tokens: int | None = None, batch_size: int = 16, lookahead: int | None = None, *,
+               mode: Mode | str | None = None, block: BlockOptions | None = None, beta: int | None = None,
+               tau: float | None = None, draft_k: int | None = None
                ) -> Iterator[tuple[int, GenerationResult | InputError]]:
         """Decode ``texts`` while they are still arriving; yields ``(index, result)`` as each
         text finishes, which is not input order.
@@ -368,7 +305,8 @@ class Generator:
         by the iterable itself is re-raised here after the texts before it are done. Stopping
         the iteration early (``break``, an exception) stops reading and decoding.
         """
-        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
+        drafts, verification = self._strategy(self.resolve_options(
+            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k))
         _check_batch_size(batch_size)
         if lookahead is not None and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1):
             raise InputError(f"lookahead must be an integer of at least 1, got {lookahead!r}.")
@@ -391,7 +329,7 @@ class Generator:
             try:
                 for index, item in enumerate(items):
                     try:
-                        text, ids = self.prepare(item, index)
+                        text, ids = self._prepare(item, index)
                     except InputError as exc:
                         out.put((index, exc))
                         continue
@@ -433,11 +371,14 @@ class Generator:
             work.abandon()  # a consumer that stopped early stops the reader and the decoder
             decoder.join()
 
-    def generate_ids(self, source_ids: Sequence[int], mode: str = "greedy", max_new_tokens: int | None = None,
+    def generate_ids(self, source_ids: Sequence[int], options: DecodeOptions | Mode | str | None = None,
+                     max_new_tokens: int | None = None, *, mode: Mode | str | None = None,
                      block: BlockOptions | None = None, beta: int | None = None, tau: float | None = None,
                      draft_k: int | None = None) -> GenerationResult:
-        """Decode one already-tokenized source (ids with their special tokens)."""
-        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
+        """Decode one already-tokenized source (ids with their special tokens); ``options`` as
+        for :meth:`generate`."""
+        drafts, verification = self._strategy(self.resolve_options(
+            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k))
         ids = self._checked_ids(source_ids)
         limits = self._limits(max_new_tokens)
         (done,) = self._decode(Arrivals.of([ids]), limits, drafts, verification, 1, known=True)
@@ -465,94 +406,59 @@ class Generator:
         shortest first and a batch's rows already have similar lengths; cohorts would only
         split its calls. Otherwise texts come in arrival order and the device's length
         classes apply."""
-        classes = () if known else LENGTH_CLASSES[self.device]
+        classes = () if known else self.tuning.length_classes
         return decode(self.verifier, work, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
-                      self.io_binding, linger=linger, classes=classes)
+                      self.io_binding, linger=linger, classes=classes, width_quantile=self.tuning.width_quantile)
 
-    def check_options(self, mode: str, block: BlockOptions | None = None, beta: int | None = None,
-                      tau: float | None = None, draft_k: int | None = None) -> None:
-        """Refuse a mode or option this bundle cannot decode with, before any input is read."""
-        self._strategy(mode, block, beta, tau, draft_k)
+    @property
+    def option_limits(self) -> OptionLimits:
+        """What this bundle allows decoding options to be (its top-k, its drafter's k)."""
+        return OptionLimits(top_k=self.manifest.top_k, drafter_k=None if self.drafter is None else self.drafter.k,
+                            bundle=str(self.root))
 
-    def _strategy(self, mode: str, block: BlockOptions | None, beta: int | None, tau: float | None,
-                  draft_k: int | None) -> tuple[DraftSource, Verification]:
-        """The draft source and acceptance rule for ``mode``, with its options checked."""
-        if mode not in MODES:
-            raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
-        if (beta is not None or tau is not None) and mode != "gad++":
-            raise InputError("beta and tau apply to mode 'gad++' only.")
-        if draft_k is not None and mode not in ("gad", "gad++"):
-            raise InputError("draft_k applies to modes 'gad' and 'gad++' only.")
-        if block is not None and mode != "iad":
-            raise InputError("block applies to mode 'iad' only.")
-        if block is not None and not isinstance(block, BlockOptions):
-            raise InputError(f"block must be an aggdec.runtime.decoding.iad.BlockOptions, not {type(block).__name__}.")
-        if mode == "greedy":
+    def resolve_options(self, options: DecodeOptions | Mode | str | None = None, **fields: object) -> DecodeOptions:
+        """``options`` (or a mode and keyword fields, as :meth:`generate` takes them) checked
+        against this bundle, with the mode's defaults filled in (:meth:`DecodeOptions.resolve`)."""
+        return DecodeOptions.of(options, **fields).resolve(self.option_limits)
+
+    def check_options(self, options: DecodeOptions | Mode | str | None = None, **fields: object) -> DecodeOptions:
+        """Refuse a mode or option this bundle cannot decode with, before any input is read;
+        returns the resolved options (same as :meth:`resolve_options`)."""
+        return self.resolve_options(options, **fields)
+
+    def _strategy(self, options: DecodeOptions) -> tuple[DraftSource, Verification]:
+        """The draft source and acceptance rule for resolved ``options``."""
+        mode = options.mode
+        if mode is Mode.GREEDY:
             return NoDraft(), GREEDY
-        if mode == "iad":
-            return SourceDraft(self._block_options(block), self._limits(None), self.draft_priors[mode]), GREEDY
-        drafter = self.drafter
-        if drafter is None:
-            raise BundleError(f"mode {mode!r} needs a drafter, and the bundle {str(self.root)!r} has none; "
-                              "train one with `aggdec train-drafter` and export with --drafter.")
-        if draft_k is not None and (isinstance(draft_k, bool) or not isinstance(draft_k, int)
-                                    or not 1 <= draft_k <= drafter.k):
-            raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({drafter.k}), "
-                             f"got {draft_k!r}.")
-        drafts = DrafterDraft(drafter, self.manifest.pad_token_id, draft_k, cost_ratio=DEFAULT_COST_RATIO[self.device],
-                              costs=self.gad_costs, prior=self.draft_priors[mode])
-        if mode == "gad":
+        if mode is Mode.IAD:
+            return SourceDraft(self._block_options(options.block), self._limits(None), self.draft_priors[mode]), GREEDY
+        assert self.drafter is not None  # resolve() refused a drafting mode without one
+        tuning = self.tuning
+        drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,
+                              costs=self.gad_costs, prior=self.draft_priors[mode], decay=tuning.gad_decay,
+                              max_rest=tuning.max_rest, min_repeat=tuning.min_repeat)
+        if mode is Mode.GAD:
             return drafts, GREEDY
-        beta = GAD_PLUS_BETA if beta is None else beta
-        tau = GAD_PLUS_TAU if tau is None else tau
-        if isinstance(beta, bool) or not isinstance(beta, int) or not 1 <= beta <= self.manifest.top_k:
-            raise InputError(f"beta must be an integer between 1 and the bundle's top-k ({self.manifest.top_k}), "
-                             f"got {beta!r}; re-export with a larger --top-k for more.")
-        if not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:
-            raise InputError(f"tau must be a finite number >= 0, got {tau!r}.")
-        return drafts, Verification(beta=beta, tau=float(tau))
+        return drafts, Verification(beta=int(options.beta), tau=float(options.tau))
 
-    # ------------------------------------------------------------------ building blocks for servers
-
-    def prepare(self, item: object, index: int = 0) -> tuple[str, list[int]]:
+    def _prepare(self, item: object, index: int = 0) -> tuple[str, list[int]]:
         """``item`` (a string, or UTF-8 bytes) as a text and its token ids, or the InputError that
-        :meth:`stream` would report for it (naming ``index``): what a server checks per item."""
+        :meth:`stream` reports for it (naming ``index``)."""
         text = _as_text(item, index)
         ids = self.codec.encode([text])[0]
         self._check_length(ids, index)
         return text, ids
 
-    def limits(self, max_new_tokens: int | None = None) -> DecodeLimits:
-        """The stopping rule for ``max_new_tokens`` (None: the bundle's limit), for a
-        :class:`Work` of its own; InputError if the bundle cannot honour it."""
-        return self._limits(max_new_tokens)
-
-    def decoder(self, work: Arrivals, mode: str = "greedy", batch_size: int = 16, block: BlockOptions | None = None,
-                beta: int | None = None, tau: float | None = None, draft_k: int | None = None,
-                linger: float = 0.0, on_call: Callable[[int], None] | None = None) -> Iterator[Finished]:
-        """The batched decode loop over ``work`` (which may keep growing until it is closed):
-        yields each row as it finishes; :meth:`result` turns it into a GenerationResult. A server
-        runs one per decoding configuration in a thread of its own, with a queue it never
-        closes. ``linger``: seconds an idle loop waits to gather a batch after the first
-        source. ``on_call(rows)``: called before each verifier call with its number of rows."""
-        drafts, verification = self._strategy(mode, block, beta, tau, draft_k)
-        _check_batch_size(batch_size)
-        if on_call is not None:
-            drafts = _Counted(drafts, on_call)
-        return self._decode(work, self._limits(None), drafts, verification, batch_size, linger)
-
-    def result(self, done: Finished, batch_size: int = 1, source: str | None = None) -> GenerationResult:
-        """A finished row as a GenerationResult (``source``: its text, to restore <unk>)."""
-        return self._result(done, batch_size, source)
-
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
             return block
-        longest = DEFAULT_MAX_BLOCK[self.device]
+        longest = self.tuning.max_block
         limit = getattr(self.verifier.verifier, "max_dim", None)
         if limit is not None:  # a TensorRT engine: blocks (plus a row's missing tokens) within its profile
             longest = max(1, min(longest, limit("input_ids", 1) - SLACK))
-        return BlockOptions(max_block=longest, cost_ratio=DEFAULT_COST_RATIO[self.device])
+        return BlockOptions(max_block=longest, cost_ratio=self.tuning.cost_ratio, max_rest=self.tuning.max_rest,
+                            min_repeat=self.tuning.min_repeat)
 
     def _result(self, done: Finished, batch: int, source: str | None = None) -> GenerationResult:
         trace = done.trace
@@ -572,29 +478,3 @@ class Generator:
             drafter_seconds=seconds["drafter"],
         )
         return GenerationResult(text=text, ids=ids, stats=stats)
-
-
-class _Counted:
-    """A draft source that reports each verifier call's number of rows (a server's batch-size metric)."""
-
-    def __init__(self, inner: DraftSource, on_call: Callable[[int], None]) -> None:
-        self.inner = inner
-        self.on_call = on_call
-
-    @property
-    def seconds(self) -> float:
-        return self.inner.seconds
-
-    @property
-    def memory(self):
-        return self.inner.memory
-
-    def start(self, row) -> None:
-        self.inner.start(row)
-
-    def propose(self, batch, rows, rooms):
-        self.on_call(len(rows))
-        return self.inner.propose(batch, rows, rooms)
-
-    def observe(self, row, drafted: int, accepted: int, appended: int) -> None:
-        self.inner.observe(row, drafted, accepted, appended)

@@ -291,7 +291,7 @@ def test_each_precision_is_exact_against_its_own_greedy():
     greedy where int8 greedy differs from fp32 greedy is lossless; one that equals fp32 greedy
     instead is a bug (the figures are computed from what the workers returned)."""
     from aggdec.bench.analysis import not_lossless, summarize
-    from aggdec.bench.data import Example
+    from aggdec.sentences import Example
     from aggdec.bench.runner import Measured, WorkerInfo
 
     examples = [Example("a b c", "a b c"), Example("d e", "d x")]
@@ -353,7 +353,7 @@ def test_edit_ratio_and_gec_scores():
 
 def test_the_default_data_is_the_uagec_test_split():
     pytest.importorskip("ua_gec")
-    from aggdec.bench.data import load_examples
+    from aggdec.sentences import load_examples
 
     examples = load_examples("uagec-test")
     assert len(examples) == 2696
@@ -362,7 +362,7 @@ def test_the_default_data_is_the_uagec_test_split():
 
 
 def test_a_data_file_with_an_empty_source_is_refused(tmp_path):
-    from aggdec.bench.data import load_examples
+    from aggdec.sentences import load_examples
     from aggdec.runtime.errors import InputError
 
     data = tmp_path / "data.tsv"

@@ -19,7 +19,7 @@ def test_wheel_installs_and_imports(tmp_path, bundle):
     assert build.returncode == 0, build.stderr
     wheel = next(dist.glob("aggdec-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("aggdec/__init__.py", "aggdec/cli.py", "aggdec/runtime/generator.py",
+    for module in ("aggdec/__init__.py", "aggdec/cli/__init__.py", "aggdec/cli/generate.py", "aggdec/runtime/generator.py",
                    "aggdec/runtime/decoding/iad.py", "aggdec/export/pipeline.py", "aggdec/engines/__init__.py"):
         assert module in names
     assert not any(name.startswith(("tests/", "runtime/", "export/")) for name in names)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aggdec.bench.bundles import exported_bundle
-from aggdec.bench.data import UAGEC_TEST
 from aggdec.bench.systems import BY_NAME, SYSTEMS, with_references
 from aggdec.runtime.errors import InputError
+from aggdec.sentences import UAGEC_TEST
 
 # --quick: a first look in a few minutes on a small machine, as the README promises: aggdec's
 # exact modes against the two peers most users would otherwise pick, on a few sentences (the
@@ -91,8 +91,8 @@ def run_bench(options: BenchOptions) -> int:
     Returns 1 when an output that is promised to equal greedy does not (a bug), else 0."""
     from aggdec import Generator
     from aggdec.bench.analysis import not_lossless, summarize
-    from aggdec.bench.data import load_examples
     from aggdec.bench.report import environment, headline, markdown, plots, write_json
+    from aggdec.sentences import load_examples
     from aggdec.bench.runner import Bench, RunPlan
 
     _check(options)

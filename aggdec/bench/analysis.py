@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import statistics
 
-from aggdec.bench.data import Example
 from aggdec.bench.runner import Measured, WorkerInfo
 from aggdec.bench.scoring import edit_ratio, score
 from aggdec.bench.systems import BY_NAME, PRECISION_REFERENCE, REFERENCE, SYSTEMS, reference_of
+from aggdec.sentences import Example
 
 # edit-ratio buckets for the acceptance table: (label, low exclusive, high inclusive)
 EDIT_BUCKETS = (("0 (unchanged)", -1.0, 0.0), ("(0, 0.1]", 0.0, 0.1), ("(0.1, 0.2]", 0.1, 0.2),

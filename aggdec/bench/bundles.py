@@ -47,6 +47,16 @@ def source_digest(names: tuple[str, ...] | None = None) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_digest(checkpoint: Path) -> str:
+    """sha256 over a checkpoint's configuration and weight files (names and bytes)."""
+    digest = hashlib.sha256()
+    for path in sorted(checkpoint.iterdir()):
+        if path.suffix in (".json", ".safetensors", ".bin"):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def _path_key(path: Path) -> str:
     return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
 
@@ -56,8 +66,6 @@ def exported_bundle(checkpoint: Path | None, work: Path) -> tuple[Path, Path]:
     beside it (``CHECKPOINT/../drafter``, the layout of the reference models), exported into
     ``work`` once and again whenever either changes: the peers and aggdec then always run the
     same weights."""
-    from aggdec.bench.runner import _checkpoint_digest
-
     if checkpoint is None:
         checkpoint = REFERENCE_MODEL / "model"
         if not (checkpoint / "config.json").is_file():
@@ -65,9 +73,9 @@ def exported_bundle(checkpoint: Path | None, work: Path) -> tuple[Path, Path]:
                              "give --checkpoint (and optionally BUNDLE) instead.")
     drafter = checkpoint.resolve().parent / "drafter"
     has_drafter = (drafter / "drafter.json").is_file()
-    made_from = {"checkpoint": str(checkpoint.resolve()), "checkpoint_sha256": _checkpoint_digest(checkpoint),
+    made_from = {"checkpoint": str(checkpoint.resolve()), "checkpoint_sha256": checkpoint_digest(checkpoint),
                  "drafter": str(drafter) if has_drafter else None,
-                 "drafter_sha256": _checkpoint_digest(drafter) if has_drafter else None,
+                 "drafter_sha256": checkpoint_digest(drafter) if has_drafter else None,
                  "exporter_sha256": source_digest()}
 
     def export(bundle: Path) -> None:

@@ -4,7 +4,6 @@ jobs, thermal throttling) hits every system alike."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -13,9 +12,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aggdec.bench.data import Example
+from aggdec.bench.bundles import checkpoint_digest, quantized_bundle
 from aggdec.bench.systems import BY_NAME, REFERENCE, REQUIRES, SystemSpec, reference_of
 from aggdec.runtime.errors import AggdecError
+from aggdec.sentences import Example
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -106,15 +106,6 @@ class Worker:
                 self.process.kill()
 
 
-def _checkpoint_digest(checkpoint: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(checkpoint.iterdir()):
-        if path.suffix in (".json", ".safetensors", ".bin"):
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def _log_tail(path: Path, lines: int = 3) -> str:
     try:
         tail = [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
@@ -128,7 +119,7 @@ def plan_systems(names: list[str], devices: list[str], *, has_drafter: bool,
     """The devices each system may run on here, and a note for each system or device left out.
     Decided before anything is imported, converted or quantized, so that nothing is made for a
     system that cannot run (an int8 bundle for a cuda-only run)."""
-    from aggdec.runtime.generator import PRECISION_DEVICES, PRECISION_LIMITS
+    from aggdec.runtime.loader import PRECISION_DEVICES, PRECISION_LIMITS
 
     runs: dict[str, list[str]] = {}
     notes: list[str] = []
@@ -199,8 +190,6 @@ class Bench:
     def _converted_bundle(self, precision: str) -> Path | None:
         """The fp32 bundle converted into work, once for every system of ``precision`` (None: it
         failed, noted)."""
-        from aggdec.bench.bundles import quantized_bundle
-
         if precision not in self.bundles:
             try:
                 self.bundles[precision], self.quantize_seconds[precision] = quantized_bundle(
@@ -225,7 +214,7 @@ class Bench:
             return True
         target = self.plan.work / spec.name
         stamp = target / "aggdec-bench-stamp.json"
-        digest = _checkpoint_digest(self.plan.checkpoint)
+        digest = checkpoint_digest(self.plan.checkpoint)
         if stamp.is_file() and json.loads(stamp.read_text()).get("checkpoint_sha256") == digest:
             return True
         target.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aggdec.runtime.options import DecodeOptions
+
 
 @dataclass(frozen=True)
 class SystemSpec:
@@ -18,6 +20,16 @@ class SystemSpec:
     # or fp16 conversion (`aggdec quantize --precision`). Peers keep "fp32": whatever their own
     # compute type, they are compared with the fp32 checkpoint's greedy.
     precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.kind == "aggdec":  # an aggdec system's options are one DecodeOptions, checked here
+            if self.needs_drafter != self.decode_options.mode.needs_drafter:
+                raise ValueError(f"{self.name}: needs_drafter must say whether its mode drafts with a drafter.")
+
+    @property
+    def decode_options(self) -> DecodeOptions:
+        """An aggdec system's options as the runtime takes them (what its worker decodes with)."""
+        return DecodeOptions(**self.options)
 
 
 SYSTEMS: tuple[SystemSpec, ...] = (

@@ -98,13 +98,13 @@ class _Tokenized:
 class AggdecSystem:
     def __init__(self, cfg: dict) -> None:
         from aggdec import Generator
+        from aggdec.runtime.options import DecodeOptions
 
         self.generator = Generator(cfg["bundle"], device=cfg["device"], threads=cfg["threads"],
                                    tf32=bool(cfg.get("tf32", False)))
         m = self.generator.manifest
         self.ids = (m.decoder_start_token_id, m.eos_token_id, m.pad_token_id)
-        self.options = dict(cfg.get("options", {}))
-        self.mode = self.options.pop("mode")
+        self.options = self.generator.resolve_options(DecodeOptions(**cfg.get("options", {})))
         self.max_new_tokens = cfg["max_new_tokens"]
 
     def runtime(self) -> dict:
@@ -114,8 +114,8 @@ class AggdecSystem:
                 "drafter_graph": self.generator.drafter_graph}  # drafter_int8 on the CPU when the bundle has one
 
     def run(self, texts: list[str]) -> list[dict]:
-        results = self.generator.generate(texts, mode=self.mode, batch_size=len(texts),
-                                          max_new_tokens=self.max_new_tokens, **self.options)
+        results = self.generator.generate(texts, self.options, batch_size=len(texts),
+                                          max_new_tokens=self.max_new_tokens)
         outputs = []
         for r in results:
             s = r.stats

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from aggdec import __version__
 from aggdec.runtime.errors import AggdecError
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.options import Mode
 
 from .engine import Engine, EngineHooks, Overloaded, Warmup, warm_up
 from .metrics import Metrics
@@ -49,7 +50,7 @@ GENERATE_PATH = "/v1/generate"
 class Settings:
     """How a server decodes and what it refuses (the `aggdec serve` options)."""
 
-    mode: str = "iad"  # a request's mode when it names none
+    mode: Mode | str = Mode.IAD  # a request's mode when it names none
     max_batch: int = 32  # rows per verifier call
     max_wait_ms: float = 5.0  # an idle decode loop waits this long to gather a batch
     max_queue: int = 256  # texts waiting for a slot, over every mode; past it: 429
@@ -85,7 +86,7 @@ class GenerateRequest(BaseModel):
     texts: list[Any] = Field(min_length=1, description="The texts to decode, each a string. An item that cannot "
                              "be decoded (empty, longer than the bundle allows, not a string) gets an error in its "
                              "own output; the others are decoded.", json_schema_extra={"items": {"type": "string"}})
-    mode: Literal["greedy", "iad", "gad", "gad++"] | None = Field(
+    mode: Mode | None = Field(
         None, description="Decoding mode (default: the server's --mode). greedy, iad and gad give the same output; "
                           "gad++ with beta > 1 is faster and may differ.")
     max_new_tokens: StrictInt | None = Field(None, ge=1, description="Tokens to generate at most, per text "
@@ -95,6 +96,8 @@ class GenerateRequest(BaseModel):
     tau: StrictFloat | StrictInt | None = Field(None, ge=0, allow_inf_nan=False,
                                                 description="gad++ only: ... and within tau log-prob of the best "
                                                             "(default 1.0).")
+    draft_k: StrictInt | None = Field(None, ge=1, description="gad and gad++ only: the most draft tokens a verifier "
+                                      "call checks, at most the drafter's k (default: its k).")
 
 
 class ItemError(BaseModel):
@@ -334,7 +337,7 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
             return _error(413, "too_large", f"{len(body.texts)} texts in one request; at most {settings.max_texts}.",
                           metrics)
         try:
-            config = engine.config(body.mode, body.beta, body.tau)
+            config = engine.config(body.mode, body.beta, body.tau, body.draft_k)
             handles = engine.submit(body.texts, config, body.max_new_tokens)
         except Overloaded as exc:
             return _error(429, "overloaded", str(exc), metrics, headers={"Retry-After": str(exc.retry_after)})
@@ -364,7 +367,7 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
                 outputs.append(_failed("internal", f"{type(error).__name__}: {error}"))
             else:
                 outputs.append(_output(handle.future.result()))
-        return JSONResponse({"mode": config.mode, "outputs": outputs})
+        return JSONResponse({"mode": config.mode.value, "outputs": outputs})
 
     @app.get("/healthz", summary="Alive")
     async def healthz() -> dict[str, str]:
@@ -373,7 +376,7 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
     @app.get("/readyz", summary="Bundle loaded and warm (503 otherwise, or while draining)")
     async def readyz() -> Response:
         info = {"bundle": str(generator.root), "manifest_sha256": state.bundle_sha256,
-                "device": generator.device, "mode": settings.mode, "warmup_seconds": round(state.warm.seconds, 3)}
+                "device": generator.device, "mode": str(settings.mode), "warmup_seconds": round(state.warm.seconds, 3)}
         if state.draining:
             return JSONResponse({"status": "draining", **info}, status_code=503)
         if not state.warm.ready:

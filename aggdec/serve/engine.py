@@ -1,8 +1,8 @@
 """The server's decoding engine: long-lived batched decode loops fed by requests.
 
-Each decoding configuration a request asks for (mode, and beta/tau for GAD++) gets a *lane*:
+Each decoding configuration a request asks for (its resolved :class:`DecodeOptions`) gets a *lane*:
 an :class:`~aggdec.runtime.decoding.arrivals.Arrivals` queue that is never closed and one
-decoder thread running :meth:`Generator.decoder` over it. A request's texts are tokenized and
+decoder thread running :meth:`RowDecoder.rows` over it. A request's texts are tokenized and
 put on their lane's queue; they join the running batch as soon as a slot is free
 (continuous batching), and each finished row resolves the request's asyncio future through
 ``loop.call_soon_threadsafe``, so the event loop never waits on a decode. Texts of different
@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
 from aggdec.runtime.errors import AggdecError, InputError
-from aggdec.runtime.generator import MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, GenerationResult, Generator
+from aggdec.runtime.continuous import RowDecoder
+from aggdec.runtime.generator import GenerationResult, Generator
+from aggdec.runtime.options import DecodeOptions, Mode
 
 MAX_LANES = 8  # decode loops (distinct configurations) alive at once; idle ones are closed to make room
 
@@ -38,15 +40,6 @@ class Overloaded(AggdecError, RuntimeError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class Config:
-    """What a lane decodes with: the mode and its verification options (resolved defaults)."""
-
-    mode: str
-    beta: int | None = None
-    tau: float | None = None
 
 
 @dataclass
@@ -74,14 +67,10 @@ class EngineHooks:
     on_result: Callable[[GenerationResult], None] | None = None  # each finished row
 
 
-def _resolve(value, default):
-    return default if value is None else value
-
-
 class Lane:
     """One decode loop: a queue that is never closed and the thread that decodes from it."""
 
-    def __init__(self, engine: Engine, config: Config) -> None:
+    def __init__(self, engine: Engine, config: DecodeOptions) -> None:
         self.engine = engine
         self.config = config
         self.work = Arrivals()  # shortest first among everything queued (a source passed over too often goes first)
@@ -89,13 +78,10 @@ class Lane:
         self._lock = threading.Lock()
         self.failure: BaseException | None = None
         self.last_used = time.monotonic()
-        beta = tau = None
-        if config.mode == "gad++":
-            beta, tau = config.beta, config.tau
         # options are checked here, on the caller's thread: a bad one never starts a thread
-        self._rows = engine.generator.decoder(self.work, config.mode, engine.max_batch, beta=beta, tau=tau,
-                                              linger=engine.max_wait, on_call=engine.hooks.on_call)
-        self.thread = threading.Thread(target=self._run, name=f"aggdec-serve-{config.mode}", daemon=True)
+        self._rows = engine.rows.rows(self.work, config, engine.max_batch, linger=engine.max_wait,
+                                      on_call=engine.hooks.on_call)
+        self.thread = threading.Thread(target=self._run, name=f"aggdec-serve-{config.mode.value}", daemon=True)
         self.thread.start()
 
     @property
@@ -138,7 +124,7 @@ class Lane:
                     self.work.forget(done.index)
                     continue
                 try:
-                    result = self.engine.generator.result(done, self.engine.max_batch, pending.text)
+                    result = self.engine.rows.result(done, self.engine.max_batch, pending.text)
                 except BaseException as exc:  # noqa: BLE001 - reported to this row's request only
                     _resolve_later(pending, error=exc)
                     continue
@@ -184,17 +170,16 @@ class Engine:
     past it :meth:`submit` raises :class:`Overloaded`.
     """
 
-    def __init__(self, generator: Generator, mode: str = "iad", max_batch: int = 32, max_wait: float = 0.005,
-                 max_queue: int = 256, hooks: EngineHooks | None = None) -> None:
-        if mode not in MODES:
-            raise InputError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}.")
+    def __init__(self, generator: Generator, mode: Mode | str = Mode.IAD, max_batch: int = 32,
+                 max_wait: float = 0.005, max_queue: int = 256, hooks: EngineHooks | None = None) -> None:
         self.generator = generator
-        self.default_mode = mode
+        self.rows = RowDecoder(generator)
+        self.default_mode = Mode.parse(mode)
         self.max_batch = max_batch
         self.max_wait = max_wait
         self.max_queue = max_queue
         self.hooks = hooks or EngineHooks()
-        self._lanes: dict[Config, Lane] = {}
+        self._lanes: dict[DecodeOptions, Lane] = {}
         self._lock = threading.Lock()
         self._indexes = itertools.count()
         self._finished: deque[float] = deque(maxlen=256)  # completion times, for Retry-After
@@ -210,17 +195,16 @@ class Engine:
 
     # ------------------------------------------------------------------ configuration
 
-    def config(self, mode: str | None = None, beta: int | None = None, tau: float | None = None) -> Config:
-        """The lane configuration for a request's options; InputError if the bundle cannot
-        decode with them (unknown mode, beta/tau outside GAD++, GAD without a drafter)."""
-        mode = self.default_mode if mode is None else mode
-        self.generator.check_options(mode, beta=beta, tau=tau)  # raises InputError / BundleError
-        if mode == "gad++":
-            return Config(mode, int(_resolve(beta, GAD_PLUS_BETA)), float(_resolve(tau, GAD_PLUS_TAU)))
-        return Config(mode)
+    def config(self, mode: Mode | str | None = None, beta: int | None = None, tau: float | None = None,
+               draft_k: int | None = None) -> DecodeOptions:
+        """The lane configuration for a request's options, resolved once against the bundle:
+        InputError / BundleError if it cannot decode with them (unknown mode, beta/tau outside
+        GAD++, draft_k above the drafter's k, GAD without a drafter)."""
+        return self.generator.resolve_options(self.default_mode if mode is None else mode, beta=beta, tau=tau,
+                                              draft_k=draft_k)
 
     def limits(self, max_new_tokens: int | None):
-        return None if max_new_tokens is None else self.generator.limits(max_new_tokens)
+        return None if max_new_tokens is None else self.rows.limits(max_new_tokens)
 
     # ------------------------------------------------------------------ load
 
@@ -244,7 +228,7 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, items: Sequence[object], config: Config, max_new_tokens: int | None = None,
+    def submit(self, items: Sequence[object], config: DecodeOptions, max_new_tokens: int | None = None,
                loop: asyncio.AbstractEventLoop | None = None) -> list[Handle]:
         """Queue ``items`` (each a text) on ``config``'s lane. Returns a handle per item: a future
         that resolves to its GenerationResult, or the item's InputError (empty, too long, not a
@@ -256,7 +240,7 @@ class Engine:
         accepted: list[tuple[Handle, str, list[int]]] = []
         for position, item in enumerate(items):
             try:
-                text, ids = self.generator.prepare(item, position)
+                text, ids = self.rows.prepare(item, position)
             except InputError as exc:
                 handles.append(Handle(error=exc))
                 continue
@@ -283,7 +267,7 @@ class Engine:
                 handle.lane.cancel(handle.index)
                 handle.future.cancel()
 
-    def _lane(self, config: Config) -> Lane:
+    def _lane(self, config: DecodeOptions) -> Lane:
         lane = self._lanes.get(config)
         if lane is not None and lane.alive:
             return lane

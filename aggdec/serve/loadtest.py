@@ -30,8 +30,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from aggdec.runtime.errors import InputError
+from aggdec.runtime.options import Mode
 
-LOSSLESS = ("greedy", "iad", "gad")  # modes whose output must equal greedy's
+LOSSLESS = (Mode.GREEDY, Mode.IAD, Mode.GAD)  # modes whose output must equal greedy's
 REFUSED_PAUSE = 0.01
 
 
@@ -208,7 +209,7 @@ def _plot(report: dict, path: Path) -> bool:
 
 
 def run_from_args(args) -> int:
-    from aggdec.bench.data import load_examples
+    from aggdec.sentences import load_examples
     from aggdec.runtime.generator import Generator
 
     if args.mode not in LOSSLESS:

@@ -99,13 +99,13 @@ MIN_REPEAT = 4
 MAX_REPEAT_MATCH = 32  # the search stops there: a longer match changes nothing about the draft
 
 
-def repeated_tail(tokens: Sequence[int] | np.ndarray, min_match: int | None = None) -> tuple[int, np.ndarray | None]:
+def repeated_tail(tokens: Sequence[int] | np.ndarray, min_match: int = MIN_REPEAT) -> tuple[int, np.ndarray | None]:
     """Whether the output is repeating itself, and what it would repeat next.
 
     Returns ``(length, cycle)``: ``length``, the longest match (up to :data:`MAX_REPEAT_MATCH`)
     of the tail of ``tokens`` with an earlier stretch of ``tokens`` (the stretches may
     overlap); ``cycle``, the tokens after the latest such stretch up to the end, or None when
-    the match is shorter than ``min_match`` (default: :data:`MIN_REPEAT`, read at each call).
+    the match is shorter than ``min_match`` (a Generator's ``Tuning.min_repeat``).
     Repeated (``np.resize(cycle, k)``), the cycle is the k tokens that continue the repetition:
     a model stuck in a loop (``для для для``, a clause over and over) emits exactly that. A
     draft from it changes speed only, never the output.
@@ -124,6 +124,6 @@ def repeated_tail(tokens: Sequence[int] | np.ndarray, min_match: int | None = No
         if len(longer) == 0:
             break
         ends, length = longer, length + 1
-    if length < (MIN_REPEAT if min_match is None else min_match):
+    if length < min_match:
         return length, None
     return length, ids[int(ends[-1]) + 1 :]

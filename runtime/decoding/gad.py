@@ -29,10 +29,10 @@ import numpy as np
 
 from ..bundle_probe import check_ids
 from ..session import Session
-from .alignment import source_position_offsets
+from .alignment import MIN_REPEAT, source_position_offsets
 from .loop import Row
 from .repetition import RepeatDrafts
-from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
+from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost
 from .verifier import Batch
 
 
@@ -94,8 +94,9 @@ class Drafter:
 # How fast a GAD row's acceptance estimate forgets (BlockOptions.decay; IAD keeps 0.8). A drafter
 # that tracked a long stretch often fails for good when the output turns repetitive; with 0.8
 # a row kept drafting k for five to eight failed calls after a run of successes. Measured with
-# benchmarks/gad_decay_ab.py (1,500 sentences, one process): 0.5 against 0.8 took 0.962x the
-# GAD time, 0.922x on outputs over 64 tokens (0.8 against itself, the noise: 0.996x, 1.004x).
+# benchmarks/gad_decay_ab.py (now `benchmarks/ab.py --set mode=gad --a gad_decay=0.8`; 1,500
+# sentences, one process): 0.5 against 0.8 took 0.962x the GAD time, 0.922x on outputs over 64
+# tokens (0.8 against itself, the noise: 0.996x, 1.004x). A Generator's Tuning.gad_decay.
 DECAY = 0.5
 
 
@@ -120,11 +121,13 @@ class DrafterDraft:
 
     def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None, cost_ratio: float = 0.05,
                  adaptive: bool = True, costs: CallCost | None = None, prior: AcceptancePrior | None = None,
-                 repeats: bool = True) -> None:
+                 repeats: bool = True, decay: float = DECAY, max_rest: int = MAX_REST,
+                 min_repeat: int = MIN_REPEAT) -> None:
         self.drafter = drafter
         self.pad_id = pad_id
         self.k = drafter.k if k is None else min(k, drafter.k)
-        self.options = BlockOptions(max_block=self.k, adaptive=adaptive, cost_ratio=cost_ratio, decay=DECAY)
+        self.options = BlockOptions(max_block=self.k, adaptive=adaptive, cost_ratio=cost_ratio, decay=decay,
+                                    max_rest=max_rest, min_repeat=min_repeat)
         self.costs = CallCost(cost_ratio) if costs is None else costs
         self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
         self.repeats = repeats

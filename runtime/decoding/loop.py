@@ -116,7 +116,8 @@ def next_cohort(cohorts: Sequence[Cohort]) -> Cohort:
 
 def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
            verification: Verification, slots: int, pad_id: int, bound: bool,
-           linger: float = 0.0, classes: Sequence[int] = ()) -> Iterator[Finished]:
+           linger: float = 0.0, classes: Sequence[int] = (), width_quantile: float = WIDTH_QUANTILE
+           ) -> Iterator[Finished]:
     """Decode the sources of ``work`` as they arrive, at most ``slots`` rows at once; yields
     rows as they finish, and returns once ``work`` is closed and done. A row's own limits
     (``Work.limits``) replace ``limits``; a cancelled row is dropped without a result.
@@ -160,13 +161,13 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
             arrived = []
         cohort = next_cohort(list(cohorts.values()))
         clock = cohort.seconds
-        yield from _step(cohort, work, drafts, verification, pad_id)
+        yield from _step(cohort, work, drafts, verification, pad_id, width_quantile)
         if work.abandoned:
             return
 
 
 def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Verification,
-          pad_id: int) -> Iterator[Finished]:
+          pad_id: int, width_quantile: float) -> Iterator[Finished]:
     """One draft-then-verify call for the rows of ``cohort``; yields those that finish."""
     batch, rows = cohort.batch, cohort.rows
     started = time.perf_counter()
@@ -178,11 +179,11 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     rooms = [max(0, min(row.trace.draft_room(row.limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
     proposed = drafts.propose(batch, rows, rooms)
     widths = [len(pend) + len(draft) for pend, draft in zip(pendings, proposed)]
-    if len(rows) > 1 and WIDTH_QUANTILE < 1.0:
+    if len(rows) > 1 and width_quantile < 1.0:
         # Blocks are padded to the widest: one row's long draft would make every row pay for
         # it. The width is capped at a quantile of the rows' wishes; longer drafts are cut
         # (a shorter draft changes speed, never the output).
-        cap = max(2, int(np.quantile(widths, WIDTH_QUANTILE)))
+        cap = max(2, int(np.quantile(widths, width_quantile)))
         proposed = [draft[: max(0, cap - len(pend))] for pend, draft in zip(pendings, proposed)]
         widths = [min(w, max(cap, len(pend))) for w, pend in zip(widths, pendings)]
     width = max(widths)

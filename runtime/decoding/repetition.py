@@ -23,7 +23,7 @@ class RepeatDrafts:
         """The next draft if ``tokens`` (the output so far) repeats itself, else None (the mode
         drafts from its own source). ``rival``: the length of the mode's own match, asked only
         when a repetition is found; the repetition must match longer."""
-        length, cycle = repeated_tail(tokens)
+        length, cycle = repeated_tail(tokens, self.sizer.options.min_repeat)
         self.drafting = cycle is not None and (rival is None or length > rival())
         if not self.drafting:
             return None

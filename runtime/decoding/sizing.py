@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from .alignment import MIN_REPEAT
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,17 @@ class BlockOptions:
     prior_accepted: float = 9.0  # prior pseudo-counts: an optimistic p of 0.9 to start
     prior_rejected: float = 1.0
     decay: float = 0.8  # weight of older iterations in the estimate of p
+    max_rest: int = 64  # the longest run of plain steps between two tries of a failing draft source
+    min_repeat: int = MIN_REPEAT  # the shortest repeated stretch of the output whose continuation is drafted
 
     def __post_init__(self) -> None:
         # a caller's options (Generator.generate's ``block``): refused with a clear error, since a
         # NaN, a zero prior or a fractional block would otherwise fail deep in the loop or decode
         # with nonsense lengths
-        if isinstance(self.max_block, bool) or not isinstance(self.max_block, numbers.Integral) or self.max_block < 1:
-            raise InputError(f"max_block must be an integer of at least 1, got {self.max_block!r}.")
+        for name in ("max_block", "max_rest", "min_repeat"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise InputError(f"{name} must be an integer of at least 1, got {value!r}.")
         if not isinstance(self.adaptive, bool):
             raise InputError(f"adaptive must be True or False, got {self.adaptive!r}.")
         for name in ("cost_ratio", "prior_accepted", "prior_rejected"):
@@ -59,7 +64,7 @@ def _real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-MAX_REST = 64  # the longest run of plain steps between two tries of a failing draft source
+MAX_REST = BlockOptions.max_rest  # the default (a Generator's Tuning.max_rest)
 
 
 class AcceptancePrior:
@@ -141,7 +146,7 @@ class BlockSizer:
             self._trying = False
             self._probing = True
             return int(self._ks[int(np.argmax(self._gain(*self._start) / (cost + fixed_cost)))])
-        self._resting, self._rest = self._rest, min(2 * self._rest, MAX_REST)
+        self._resting, self._rest = self._rest, min(2 * self._rest, self.options.max_rest)
         return 0
 
     def _gain(self, accepted: float, rejected: float) -> np.ndarray:

@@ -106,7 +106,7 @@ class Batch:
         if self._verifier.manifest.encodes_one_source_per_call:
             groups = [range(i, i + 1) for i in range(len(sources))]
         else:
-            groups = length_groups([len(ids) for ids in sources], ENCODER_CALL_TOKENS[self._verifier.encoder.device])
+            groups = length_groups([len(ids) for ids in sources], self._verifier.encoder_call_tokens)
         for group in groups:
             self._encode([sources[i] for i in group], pad_id)
         return range(first, self.rows)
@@ -217,10 +217,15 @@ class Batch:
 
 
 class Verifier:
-    def __init__(self, encoder: Session, verifier: Session, manifest: Manifest) -> None:
+    def __init__(self, encoder: Session, verifier: Session, manifest: Manifest,
+                 encoder_call_tokens: int | None = None) -> None:
+        """``encoder_call_tokens``: padded tokens per encoder call (:func:`length_groups`;
+        default: :data:`ENCODER_CALL_TOKENS` for the encoder's device)."""
         self.encoder = encoder
         self.verifier = verifier
         self.manifest = manifest
+        self.encoder_call_tokens = (ENCODER_CALL_TOKENS[encoder.device] if encoder_call_tokens is None
+                                    else encoder_call_tokens)
 
     def batch(self, slots: int, bound: bool,
               memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Batch:

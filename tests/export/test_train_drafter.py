@@ -85,7 +85,7 @@ def test_report_matches_what_the_runtime_accepts(tmp_path, editing_marian_dir, t
     # change the counts, never the outputs)
     generator = Generator(tmp_path / "bundle", threads=1, int8_drafter=False)
     drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False, repeats=False)
-    done = list(generator._decode(Arrivals.of(generator.encode(heldout)), generator.limits(None), drafts, GREEDY, 16))
+    done = list(generator._decode(Arrivals.of(generator.encode(heldout)), generator._limits(None), drafts, GREEDY, 16))
     accepted = sum(sum(d.trace.accepted) for d in done)
     iterations = sum(len(d.trace.accepted) for d in done)
     assert (accepted, iterations) == (report["target_tokens"], report["iterations"])

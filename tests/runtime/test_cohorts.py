@@ -13,12 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import aggdec.runtime.generator as generator_module
+from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
 from aggdec.runtime.decoding.cache import SlotBuffers
 from aggdec.runtime.decoding.loop import Cohort, length_class, next_cohort
 from aggdec.runtime.decoding.verifier import Batch, length_groups
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.tuning import tuning_for
 from tests.runtime.test_batched import ragged_texts
 from tests.runtime.test_gad import gad_bundle  # noqa: F401 - the fixture
 from tests.runtime.test_lossless import transformers_greedy
@@ -30,11 +31,12 @@ MAX_NEW = 24
 def in_arrival_order(generator: Generator, texts: list[str], mode: str, batch_size: int) -> list[tuple[int, ...]]:
     """``texts`` through the decode loop as a server feeds it (a queue, not a sorted list)."""
     work = Arrivals()
-    limits = generator.limits(MAX_NEW)
+    rows = RowDecoder(generator)
+    limits = rows.limits(MAX_NEW)
     for index, text in enumerate(texts):
-        work.put(Work(index, generator.prepare(text)[1], limits))
+        work.put(Work(index, rows.prepare(text)[1], limits))
     work.close()
-    got = {done.index: generator.result(done).ids for done in generator.decoder(work, mode, batch_size)}
+    got = {done.index: rows.result(done).ids for done in rows.rows(work, mode, batch_size)}
     return [got[index] for index in range(len(texts))]
 
 
@@ -55,15 +57,15 @@ def batches_used(monkeypatch) -> set[int]:
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("classes", [(), (2, 4, 8, 16)])
 def test_rows_in_length_cohorts_equal_transformers(family, classes, gad_bundle, random_checkpoint,  # noqa: F811
-                                                    batches_used, monkeypatch):
+                                                    batches_used):
     """Texts in arrival order, with the rows split into cohorts (here at 2, 4, 8 and 16 tokens,
     so that the ragged texts fall into five) or in one batch: every row is transformers' greedy
     output, and with classes the calls do go to several batches."""
-    monkeypatch.setitem(generator_module.LENGTH_CLASSES, "cpu", classes)
+    tuning = tuning_for("cpu").replace(length_classes=classes)
     texts = ragged_texts(seed=11 + len(family), count=14)
     expected = transformers_greedy(random_checkpoint(family), texts, MAX_NEW)
     for binding in (True, False):
-        generator = Generator(gad_bundle(family), io_binding=binding)
+        generator = Generator(gad_bundle(family), io_binding=binding, tuning=tuning)
         for mode in ("greedy", "iad", "gad"):
             for batch_size in (3, 64):
                 batches_used.clear()
@@ -72,25 +74,24 @@ def test_rows_in_length_cohorts_equal_transformers(family, classes, gad_bundle, 
                 assert (len(batches_used) >= 3) == bool(classes)
 
 
-def test_a_known_list_is_decoded_in_one_batch(bundle, batches_used, monkeypatch):
+def test_a_known_list_is_decoded_in_one_batch(bundle, batches_used):
     """generate() knows every text and takes them shortest first, so its batches already hold
     similar lengths: cohorts would only split its calls."""
-    monkeypatch.setitem(generator_module.LENGTH_CLASSES, "cpu", (2, 4, 8, 16))
-    generator = Generator(bundle("marian"))
+    generator = Generator(bundle("marian"), tuning=tuning_for("cpu").replace(length_classes=(2, 4, 8, 16)))
     texts = ragged_texts(seed=4, count=12)
     results = generator.generate(texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=4)
     assert len(batches_used) == 1
     assert [r.ids for r in results] == in_arrival_order(generator, texts, "iad", 4)
 
 
-def test_texts_arriving_while_cohorts_decode_come_out_as_alone(bundle, monkeypatch):
+def test_texts_arriving_while_cohorts_decode_come_out_as_alone(bundle):
     """A server's pattern: texts of every length keep arriving (in random order, a few at a
     time) while the cohorts decode; each result equals that text decoded alone."""
-    monkeypatch.setitem(generator_module.LENGTH_CLASSES, "cpu", (4, 12))
-    generator = Generator(bundle("marian"))
+    generator = Generator(bundle("marian"), tuning=tuning_for("cpu").replace(length_classes=(4, 12)))
     texts = ragged_texts(seed=5, count=30)
     alone = [r.ids for r in generator.generate(texts, mode="iad", batch_size=1)]
-    ids = [generator.prepare(text)[1] for text in texts]
+    rows = RowDecoder(generator)
+    ids = [rows.prepare(text)[1] for text in texts]
     work = Arrivals()
     order = list(range(len(texts)))
     random.Random(1).shuffle(order)
@@ -104,7 +105,7 @@ def test_texts_arriving_while_cohorts_decode_come_out_as_alone(bundle, monkeypat
 
     feeder = threading.Thread(target=feed)
     feeder.start()
-    got = {done.index: tuple(done.trace.tokens[1:]) for done in generator.decoder(work, "iad", 6)}
+    got = {done.index: tuple(done.trace.tokens[1:]) for done in rows.rows(work, "iad", 6)}
     feeder.join()
     assert [got[i] for i in range(len(texts))] == alone
 

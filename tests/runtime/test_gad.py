@@ -133,7 +133,7 @@ def fixed_k_rate(generator: Generator, texts: list[str], verification: Verificat
     from aggdec.runtime.decoding.gad import DrafterDraft
 
     drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False)
-    done = list(generator._decode(Arrivals.of(generator.encode(texts)), generator.limits(max_new), drafts,
+    done = list(generator._decode(Arrivals.of(generator.encode(texts)), generator._limits(max_new), drafts,
                                   verification, len(texts)))
     return sum(d.trace.generated for d in done) / sum(len(d.trace.accepted) for d in done)
 

@@ -158,7 +158,7 @@ def test_the_quantizer_refuses_a_verifier_that_couples_positions(bundle, tmp_pat
 
 
 def test_an_int8_bundle_is_refused_off_the_cpu(bundle, int8, monkeypatch):
-    import aggdec.runtime.generator as generator_module
+    import aggdec.runtime.devices as devices_module
 
     root = int8(bundle("marian"))
     with pytest.raises(ProviderError, match="int8 bundle, which runs on device 'cpu' only, not 'cuda'"):
@@ -166,8 +166,8 @@ def test_an_int8_bundle_is_refused_off_the_cpu(bundle, int8, monkeypatch):
     check_precision(load_manifest(root), "cpu", root)
     check_precision(load_manifest(bundle("marian")), "cuda")  # fp32 runs anywhere
     # through Generator, on a machine without a GPU: the device check passes, no session is made
-    monkeypatch.setattr(generator_module, "check_device", lambda *args, **kwargs: None)
-    monkeypatch.setattr(generator_module, "OrtSession", lambda *a, **k: pytest.fail("a session was made"))
+    monkeypatch.setattr(devices_module, "check_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(devices_module, "OrtSession", lambda *a, **k: pytest.fail("a session was made"))
     with pytest.raises(ProviderError, match="Use device 'cpu'"):
         Generator(root, device="cuda")
 

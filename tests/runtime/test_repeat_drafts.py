@@ -13,9 +13,9 @@ import random
 import numpy as np
 import pytest
 
-from aggdec.runtime.decoding import alignment
 from aggdec.runtime.decoding.alignment import MAX_REPEAT_MATCH, MIN_REPEAT, repeated_tail
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.tuning import tuning_for
 from tests.runtime.test_gad import gad_bundle  # noqa: F401 - a fixture
 from tests.runtime.test_lossless import random_texts
 from tests.support.traces import iterations_by_source
@@ -68,23 +68,17 @@ def test_the_cycle_continues_any_periodic_output(seed):
 # ---------------------------------------------------------------------------------- decoding
 
 
-def decode_without_repeats(monkeypatch, generate):
-    with monkeypatch.context() as patch:
-        patch.setattr(alignment, "MIN_REPEAT", NEVER)
-        return generate()
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-def test_iad_drafts_a_loop_and_takes_fewer_calls(family, bundle, monkeypatch):
+def test_iad_drafts_a_loop_and_takes_fewer_calls(family, bundle):
     generator = Generator(bundle(family))
+    no_repeats = Generator(bundle(family), tuning=tuning_for("cpu").replace(min_repeat=NEVER))
     texts = random_texts(seed=5, count=12)
     expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
     start = list(generator._limits(None).start_ids)
     for batch_size in (1, 5):
         with_repeats = generator.generate(texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
         assert [r.ids for r in with_repeats] == expected
-        without = decode_without_repeats(monkeypatch, lambda: generator.generate(
-            texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size))
+        without = no_repeats.generate(texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
         assert [r.ids for r in without] == expected
         assert sum(iterations_by_source(r, start).repeat for r in with_repeats) > 0  # the outputs loop
         assert sum(r.stats.iterations for r in with_repeats) < sum(r.stats.iterations for r in without)

@@ -14,6 +14,7 @@ pytest.importorskip("fastapi")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from aggdec.runtime.generator import Generator  # noqa: E402
+from tests.runtime.test_gad import K, gad_bundle  # noqa: E402, F401 - a fixture
 from tests.serve.running import Running  # noqa: E402
 
 MAX_NEW = 8
@@ -261,3 +262,18 @@ def test_every_error_has_the_documented_shape_and_is_counted(server, method, pat
     if status == 405:
         assert response.headers["allow"]
     assert metrics(server)[f"aggdec_errors_total{{kind={kind}}}"] == before + 1
+
+
+def test_draft_k_over_http_is_checked_against_the_drafter(gad_bundle):  # noqa: F811
+    generator = Generator(gad_bundle("marian"), threads=1)
+    want = greedy(generator, TEXTS)
+    with Running(generator, max_batch=4, max_wait_ms=2) as running:
+        for draft_k in (1, 4, K):
+            response = running.generate(TEXTS, mode="gad", draft_k=draft_k, max_new_tokens=MAX_NEW)
+            assert response.status_code == 200, response.text
+            assert [item["ids"] for item in response.json()["outputs"]] == want
+        refused = running.generate(TEXTS, mode="gad", draft_k=K + 1)
+        assert refused.status_code == 422
+        assert f"drafter's k ({K}), got {K + 1}" in refused.json()["error"]["message"]
+        wrong_mode = running.generate(TEXTS, mode="iad", draft_k=2)
+        assert wrong_mode.status_code == 422 and "draft_k applies to modes" in wrong_mode.json()["error"]["message"]

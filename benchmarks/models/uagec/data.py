@@ -1,4 +1,4 @@
-"""UA-GEC sentence pairs for the recipe: the corpus reader (``aggdec.bench.uagec``) and synthetic errors.
+"""UA-GEC sentence pairs for the recipe: the corpus reader (``aggdec.uagec``) and synthetic errors.
 
 The corpus comes from the installed ``ua-gec`` package (no downloads).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 
-from aggdec.bench.uagec import SPLITS, Pair, corpus_dir, load_pairs  # noqa: F401  (the recipe's reader)
+from aggdec.uagec import SPLITS, Pair, corpus_dir, load_pairs  # noqa: F401  (the recipe's reader)
 
 
 # ---------------------------------------------------------------- synthetic errors

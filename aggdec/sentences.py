@@ -22,7 +22,7 @@ def load_examples(data: str, limit: int | None = None) -> list[Example]:
     or a UTF-8 file: one source per line, optionally followed by tab-separated targets."""
     if data == UAGEC_TEST:
         try:
-            from aggdec.bench.uagec import load_pairs
+            from aggdec.uagec import load_pairs
 
             examples = [Example(p.source, p.target, p.target2) for p in load_pairs("test")]
         except ModuleNotFoundError:

@@ -1,0 +1,47 @@
+"""`aggdec export`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aggdec.runtime.bundle_schema import PRECISIONS
+from aggdec.runtime.errors import AggdecError
+
+
+def register(commands) -> argparse.ArgumentParser:
+    """The `export` subcommand, its arguments and what runs it."""
+    parser = commands.add_parser("export", help="export a Hugging Face checkpoint to an aggdec bundle")
+    add_arguments(parser)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", metavar="SRC_DIR", help="a local save_pretrained directory (model + tokenizer)")
+    parser.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
+    parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    parser.add_argument("--top-k", type=int, default=8, help="candidates the verifier returns per position (8)")
+    parser.add_argument("--opset", type=int, default=17, help="ONNX opset (17)")
+    parser.add_argument("--max-source-len", type=int, help="longest source in tokens (default: the model's)")
+    parser.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")
+    parser.add_argument("--drafter", metavar="DRAFTER_DIR", help="add drafter.onnx from `aggdec train-drafter` (GAD)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="fp32 (default), int8 for the CPU or fp16 for CUDA: the fp32 export, then "
+                             "`aggdec quantize --precision`")
+    parser.add_argument("--no-int8-drafter", action="store_true",
+                        help="fp32: leave out drafter.int8.onnx, the drafter's int8 copy that GAD uses on the CPU")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from aggdec.export import export_bundle
+    except ImportError as exc:
+        raise AggdecError(
+            f"`aggdec export` needs the export extra ({exc.name} is not installed): pip install 'aggdec[export]'"
+        ) from None
+    export_bundle(args.src, args.out, force=args.force, top_k=args.top_k, opset=args.opset,
+                  max_source_len=args.max_source_len, max_target_len=args.max_target_len,
+                  drafter_dir=args.drafter, precision=args.precision, int8_drafter=not args.no_int8_drafter,
+                  progress=lambda message: print(message, file=sys.stderr, flush=True))
+    return 0

@@ -1,0 +1,219 @@
+"""`aggdec generate`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, BinaryIO, TextIO
+
+from aggdec.runtime.errors import InputError
+from aggdec.runtime.options import MODES, DecodeOptions
+
+from .arguments import finite_non_negative, positive_int
+
+
+def register(commands) -> argparse.ArgumentParser:
+    """The `generate` subcommand, its arguments and what runs it."""
+    parser = commands.add_parser("generate", help="decode one input per line with a bundle")
+    add_arguments(parser)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
+    parser.add_argument("--mode", choices=MODES, default="greedy",
+                        help="decoding mode (greedy)")
+    parser.add_argument("--beta", type=positive_int, help="gad++: accept drafts among the verifier's top-beta (3)")
+    parser.add_argument("--tau", type=finite_non_negative, help="gad++: ... within tau log-prob of its best (1.0)")
+    parser.add_argument("--draft-k", type=positive_int,
+                        help="gad: tokens drafted per iteration (default: the drafter's k)")
+    parser.add_argument("--fp32-drafter", action="store_true",
+                        help="gad: on the CPU, run the float drafter instead of the bundle's int8 copy (same output)")
+    parser.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
+    parser.add_argument("--max-new-tokens", type=positive_int,
+                        help="tokens to generate at most (default: the bundle's limit)")
+    parser.add_argument("--device", choices=("cpu", "cuda", "tensorrt"), default="cpu",
+                        help="where to run (cpu); tensorrt: engines from `aggdec build-engines` (not yet run on a GPU)")
+    parser.add_argument("--engines", metavar="DIR", help="tensorrt: the engines directory (default: BUNDLE.engines)")
+    parser.add_argument("--threads", type=positive_int, help="intra-op threads (default: onnxruntime's choice)")
+    parser.add_argument("--batch-size", type=positive_int, default=16,
+                        help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
+    parser.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
+                        help="onnxruntime IO binding: auto = on (the cache buffers are bound by pointer)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
+    parser.add_argument("--stats", action="store_true",
+                        help="print load, warm-up and decoding time, iterations and tokens to stderr")
+    parser.add_argument("--format", choices=("text", "jsonl"), default="text",
+                        help="text: one output per line; jsonl: one JSON object per line with text, ids, error, stats")
+    parser.add_argument("--output", metavar="FILE", help="write to FILE (atomically, at the end) instead of stdout")
+
+
+def _open_input(path: str | None) -> BinaryIO:
+    """The input, unbuffered (stdin, or the file ``path``), refused at once if unreadable.
+
+    Unbuffered, because a reader thread blocked on a buffered stdin holds its lock, and Python
+    aborts at exit when Ctrl-C leaves it so; a raw read has no lock."""
+    if path is None:
+        return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+    try:
+        return open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise InputError(f"input file {path!r} does not exist.") from None
+    except IsADirectoryError:
+        raise InputError(f"input {path!r} is a directory; give a file with one input per line.") from None
+    except OSError as exc:
+        raise InputError(f"cannot read input {path!r}: {exc.strerror or exc}.") from None
+
+
+def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
+    """Input lines as they arrive, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028
+    inside a line is part of it, so that output line N always answers input line N. Lines stay
+    bytes: one that is not UTF-8 is refused on its own by the generator."""
+    pending: list[bytes] = []  # the current line's pieces, so that a long line costs linear time
+    while True:
+        try:
+            chunk = stream.read(1 << 16)  # returns what has arrived, up to this much
+        except OSError as exc:
+            raise InputError(f"cannot read input {name}: {exc.strerror or exc}.") from None
+        if not chunk:
+            break
+        *complete, rest = chunk.split(b"\n")
+        for raw in complete:
+            if pending:
+                raw, pending = b"".join([*pending, raw]), []
+            yield raw[:-1] if raw.endswith(b"\r") else raw
+        if rest:
+            pending.append(rest)
+    if pending:  # a last line without "\n"
+        raw = b"".join(pending)
+        yield raw[:-1] if raw.endswith(b"\r") else raw
+
+
+def _render(form: str, number: int, result, error: str | None) -> str:
+    """One output line: the text (a refused input: empty), or a JSON object with ids, error, stats."""
+    if form == "text":
+        return ("" if result is None else result.text.replace("\n", " ")) + "\n"
+    import dataclasses
+    import json
+
+    record = {"line": number, "text": None if result is None else result.text,
+              "ids": None if result is None else list(result.ids), "error": error,
+              "stats": None if result is None else dataclasses.asdict(result.stats)}
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+@contextlib.contextmanager
+def _output(path: str | None) -> Iterator[TextIO]:
+    """stdout, or FILE written atomically: a temporary file beside it, renamed over it at the
+    end; on any failure or Ctrl-C the temporary file is removed and FILE is left as it was."""
+    if path is None:
+        yield sys.stdout
+        return
+    import os
+    import tempfile
+
+    target = os.path.abspath(path)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".aggdec-", dir=os.path.dirname(target))
+    except OSError as exc:
+        raise InputError(f"cannot write output {path!r}: {exc.strerror or exc}.") from None
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(temporary, 0o666 & ~mask)  # mkstemp makes it private; the output is an ordinary file
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def _progress(total: int | None) -> Iterator[Any]:
+    """A progress bar on stderr when it is a terminal and tqdm is installed; otherwise None."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        yield None
+        return
+    with tqdm(total=total, unit="line", file=sys.stderr, leave=False) as bar:
+        yield bar
+
+
+def _print_stats(results: list, mode: str, wall: float, graphs: float, out: TextIO, load: float = 0.0,
+                 warm_up: float = 0.0, costs: tuple[float, float, float] | None = None) -> None:
+    tokens = sum(len(r.ids) for r in results)
+    iterations = sum(r.stats.iterations for r in results)
+    outside = max(wall - graphs, 0.0)
+    print(
+        f"aggdec: {mode}: {len(results)} inputs, {tokens} tokens in {iterations} iterations "
+        f"({tokens / max(iterations, 1):.2f} tokens/iteration); decoding {wall:.3f}s, {graphs:.3f}s in graphs, "
+        f"{outside:.3f}s outside ({100 * outside / max(wall, 1e-9):.1f}%); {tokens / max(wall, 1e-9):.1f} tokens/s; "
+        f"not counted: load {load:.3f}s, warm-up {warm_up:.3f}s",
+        file=out,
+    )
+    if costs is not None and costs[0] > 0:  # GAD: what its draft lengths were chosen from
+        one_token, ratio, drafter = costs
+        print(f"aggdec: {mode}: measured costs: a one-token verifier call {1000 * one_token:.3f} ms, each extra "
+              f"block position +{ratio:.3f} of it, a drafter call {1000 * drafter:.3f} ms", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aggdec.runtime.generator import Generator
+
+    if args.engines is not None and args.device != "tensorrt":
+        raise InputError("--engines applies to --device tensorrt only.")
+    loading = time.perf_counter()
+    generator = Generator(args.bundle, device=args.device, threads=args.threads,
+                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
+                          engines=args.engines, int8_drafter=False if args.fp32_drafter else None)
+    options = generator.resolve_options(DecodeOptions(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k))
+    load = time.perf_counter() - loading
+    # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):
+    # done here on a short made-up input, so that neither the first lines nor --stats pay for it
+    warm_up = generator.warm_up(options, args.batch_size)
+    source = _open_input(args.input)
+    name = "stdin" if args.input is None else repr(args.input)
+    started, graphs_before = time.perf_counter(), generator.graph_seconds
+    results: list = []
+    refused = 0
+    with contextlib.closing(source), _output(args.output) as out, _progress(None) as bar:
+        # Lines are decoded while input still arrives; output line N is written (and flushed)
+        # as soon as it and every line before it are done.
+        done: dict[int, tuple[Any, str | None]] = {}
+        written = 0  # input lines answered so far
+        for index, result in generator.stream(_lines(source, name), options, max_new_tokens=args.max_new_tokens,
+                                              batch_size=args.batch_size):
+            if isinstance(result, InputError):
+                refused += 1
+                reason = str(result).replace(f"text {index} ", "input ", 1)
+                print(f"aggdec: line {index + 1}: {reason}", file=sys.stderr, flush=True)
+                done[index] = (None, reason)
+            else:
+                results.append(result)
+                done[index] = (result, None)
+            if written in done:
+                while written in done:
+                    out.write(_render(args.format, written + 1, *done.pop(written)))
+                    written += 1
+                out.flush()
+            if bar is not None:
+                bar.update(1)
+    wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
+    if args.stats:
+        costs = (*generator.gad_costs.fit(), generator.gad_costs.drafter_seconds) if options.mode.needs_drafter \
+            else None
+        _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up, costs)
+    return 1 if refused else 0

@@ -1,0 +1,50 @@
+"""`aggdec quantize`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aggdec.runtime.bundle_schema import ENCODER_QUANTIZATION, PRECISIONS
+from aggdec.runtime.errors import AggdecError, InputError
+
+
+def register(commands) -> argparse.ArgumentParser:
+    """The `quantize` subcommand, its arguments and what runs it."""
+    parser = commands.add_parser(
+        "quantize", help="an int8 (CPU) or fp16 (CUDA) copy of an fp32 bundle "
+                         "(no torch needed)")
+    add_arguments(parser)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", metavar="BUNDLE", help="an fp32 bundle written by `aggdec export`")
+    parser.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
+    parser.add_argument("--precision", choices=[p for p in PRECISIONS if p != "fp32"], default="int8",
+                        help="int8 (default): per-row int8 products for the CPU; fp16: float16 graphs for CUDA")
+    parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    parser.add_argument("--fp32-output-projection", action="store_true",
+                        help="keep the vocabulary projection in fp32 (slower, a little closer to fp32)")
+    parser.add_argument("--encoder-quantization", choices=ENCODER_QUANTIZATION,
+                        help="int8 only: how the encoder quantizes its activations. per-call (default): "
+                             "onnxruntime's dynamic quantization, faster, and the runtime encodes one source per "
+                             "call; per-row: as the verifier, a batch encoded in one call")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from aggdec.export.quantize import QuantizeOptions, quantize_bundle
+    except ImportError as exc:
+        raise AggdecError(
+            f"`aggdec quantize` needs onnx ({exc.name} is not installed): pip install onnx, or 'aggdec[export]'"
+        ) from None
+    if args.encoder_quantization is not None and args.precision != "int8":
+        raise InputError(f"--encoder-quantization is for int8 bundles; an {args.precision} encoder is converted "
+                         "like the rest of the bundle.")
+    quantize_bundle(args.bundle, args.out, precision=args.precision, force=args.force,
+                    options=QuantizeOptions(output_projection=not args.fp32_output_projection,
+                                            encoder=args.encoder_quantization or QuantizeOptions.encoder),
+                    progress=lambda message: print(message, file=sys.stderr, flush=True))
+    return 0

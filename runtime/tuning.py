@@ -1,0 +1,105 @@
+"""The decoder's speed knobs as data: one frozen :class:`Tuning` record per ``Generator``.
+
+Every field changes how fast a decode runs, never what it outputs (each one sizes drafts,
+splits batches or groups encoder calls; the verifier decides every kept token). The defaults
+are per device (:data:`PROFILES`, :func:`tuning_for`): a CPU call's cost grows with its
+width, a GPU call costs about the same at any width. ``Generator(..., tuning=...)`` takes a
+record, so an A/B run (``benchmarks/ab.py --a gad_decay=0.8``) varies a field without
+touching module state.
+
+The decoding modules keep each default next to the code that reads it (as the default of a
+parameter) with the measurement that chose it; the profiles below are built from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+
+from .decoding.alignment import MIN_REPEAT
+from .decoding.gad import DECAY
+from .decoding.loop import WIDTH_QUANTILE
+from .decoding.sizing import MAX_REST
+from .decoding.verifier import ENCODER_CALL_TOKENS
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How a Generator sizes drafts and batches; none of it changes an output.
+
+    ``cost_ratio``: the prior cost of one more block position relative to a one-token
+    verifier call (BlockOptions.cost_ratio; GAD measures the real one as it goes).
+    ``max_block``: IAD's longest draft block.
+    ``length_classes``: source lengths (ascending) that split a server's arrival-order batch
+    into cohorts (runtime/decoding/loop.py: decode). On the CPU a call's cost grows with the
+    span its longest row makes every row attend over (benchmarks/results/serve-cpu); a GPU
+    call costs about the same at any span, so there it is one batch.
+    ``encoder_call_tokens``: the padded tokens one encoder call may hold before a batch's
+    sources are split into calls of similar lengths (decoding/verifier.py: length_groups).
+    ``gad_decay``: how fast a GAD row's acceptance estimate forgets (decoding/gad.py: DECAY).
+    ``width_quantile``: a batched call's block width is capped at this quantile of its rows'
+    wishes (1.0: no cap; decoding/loop.py: WIDTH_QUANTILE).
+    ``min_repeat``: the shortest repeated stretch whose continuation is drafted
+    (decoding/alignment.py: MIN_REPEAT).
+    ``max_rest``: the longest run of plain steps between two tries of a failing draft source
+    (decoding/sizing.py: MAX_REST).
+    ``shared_prior``: a new row's first draft length starts from the acceptance the earlier
+    rows of its mode saw (decoding/sizing.py: AcceptancePrior); False: from BlockOptions'
+    fixed prior (benchmarks/results/draft-prior-cpu).
+    """
+
+    cost_ratio: float = 0.05
+    max_block: int = 32
+    length_classes: tuple[int, ...] = (32, 64)
+    encoder_call_tokens: int = ENCODER_CALL_TOKENS["cpu"]
+    gad_decay: float = DECAY
+    width_quantile: float = WIDTH_QUANTILE
+    min_repeat: int = MIN_REPEAT
+    max_rest: int = MAX_REST
+    shared_prior: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_block", "encoder_call_tokens", "min_repeat", "max_rest"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise InputError(f"tuning {name} must be an integer of at least 1, got {value!r}.")
+        if not _real(self.cost_ratio) or self.cost_ratio < 0:
+            raise InputError(f"tuning cost_ratio must be a finite number >= 0, got {self.cost_ratio!r}.")
+        for name in ("gad_decay", "width_quantile"):
+            value = getattr(self, name)
+            if not _real(value) or not 0 < value <= 1:
+                raise InputError(f"tuning {name} must be a number in (0, 1], got {value!r}.")
+        if not isinstance(self.shared_prior, bool):
+            raise InputError(f"tuning shared_prior must be True or False, got {self.shared_prior!r}.")
+        classes = self.length_classes
+        if not isinstance(classes, tuple) or any(isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1
+                                                 for c in classes) or list(classes) != sorted(set(classes)):
+            raise InputError(f"tuning length_classes must be a tuple of ascending positive integers, got {classes!r}.")
+
+    def replace(self, **fields: object) -> Tuning:
+        """A copy with ``fields`` changed (checked as a new record is)."""
+        unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(self)})
+        if unknown:
+            raise InputError(f"unknown tuning field {unknown[0]!r}; the fields are: "
+                             f"{', '.join(field.name for field in dataclasses.fields(self))}.")
+        return dataclasses.replace(self, **fields)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_GPU = Tuning(cost_ratio=0.005, max_block=64, length_classes=(), encoder_call_tokens=ENCODER_CALL_TOKENS["cuda"])
+# the defaults per device; a TensorRT engine's calls cost as a CUDA session's do
+PROFILES: dict[str, Tuning] = {"cpu": Tuning(), "cuda": _GPU, "tensorrt": _GPU}
+
+
+def tuning_for(device: str) -> Tuning:
+    """The default tuning of ``device`` (cpu, cuda, tensorrt)."""
+    try:
+        return PROFILES[device]
+    except KeyError:
+        raise InputError(f"no tuning profile for device {device!r}; the profiles are: {', '.join(PROFILES)}.") from None
