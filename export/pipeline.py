@@ -132,6 +132,13 @@ def export_bundle(
     and validated into a temporary directory, then converted into ``out_dir`` by :func:`~.quantize.quantize_bundle`
     (the same as ``aggdec quantize``; see there).
     """
+    from .marian.export import export_marian, is_marian_folder
+
+    if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
+        if drafter_dir is not None:
+            raise ExportError("--drafter is not supported for Marian model folders yet; export without it.")
+        return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
+                             max_target_len=max_target_len, progress=progress)
     if precision != "fp32":
         return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset,
                                  max_source_len=max_source_len, max_target_len=max_target_len,

@@ -37,6 +37,7 @@ PRECISIONS = ("fp32", "int8", "fp16")  # how the graphs compute (`aggdec quantiz
 # self-attention buffers): int8 bundles quantize inside each product and keep float32 between
 # them; fp16 bundles hand fp16 from graph to graph. top_logprobs is float32 at every precision.
 ACTIVATION_DTYPES = {"fp32": "float32", "int8": "float32", "fp16": "float16"}
+CACHE_KIND_NAMES = ("attention", "recurrent")  # the verifier's own cache (decoding/cache.py CACHE_KINDS)
 DRAFT_POSITIONS = ("output", "source")  # where the drafter reads its tokens (export.drafter.POSITIONS)
 # One drafter, two graphs: "drafter" (float, every device) and, in fp32 bundles, "drafter_int8",
 # the same drafter with int8 matrix products for the CPU (export/quantize.py). A drafter only
@@ -310,10 +311,11 @@ FIELDS: dict[str, Rule] = {
     "exporter": dict_of(text, text),
     "precision": one_of(PRECISIONS),
     "quantization": optional(QUANTIZATION),
+    "cache_kind": one_of(CACHE_KIND_NAMES),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
-                             "quantization"})
+                             "quantization", "cache_kind"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

@@ -30,8 +30,10 @@ def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str 
     )
 
 
-def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32") -> GraphSpec:
-    # the self-attention buffers: capacity is the runtime's choice, fixed while a batch runs
+def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
+                  cache_kind: str = "attention") -> GraphSpec:
+    # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
+    # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
     cross = ("batch", heads, "source_len", head_dim)
     return GraphSpec(
@@ -39,7 +41,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
-            *(TensorSpec(name, act, buffer) for name in self_cache_names(layers)),
+            *(TensorSpec(name, act, buffer) for name in self_cache_names(layers, cache_kind)),
             *(TensorSpec(name, act, cross) for name in cross_names(layers)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
         ),
@@ -49,7 +51,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
             # the input buffers with the new tokens written at each row's length: bound to the
             # inputs' own memory by the runtime, so the write happens in place
-            *(TensorSpec(name, act, buffer) for name in self_cache_out_names(layers)),
+            *(TensorSpec(name, act, buffer) for name in self_cache_out_names(layers, cache_kind)),
         ),
     )
 
@@ -90,7 +92,7 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     m = manifest
     act = ACTIVATION_DTYPES[m.precision]
     specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act),
-             "verifier": verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act),
+             "verifier": verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind),
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:
         specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act)

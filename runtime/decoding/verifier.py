@@ -68,7 +68,7 @@ class Batch:
         self._memory = memory
         self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
                                    m.max_target_len + SLACK, m.max_source_len, verifier.verifier.device, bound,
-                                   memory is not None, ACTIVATION_DTYPES[m.precision])
+                                   memory is not None, ACTIVATION_DTYPES[m.precision], m.cache_kind)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = verifier.verifier.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
@@ -78,7 +78,7 @@ class Batch:
         self._ids = np.zeros(slots * self.buffers.max_target, dtype=np.int64)
         self._block: np.ndarray | None = None  # the view block() last handed out
         self._bound_width = 0  # the block width the ids, lengths and candidates are bound for
-        self._names = (self_cache_names(m.decoder_layers), self_cache_out_names(m.decoder_layers),
+        self._names = (self_cache_names(m.decoder_layers, m.cache_kind), self_cache_out_names(m.decoder_layers, m.cache_kind),
                        cross_names(m.decoder_layers))
         self.encoder_seconds = 0.0
         self.verifier_seconds = 0.0
