@@ -60,8 +60,8 @@ class _Linear(nn.Module):
 def _norm(scale: np.ndarray, bias: np.ndarray) -> nn.LayerNorm:
     norm = nn.LayerNorm(scale.size, eps=LAYER_NORM_EPS)
     with torch.no_grad():
-        norm.weight.copy_(torch.from_numpy(scale.reshape(-1)))
-        norm.bias.copy_(torch.from_numpy(bias.reshape(-1)))
+        norm.weight.copy_(torch.from_numpy(scale.reshape(-1).copy()))
+        norm.bias.copy_(torch.from_numpy(bias.reshape(-1).copy()))
     norm.requires_grad_(False)
     return norm
 

