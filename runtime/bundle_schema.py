@@ -312,10 +312,11 @@ FIELDS: dict[str, Rule] = {
     "precision": one_of(PRECISIONS),
     "quantization": optional(QUANTIZATION),
     "cache_kind": one_of(CACHE_KIND_NAMES),
+    "shortlist": optional(obj({"file": file_name, "first": integer(0, "vocab_size"), "shared": boolean})),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
-                             "quantization", "cache_kind"})
+                             "quantization", "cache_kind", "shortlist"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 
@@ -331,6 +332,9 @@ def _cross_field(data: dict) -> None:
         if graph["file"] not in files:
             # an unlisted file would be loaded without a hash check
             raise Invalid(f"graphs.{name}.file {show(graph['file'])} is not listed in files")
+    shortlist = data.get("shortlist")
+    if shortlist is not None and shortlist["file"] not in files:
+        raise Invalid(f"shortlist.file {show(shortlist['file'])} is not listed in files")
     precision = data.get("precision", "fp32")
     if (data.get("quantization") is not None) != (precision != "fp32"):
         raise Invalid(f"quantization must be set exactly when precision is not fp32 (precision: {show(precision)}, "

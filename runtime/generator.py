@@ -16,6 +16,7 @@ from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import Drafter, DrafterDraft
 from .decoding.iad import BlockOptions, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
+from .decoding.shortlist import load_shortlist
 from .decoding.sizing import AcceptancePrior, CallCost
 from .decoding.verifier import SLACK, Verifier
 from .errors import BundleError, InputError, ProviderError
@@ -160,7 +161,8 @@ class Generator:
 
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
-                 engines: str | Path | None = None, int8_drafter: bool | None = None) -> None:
+                 engines: str | Path | None = None, int8_drafter: bool | None = None,
+                 shortlist: bool = True) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
@@ -178,6 +180,8 @@ class Generator:
         ``int8_drafter``: GAD's drafter with int8 products (the bundle's ``drafter_int8``
         graph). None (the default): on the CPU when the bundle has one; True: require it;
         False: the float drafter. Outputs are the same either way: drafts are only proposals.
+        ``shortlist``: a bundle with a lexical shortlist (Marian's, decoding/shortlist.py) decodes
+        each sentence over its own shortlist; False decodes over the whole vocabulary.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
@@ -213,7 +217,8 @@ class Generator:
         # the graphs must be what the manifest says they are, before any text meets them
         check_consistency(m, sessions, self.codec.vocab_size)
         self._sessions = sessions
-        self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m)
+        self.verifier = Verifier(sessions["encoder"], sessions["verifier"], m,
+                                 load_shortlist(self.root, m) if shortlist else None)
         self.drafter: Drafter | None = None
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ...runtime.errors import ExportError
 from ...runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ..positions import Driver, check_position_independence, cpu_session, validation_cases
@@ -24,7 +26,7 @@ from ..safety import check_destination, check_options, make_temp, move_into_plac
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
 from .config import MarianConfig, check_decoding_config, parse_model_config
-from .weights import MarianWeights, read_weights
+from .weights import MarianWeights, read_shortlist, read_weights
 
 FAMILY = "marian-native"
 EOS_PIECE, UNK_PIECE = "</s>", "<unk>"
@@ -38,6 +40,9 @@ class MarianFolder:
     model_yml: Path | None  # the config beside an .npz without special:model.yml
     decoding_yml: Path | None
     tokenizer: Path
+
+
+SHORTLIST_FILE = "shortlist.npz"
 
 
 def is_marian_folder(src: Path) -> bool:
@@ -70,7 +75,22 @@ def find_files(src: Path) -> MarianFolder:
     return MarianFolder(weights, model_yml, decoding, tokenizer)
 
 
-def load(folder: MarianFolder) -> tuple[MarianWeights, MarianConfig]:
+def shortlist_path(folder: MarianFolder, decoding: dict) -> Path | None:
+    """The binary lexical shortlist the decoding yml names (``shortlist: [file, ...]``), if any."""
+    setting = decoding.get("shortlist")
+    if not setting:
+        return None
+    if not isinstance(setting, list) or not isinstance(setting[0], str):
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist must list the shortlist file first, "
+                          f"got {setting!r}.")
+    path = folder.weights.parent / setting[0]
+    if path.parent != folder.weights.parent or not path.is_file():
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist names {setting[0]!r}, which is not a "
+                          "file in the model folder.")
+    return path
+
+
+def load(folder: MarianFolder) -> tuple[MarianWeights, MarianConfig, dict]:
     weights = read_weights(folder.weights)
     if folder.model_yml is not None:
         text, where = folder.model_yml.read_text(encoding="utf-8"), str(folder.model_yml)
@@ -80,13 +100,14 @@ def load(folder: MarianFolder) -> tuple[MarianWeights, MarianConfig]:
         raise ExportError(f"{str(folder.weights)!r} carries no special:model.yml and no {folder.weights.name}.yml "
                           "is beside it: the model's architecture is unknown.")
     config = parse_model_config(text, where)
+    decoding: dict = {}
     if folder.decoding_yml is not None:
         decoding = check_decoding_config(folder.decoding_yml.read_text(encoding="utf-8"), str(folder.decoding_yml))
         vocabs = decoding.get("vocabs")
         if isinstance(vocabs, list) and len(set(vocabs)) > 1:
             raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs lists two vocabularies ({vocabs}); an "
                               "aggdec bundle has one tokenizer for source and output.")
-    return weights, config
+    return weights, config, decoding
 
 
 def bundle_tokenizer(path: Path, vocab: int):
@@ -109,6 +130,21 @@ def bundle_tokenizer(path: Path, vocab: int):
     return tokenizer, eos, unk
 
 
+class WholeVocabulary:
+    """An onnxruntime session of a shortlist verifier fed every output id: how the shared
+    validation (written for verifiers without output_ids) drives it."""
+
+    def __init__(self, session, vocab: int) -> None:  # noqa: ANN001
+        self.session = session
+        self.every_id = np.arange(vocab, dtype=np.int64)[None]
+
+    def get_outputs(self):  # noqa: ANN201
+        return self.session.get_outputs()
+
+    def run(self, names, feeds: dict):  # noqa: ANN001, ANN201
+        return self.session.run(names, {**feeds, "output_ids": self.every_id})
+
+
 def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
                   progress: Callable[[str], None] | None = print) -> Manifest:
@@ -129,7 +165,12 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     started = time.perf_counter()
     folder = find_files(src)
     _say(progress, f"[1/5] reading {folder.weights} (Marian)")
-    weights, config = load(folder)
+    weights, config, decoding = load(folder)
+    lexical = shortlist_path(folder, decoding)
+    if lexical is not None and config.decoder_cell != "ssru":
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist: aggdec applies a shortlist to SSRU "
+                          "decoders only so far; remove the option to decode over the whole vocabulary.")
+    table = read_shortlist(lexical, config.source_vocab, config.target_vocab) if lexical is not None else None
     vocab = config.target_vocab
     if top_k > vocab:
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
@@ -148,7 +189,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     try:
         tmp = make_temp(out)
         enc_spec = encoder_spec(layers, heads, head_dim, config.d_model)
-        ver_spec = verifier_spec(layers, heads, head_dim, top_k, cache_kind=cache_kind)
+        ver_spec = verifier_spec(layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None)
         _say(progress, f"[3/5] tracing the encoder and the {'SSRU' if recurrent else 'self-attention'} verifier")
         parts = attention_parts(model)
         _trace(EncoderGraph(model, model.encoder, parts).eval(), _encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
@@ -158,7 +199,9 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
                  *(torch.randn(batch, heads, capacity, head_dim) for _ in range(own)),
                  *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
                  torch.ones(batch, source, dtype=torch.int64))
-        verifier = (RecurrentVerifierGraph(model, top_k, suppressed) if recurrent
+        if table is not None:  # distinct rows and length, padded like the runtime's lists
+            dummy = (*dummy, torch.tensor([[0, 4, 7, 9, 11, 12, 13, 15, 17, 18, 19], [0, 3, 5, 6, 8, 10, 14, 16, 20, -1, -1]]))
+        verifier = (RecurrentVerifierGraph(model, top_k, suppressed, table is not None) if recurrent
                     else VerifierGraph(model, parts, top_k, suppressed, vocab))
         _trace(verifier.eval(), dummy, tmp / ver_spec.file, ver_spec, opset)
         if recurrent:
@@ -174,16 +217,23 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         options = ort.SessionOptions()
         options.log_severity_level = 3
         cpu = ["CPUExecutionProvider"]
+        verifier_session = ort.InferenceSession(str(tmp / ver_spec.file), options, providers=cpu)
+        if table is not None:  # validated over the whole vocabulary, as the float reference computes
+            verifier_session = WholeVocabulary(verifier_session, vocab)
         checked = validate(
             ort.InferenceSession(str(tmp / enc_spec.file), options, providers=cpu),
-            ort.InferenceSession(str(tmp / ver_spec.file), options, providers=cpu),
+            verifier_session,
             encoder_cases, verifier_cases, layers, heads, head_dim, 1e-4, 1e-3, cache_kind)
         _say(progress, f"      {checked} shape cases agree with the float reference")
 
         _say(progress, "[5/5] writing tokenizer and manifest")
         tokenizer.save(str(tmp / TOKENIZER_FILE))
         graphs = {"encoder": enc_spec, "verifier": ver_spec}
-        files = {name: sha256_of(tmp / name) for name in (enc_spec.file, ver_spec.file, TOKENIZER_FILE)}
+        names = [enc_spec.file, ver_spec.file, TOKENIZER_FILE]
+        if table is not None:
+            np.savez(tmp / SHORTLIST_FILE, offsets=table.offsets, targets=table.targets)
+            names.append(SHORTLIST_FILE)
+        files = {name: sha256_of(tmp / name) for name in names}
         manifest = Manifest(
             family=FAMILY,
             architecture=f"Marian transformer, {'SSRU' if recurrent else 'self-attention'} decoder",
@@ -197,9 +247,14 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
                       "marian_weights": folder.weights.name,
                       "marian_int8_matrices_dequantized": str(weights.int8_matrices)},
             cache_kind=cache_kind,
+            # shared: Marian allows a sentence's own source ids when source and target share a vocabulary
+            shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first, "shared": True},
         )
+        verifier_check = cpu_session(ort, tmp / ver_spec.file)
+        if table is not None:
+            verifier_check.session = WholeVocabulary(verifier_check.session, vocab)
         checked = check_position_independence(
-            Driver(cpu_session(ort, tmp / enc_spec.file), cpu_session(ort, tmp / ver_spec.file), manifest),
+            Driver(cpu_session(ort, tmp / enc_spec.file), verifier_check, manifest),
             validation_cases(manifest))
         _say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")

@@ -112,21 +112,25 @@ def attention_parts(model: MarianModel) -> DecoderParts:
 class RecurrentVerifierGraph(nn.Module):
     """T new tokens after per-row recurrent states -> top-K log-probs/ids per position and the states written."""
 
-    def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...]) -> None:
+    def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...], shortlist: bool) -> None:
+        """``shortlist``: the graph takes ``output_ids`` [rows or 1, L], each row's allowed output ids
+        (-1 pads a row's list; [1, V] of every id decodes over the whole vocabulary), and projects
+        onto those rows of the output matrix only."""
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.top_k = top_k
+        self.shortlist = shortlist
         bias = torch.zeros(model.config.target_vocab)
         bias[list(suppressed_ids)] = float("-inf")
         self.register_buffer("suppress_bias", bias, persistent=False)
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
         """``buffers``: per layer its state buffer [B, H, C, Dh]; then per layer cross key, cross
-        value; then the encoder attention mask [B, S]."""
+        value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids``."""
         model = self.model
         config = model.config
         layers, heads, head_dim = config.decoder_layers, config.heads, config.head_dim
-        states_in, cross_kv, encoder_attention_mask = buffers[:layers], buffers[layers : 3 * layers], buffers[-1]
+        states_in, cross_kv, encoder_attention_mask = buffers[:layers], buffers[layers : 3 * layers], buffers[3 * layers]
         batch, new_len = input_ids.shape[0], input_ids.shape[1]
         positions = past_lengths.unsqueeze(1) + torch.arange(new_len, dtype=torch.int64).unsqueeze(0)  # [B, T]
         rows = torch.arange(batch, dtype=torch.int64)
@@ -156,7 +160,32 @@ class RecurrentVerifierGraph(nn.Module):
             attended = torch.matmul(torch.softmax(scores, dim=-1), cross_kv[2 * layer_index + 1])
             hidden = context.norm(hidden + context.o(_merge_heads(attended)))
             hidden = layer.ffn(hidden)
+        if self.shortlist:
+            return (*self._shortlisted(hidden, buffers[-1]), *written)
         logits = model.logits(hidden).to(torch.float32) + self.suppress_bias
         log_probs = torch.log_softmax(logits, dim=-1)
         top_logprobs, top_ids = torch.topk(log_probs, self.top_k, dim=-1)
         return (top_logprobs, top_ids, *written)
+
+    def _shortlisted(self, hidden: Tensor, output_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Top-K over each row's shortlist: logits of the gathered output rows only.
+
+        The candidates are chosen on the logits, which do not depend on how long the padded
+        lists of a call are; their log-probs are then read from the row's log-softmax."""
+        model = self.model
+        batch, new_len = hidden.shape[0], hidden.shape[1]
+        output_ids = output_ids.expand(batch, -1)
+        valid = output_ids >= 0
+        ids = torch.clamp(output_ids, min=0)  # [B, L]
+        weight = model.output_weight[ids]  # [B, L, D]
+        bias = torch.where(valid, model.output_bias[ids] + self.suppress_bias[ids],
+                           torch.full_like(model.output_bias[ids], float("-inf")))
+        # each position's product against its own copy of the row's matrix: with the matrix shared
+        # by a row's positions, onnxruntime runs the row as one GEMM of T rows, whose summation
+        # order depends on T (the block would differ from its positions alone)
+        columns = weight.transpose(1, 2).unsqueeze(1).expand(batch, new_len, -1, -1)  # [B, T, D, L]
+        logits = torch.matmul(hidden.unsqueeze(2), columns).squeeze(2) + bias.unsqueeze(1)  # [B, T, L]
+        _top_logits, local = torch.topk(logits, self.top_k, dim=-1)
+        top_logprobs = torch.gather(torch.log_softmax(logits, dim=-1), 2, local)
+        candidates = output_ids.unsqueeze(1).expand(batch, new_len, -1)
+        return top_logprobs, torch.gather(candidates, 2, local)

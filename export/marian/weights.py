@@ -176,3 +176,44 @@ def read_weights(path: Path) -> MarianWeights:
     if path.suffix == ".npz":
         return read_npz(path)
     return read_bin(path)
+
+
+SHORTLIST_MAGIC = 0xF11A48D5013417F5
+SHORTLIST_HEADER = 48  # magic, checksum, first, best, offsets count, targets count: six u64
+
+
+@dataclass(frozen=True)
+class MarianShortlist:
+    first: int  # the most frequent target ids always allowed
+    best: int  # how many targets per source id the table was built with
+    offsets: np.ndarray  # int64 [source vocab + 1]
+    targets: np.ndarray  # int32
+
+
+def read_shortlist(path: Path, source_vocab: int, target_vocab: int) -> MarianShortlist:
+    """Marian's binary lexical shortlist (``lex.*.bin``, data/shortlist.h), read strictly.
+
+    The header's checksum is Marian's own hash of the arrays and is not recomputed here; the
+    structure is checked instead (sizes against the file, offsets partitioning the targets,
+    every id inside its vocabulary)."""
+    data = path.read_bytes()
+    fail = lambda what: ExportError(f"{str(path)!r} is not a valid Marian binary shortlist: {what}.")  # noqa: E731
+    if len(data) < SHORTLIST_HEADER:
+        raise fail(f"it has {len(data)} bytes, fewer than its {SHORTLIST_HEADER}-byte header (truncated?)")
+    magic, _checksum, first, best, offsets_count, targets_count = struct.unpack("<6Q", data[:SHORTLIST_HEADER])
+    if magic != SHORTLIST_MAGIC:
+        raise fail(f"magic 0x{magic:x}, not 0x{SHORTLIST_MAGIC:x} (a text shortlist is not supported)")
+    if offsets_count != source_vocab + 1:
+        raise fail(f"it indexes {offsets_count - 1} source ids, the model's vocabulary has {source_vocab}")
+    size = SHORTLIST_HEADER + 8 * offsets_count + 4 * targets_count
+    if len(data) != size:
+        raise fail(f"its header implies {size} bytes, the file has {len(data)} (truncated?)")
+    offsets = np.frombuffer(data, "<u8", count=offsets_count, offset=SHORTLIST_HEADER).astype(np.int64)
+    targets = np.frombuffer(data, "<u4", count=targets_count, offset=SHORTLIST_HEADER + 8 * offsets_count)
+    if offsets[0] != 0 or offsets[-1] != targets_count or np.any(np.diff(offsets) < 0):
+        raise fail("its offsets do not partition its targets")
+    if targets_count and int(targets.max()) >= target_vocab:
+        raise fail(f"target id {int(targets.max())} is outside the vocabulary of {target_vocab}")
+    if first > target_vocab:
+        raise fail(f"first {first} exceeds the vocabulary of {target_vocab}")
+    return MarianShortlist(int(first), int(best), offsets, targets.astype(np.int32))

@@ -21,6 +21,7 @@ from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
 from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names
+from .shortlist import Shortlist
 
 # cache positions beyond max_target_len: a row's decoder prefix is at most two tokens, so a
 # batch's padded block never writes past the allocation (see Batch.block_limit)
@@ -83,6 +84,11 @@ class Batch:
         self.encoder_seconds = 0.0
         self.verifier_seconds = 0.0
         self.last_call: tuple[int, float] | None = None
+        # a bundle with a shortlist: each slot's allowed output ids (None: every id), and the
+        # -1 padded [rows, L] array of them fed as output_ids, remade when the rows change
+        self._allowed: list[np.ndarray | None] = [None] * slots
+        self._output_ids: np.ndarray | None = None
+        self._output_layout = -1
 
     @property
     def rows(self) -> int:
@@ -108,7 +114,24 @@ class Batch:
             groups = length_groups([len(ids) for ids in sources], ENCODER_CALL_TOKENS[self._verifier.encoder.device])
         for group in groups:
             self._encode([sources[i] for i in group], pad_id)
+        shortlist = self._verifier.shortlist
+        if shortlist is not None:  # per sentence, never the union over the batch
+            for slot, source in zip(range(first, self.rows), sources):
+                self._allowed[slot] = shortlist.for_source(source)
         return range(first, self.rows)
+
+    def output_ids(self) -> np.ndarray:
+        """The verifier's ``output_ids`` for the current rows (bundles with a shortlist)."""
+        if self._output_layout != self.buffers.layout or self._output_ids is None:
+            if self._verifier.shortlist is None:  # the whole vocabulary, one row for every row
+                self._output_ids = np.arange(self._verifier.manifest.vocab_size, dtype=np.int64)[None]
+            else:
+                allowed = self._allowed[: self.rows]
+                self._output_ids = np.full((self.rows, max(len(ids) for ids in allowed)), -1, dtype=np.int64)
+                for row, ids in enumerate(allowed):
+                    self._output_ids[row, : len(ids)] = ids
+            self._output_layout = self.buffers.layout
+        return self._output_ids
 
     def _encode(self, sources: list[list[int]], pad_id: int) -> None:
         width = max(len(ids) for ids in sources)
@@ -153,6 +176,8 @@ class Batch:
         if self._binding is None:
             feeds = {"input_ids": tokens, "past_lengths": np.ascontiguousarray(lengths),
                      "encoder_attention_mask": self.buffers.source_mask(), **self.buffers.feeds(names[0], names[2])}
+            if self._verifier.takes_output_ids:
+                feeds["output_ids"] = self.output_ids()
             out = session.run(feeds)
             self.buffers.store([out[name] for name in names[1]])
             top_logprobs, top_ids = out["top_logprobs"], out["top_ids"]
@@ -179,6 +204,8 @@ class Batch:
             if relaid:  # the buffers and the mask: only when the batch's layout changed
                 self._mask = self.buffers.source_mask()  # held here: the binding keeps only a pointer
                 binding.bind_cpu_input("encoder_attention_mask", self._mask)
+                if self._verifier.takes_output_ids:  # held by self._output_ids until the rows change
+                    binding.bind_cpu_input("output_ids", self.output_ids())
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
             outputs = session.run_bound(binding)
@@ -205,6 +232,7 @@ class Batch:
         moved = self.buffers.remove_row(slot)
         if moved is not None:
             self.lengths[slot] = self.lengths[moved]
+            self._allowed[slot] = self._allowed[moved]
         return moved
 
     def shrink(self) -> None:
@@ -215,10 +243,15 @@ class Batch:
 
 
 class Verifier:
-    def __init__(self, encoder: Session, verifier: Session, manifest: Manifest) -> None:
+    def __init__(self, encoder: Session, verifier: Session, manifest: Manifest,
+                 shortlist: Shortlist | None = None) -> None:
+        """``shortlist``: each sentence's output ids (a bundle with a shortlist); None decodes
+        over the whole vocabulary."""
         self.encoder = encoder
         self.verifier = verifier
         self.manifest = manifest
+        self.shortlist = shortlist
+        self.takes_output_ids = manifest.shortlist is not None
 
     def batch(self, slots: int, bound: bool,
               memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Batch:
