@@ -25,10 +25,12 @@ from aggdec.export.marian.model import MarianModel
 from aggdec.export.marian.weights import read_weights
 from aggdec.runtime.decoding.cache import self_cache_names, self_cache_out_names
 from aggdec.runtime.decoding.iad import BlockOptions
+from aggdec.runtime.decoding.shortlist import Shortlist, load_shortlist
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.manifest import Manifest, load_manifest
 from aggdec.runtime.tokenizer import TextCodec
-from tests.support.marian import FLOAT32, WORDS, bin_items, encode_bin, tiny_config, tiny_weights, write_model
+from tests.support.marian import (FLOAT32, WORDS, add_shortlist, bin_items, encode_bin, tiny_config, tiny_weights,
+                                  write_model)
 
 MAX_NEW = 20
 TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(1 + i % 9)) for i in range(14)] + [
@@ -40,11 +42,13 @@ def tiny(tmp_path_factory):
     """(decoder, fmt, gate_bias) -> (model folder, bundle), exported once."""
     made: dict = {}
 
-    def make(decoder: str, fmt: str, gate_bias: float = 0.0):
-        key = (decoder, fmt, gate_bias)
+    def make(decoder: str, fmt: str, gate_bias: float = 0.0, shortlist: bool = False):
+        key = (decoder, fmt, gate_bias, shortlist)
         if key not in made:
             root = tmp_path_factory.mktemp(f"marian-{decoder}-{fmt}")
             folder, _config, _weights = write_model(root / "model", decoder, fmt=fmt, gate_bias=gate_bias)
+            if shortlist:
+                add_shortlist(folder)
             export_bundle(folder, root / "bundle", progress=None, max_source_len=64, max_target_len=64)
             made[key] = (folder, root / "bundle")
         return made[key]
@@ -52,10 +56,13 @@ def tiny(tmp_path_factory):
     return make
 
 
-def reference_greedy(folder: Path, bundle: Path, texts: list[str]) -> list[tuple[int, ...]]:
-    """Greedy with the float torch reference, the whole prefix recomputed at every step."""
+def reference_greedy(folder: Path, bundle: Path, texts: list[str], shortlist: bool = False
+                     ) -> list[tuple[int, ...]]:
+    """Greedy with the float torch reference, the whole prefix recomputed at every step; with
+    ``shortlist``, each step's argmax over the sentence's shortlist only."""
     weights = read_weights(next(folder.glob("model.*")))
     model = MarianModel(parse_model_config(weights.config_text), weights, 128)
+    lists = load_shortlist(bundle, load_manifest(bundle)) if shortlist else None
     outputs = []
     for source in TextCodec(bundle / "tokenizer.json").encode(texts):
         src = torch.tensor([source])
@@ -64,6 +71,10 @@ def reference_greedy(folder: Path, bundle: Path, texts: list[str]) -> list[tuple
             for _ in range(MAX_NEW):
                 logits = model(src, torch.ones_like(src), torch.tensor([out])).logits[0, -1]
                 logits[1] = -float("inf")  # Marian never emits <unk>
+                if lists is not None:
+                    outside = torch.ones_like(logits, dtype=torch.bool)
+                    outside[torch.from_numpy(lists.for_source(source))] = False
+                    logits[outside] = -float("inf")
                 out.append(int(logits.argmax()))
                 if out[-1] == 0:
                     break
@@ -103,21 +114,22 @@ def _sessions(bundle: Path):
             for name in ("encoder.onnx", "verifier.onnx")]
 
 
-def _run(verifier, layers: int, state: dict, cross: dict, mask, ids, lengths):
+def _run(verifier, layers: int, state: dict, cross: dict, mask, ids, lengths, extra: dict):
     names = [o.name for o in verifier.get_outputs()]
     out = dict(zip(names, verifier.run(None, {"input_ids": ids, "past_lengths": lengths, **state, **cross,
-                                               "encoder_attention_mask": mask})))
+                                               "encoder_attention_mask": mask, **extra})))
     written = dict(zip(self_cache_names(layers, "recurrent"),
                        (out[n] for n in self_cache_out_names(layers, "recurrent"))))
     return out["top_logprobs"], out["top_ids"], written
 
 
-@pytest.mark.parametrize("gate_bias", [0.0, 60.0])
-def test_rollback_at_every_block_position(tiny, gate_bias):
+@pytest.mark.parametrize("gate_bias,shortlist", [(0.0, False), (60.0, False), (0.0, True)])
+def test_rollback_at_every_block_position(tiny, gate_bias, shortlist):
     """A block of T after P cached positions, kept up to each n in 0..T, then continued: bitwise what
     the positions one at a time give, at block lengths other than the export example's 3 (1, 4, 11, 40),
-    also with saturated gates (sigmoid exactly 0 and 1: no NaN)."""
-    _folder, bundle = tiny("ssru", "bin", gate_bias)
+    also with saturated gates (sigmoid exactly 0 and 1: no NaN) and with per-row shortlists of
+    different lengths (-1 padded)."""
+    _folder, bundle = tiny("ssru", "bin", gate_bias, shortlist)
     m = load_manifest(bundle)
     encoder, verifier = _sessions(bundle)
     rng = np.random.default_rng(1)
@@ -127,27 +139,34 @@ def test_rollback_at_every_block_position(tiny, gate_bias):
     enc = dict(zip([o.name for o in encoder.get_outputs()], encoder.run(None, {"input_ids": source,
                                                                               "attention_mask": mask})))
     cross = {k: v for k, v in enc.items() if k.startswith("cross_")}
+    extra = {}
+    if shortlist:
+        lists = load_shortlist(bundle, m)
+        rows = [lists.for_source(list(source[0])), lists.for_source(list(source[1, :4]))]
+        extra["output_ids"] = np.full((2, max(map(len, rows)) + 3), -1, np.int64)
+        for row, ids in enumerate(rows):
+            extra["output_ids"][row, : len(ids)] = ids
     layers, past = m.decoder_layers, 3
     for block in (1, 4, 11, 40):
         capacity = past + block + 2
         tokens = rng.integers(2, m.vocab_size, size=(2, past + block + 1))
         state = {n: np.full((2, m.num_heads, capacity, m.head_dim), np.nan, np.float32)  # never read unwritten
                  for n in self_cache_names(layers, "recurrent")}
-        _, _, state = _run(verifier, layers, state, cross, mask, tokens[:, :past], np.zeros(2, np.int64))
+        _, _, state = _run(verifier, layers, state, cross, mask, tokens[:, :past], np.zeros(2, np.int64), extra)
         alone, singles = [], dict(state)
         for t in range(block + 1):
             lp, ids, singles = _run(verifier, layers, singles, cross, mask, tokens[:, past + t : past + t + 1],
-                                    np.full(2, past + t, np.int64))
+                                    np.full(2, past + t, np.int64), extra)
             assert np.isfinite(lp).all()
             alone.append((lp, ids))
         block_lp, block_ids, written = _run(verifier, layers, dict(state), cross, mask,
-                                            tokens[:, past : past + block], np.full(2, past, np.int64))
+                                            tokens[:, past : past + block], np.full(2, past, np.int64), extra)
         for n in range(block + 1):  # keep n of the block, then the next token goes after them
             if n < block:
                 assert np.array_equal(block_lp[:, n], alone[n][0][:, 0])
                 assert np.array_equal(block_ids[:, n], alone[n][1][:, 0])
             lp, ids, _ = _run(verifier, layers, dict(written), cross, mask, tokens[:, past + n : past + n + 1],
-                              np.full(2, past + n, np.int64))
+                              np.full(2, past + n, np.int64), extra)
             assert np.array_equal(lp, alone[n][0]) and np.array_equal(ids, alone[n][1]), (block, n)
 
 
@@ -252,3 +271,47 @@ def test_unsupported_model_options_are_refused(tmp_path, capsys, overrides, need
 def test_unsupported_decoding_options_are_refused(tmp_path, capsys, decoding, needle):
     folder, _config, _ = write_model(tmp_path / "model", "self-attention", fmt="npz", decoding=decoding)
     _refused(capsys, folder, tmp_path / "out", needle)
+
+
+# ------------------------------------------------------------------ the lexical shortlist
+
+
+def test_shortlist_greedy_equals_reference_over_each_sentences_shortlist(tiny):
+    folder, bundle = tiny("ssru", "bin", 0.0, True)
+    assert load_manifest(bundle).shortlist == {"file": "shortlist.npz", "first": 3, "shared": True}
+    with_list = reference_greedy(folder, bundle, TEXTS, shortlist=True)
+    without = reference_greedy(folder, bundle, TEXTS)
+    assert with_list != without  # the shortlist changes these outputs, so the test can tell
+    for io_binding in (True, False):
+        generator = Generator(bundle, io_binding=io_binding)
+        for batch_size in (1, 8):
+            greedy = generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in greedy] == with_list, (io_binding, batch_size)
+            iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                     block=BlockOptions(max_block=4, adaptive=False))
+            assert [r.ids for r in iad] == with_list, (io_binding, batch_size)
+        whole = Generator(bundle, io_binding=io_binding, shortlist=False)
+        assert [r.ids for r in whole.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)] == without
+
+
+def test_shortlist_is_marians_per_sentence_set():
+    vocab, first = 40, 5
+    offsets = np.array([0, 2, 2, 4, *([4] * (vocab - 3))], dtype=np.int64)
+    targets = np.array([7, 9, 30, 9], dtype=np.int32)  # id 0 -> 7, 9; id 2 -> 30, 9
+    lists = Shortlist(offsets, targets, first, shared=False, vocab=vocab)
+    # 0..4, then 7, 9, 30 from ids 0 and 2: 8 ids, a multiple of 8 already
+    assert lists.for_source([2, 0]).tolist() == [0, 1, 2, 3, 4, 7, 9, 30]
+    # 0..4, 7, 9 (7 ids) padded with the lowest unused id from first on: 5
+    assert lists.for_source([0, 0]).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
+    shared = Shortlist(offsets, targets, first, shared=True, vocab=vocab)
+    assert 20 in shared.for_source([20, 0]).tolist() and 20 not in lists.for_source([20, 0]).tolist()
+
+
+def test_hostile_shortlist_is_refused_with_one_line(tmp_path, capsys):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    path = add_shortlist(folder)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-3])
+    _refused(capsys, folder, tmp_path / "out", "truncated")
+    path.write_bytes(b"\0" * 8 + whole[8:])
+    _refused(capsys, folder, tmp_path / "out", "magic 0x0")

@@ -170,3 +170,27 @@ def write_model(folder: Path, decoder: str = "ssru", seed: int = 0, fmt: str = "
     settings.update(decoding or {})
     (folder / "config.tiny.yml").write_text(yaml.safe_dump(settings), encoding="utf-8")
     return folder, config, expected
+
+
+SHORTLIST_MAGIC = 0xF11A48D5013417F5
+
+
+def shortlist_bytes(vocab: int, first: int, best: int, seed: int = 0) -> bytes:
+    """Marian's binary lexical shortlist: for each source id, ``best`` random target ids."""
+    rng = np.random.default_rng(seed)
+    targets = [np.sort(rng.choice(np.arange(first, vocab), size=best, replace=False)) for _ in range(vocab)]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in targets])]).astype("<u8")
+    flat = np.concatenate(targets).astype("<u4")
+    header = struct.pack("<6Q", SHORTLIST_MAGIC, 0, first, best, offsets.size, flat.size)
+    return header + offsets.tobytes() + flat.tobytes()
+
+
+def add_shortlist(folder: Path, first: int = 3, best: int = 4, seed: int = 0) -> Path:
+    """Give a tiny model folder (write_model) a lexical shortlist, named in its decoding yml."""
+    vocab = len(tokenizer_pieces())
+    path = folder / "lex.tiny.s2t.bin"
+    path.write_bytes(shortlist_bytes(vocab, first, best, seed))
+    settings = yaml.safe_load((folder / "config.tiny.yml").read_text(encoding="utf-8"))
+    settings["shortlist"] = [path.name, False]
+    (folder / "config.tiny.yml").write_text(yaml.safe_dump(settings), encoding="utf-8")
+    return path
