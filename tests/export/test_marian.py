@@ -315,3 +315,23 @@ def test_hostile_shortlist_is_refused_with_one_line(tmp_path, capsys):
     _refused(capsys, folder, tmp_path / "out", "truncated")
     path.write_bytes(b"\0" * 8 + whole[8:])
     _refused(capsys, folder, tmp_path / "out", "magic 0x0")
+
+
+def test_int8_recurrent_bundle_decodes_exactly_against_its_own_greedy(tiny, converted):
+    """`aggdec quantize` of an SSRU bundle (no shortlist): IAD equals the int8 bundle's own greedy."""
+    _folder, bundle = tiny("ssru", "bin")
+    int8 = converted(bundle, "int8")
+    assert load_manifest(int8).cache_kind == "recurrent"
+    generator = Generator(int8)
+    greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
+    assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=1)] == greedy
+    for batch_size in (1, 8):
+        iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+        assert [r.ids for r in iad] == greedy
+
+
+def test_quantize_refuses_a_shortlist_bundle(tiny, tmp_path, capsys):
+    _folder, bundle = tiny("ssru", "bin", 0.0, True)
+    code = main(["quantize", str(bundle), str(tmp_path / "int8")])
+    err = capsys.readouterr().err
+    assert code == 2 and "has a lexical shortlist" in err and not (tmp_path / "int8").exists()
