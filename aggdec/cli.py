@@ -49,8 +49,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="aggdec", description="Lossless aggressive decoding for seq2seq models.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    export = commands.add_parser("export", help="export a Hugging Face checkpoint to an aggdec bundle")
-    export.add_argument("src", metavar="SRC_DIR", help="a local save_pretrained directory (model + tokenizer)")
+    export = commands.add_parser("export", help="export a Hugging Face checkpoint or a Marian model folder to an "
+                                                "aggdec bundle")
+    export.add_argument("src", metavar="SRC_DIR", help="a local save_pretrained directory (model + tokenizer), or a "
+                                                       "Marian model folder as it ships (docs/marian.md)")
     export.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
     export.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     export.add_argument("--top-k", type=int, default=8, help="candidates the verifier returns per position (8)")
