@@ -10,6 +10,7 @@ engine in test_marian_bergamot.py.
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from pathlib import Path
@@ -366,3 +367,21 @@ def test_gad_and_gad_plus_plus_equal_greedy_on_the_recurrent_cache(gad_marian):
                     assert [r.ids for r in got] == expected, (mode, int8_drafter, io_binding, batch_size)
                     # drafts were accepted several at a time: rows did roll back to mid-block states
                     assert any(max(r.stats.accepted) > 1 for r in got)
+
+
+def test_hostile_npz_files_are_refused_with_one_line(tmp_path, capsys):
+    folder, _config, tensors = write_model(tmp_path / "model", "self-attention", fmt="npz")
+    path = folder / "model.tiny.npz"
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    _refused(capsys, folder, tmp_path / "out", "is not a valid Marian .npz file")
+    with np.load(io.BytesIO(whole)) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    np.savez(path, **{**arrays, "Wemb": arrays["Wemb"].astype(np.float64)})
+    _refused(capsys, folder, tmp_path / "out", "'Wemb' has element type float64")
+    np.savez(path, **{name: v for name, v in arrays.items() if name != "special:model.yml"})
+    _refused(capsys, folder, tmp_path / "out", "carries no special:model.yml")
+    np.savez(path, **{name: v for name, v in arrays.items() if name != "decoder_l2_ffn_W1"})
+    _refused(capsys, folder, tmp_path / "out", "has no tensor 'decoder_l2_ffn_W1'")
+    np.savez(path, **{**arrays, "decoder_l9_extra": np.zeros((2, 2), np.float32)})
+    _refused(capsys, folder, tmp_path / "out", "tensors its config does not explain (decoder_l9_extra)")
