@@ -279,7 +279,7 @@ def test_unsupported_decoding_options_are_refused(tmp_path, capsys, decoding, ne
 
 def test_shortlist_greedy_equals_reference_over_each_sentences_shortlist(tiny):
     folder, bundle = tiny("ssru", "bin", 0.0, True)
-    assert load_manifest(bundle).shortlist == {"file": "shortlist.npz", "first": 3, "shared": True}
+    assert load_manifest(bundle).shortlist == {"file": "shortlist.npz", "first": 3, "shared": False}
     with_list = reference_greedy(folder, bundle, TEXTS, shortlist=True)
     without = reference_greedy(folder, bundle, TEXTS)
     assert with_list != without  # the shortlist changes these outputs, so the test can tell
