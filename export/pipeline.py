@@ -9,9 +9,7 @@ left half-written: a failure removes the temporary directory and leaves any old 
 
 from __future__ import annotations
 
-import dataclasses
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,12 +17,13 @@ from ..runtime.errors import ExportError
 from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
-from .positions import Driver, check_position_independence, cpu_session, isolate_positions, validation_cases
+from .positions import Driver, check_position_independence, cpu_session, validation_cases
 from .safety import check_destination, check_options, guarded, make_temp, move_into_place, one_line, remove_temp
-from .specs import drafter_source_spec, drafter_spec, dynamic_axes, encoder_spec, verifier_spec
-from .validate import drafter_cases, reference_cases, validate, validate_drafter, validate_drafter_source
+from .specs import encoder_spec, verifier_spec
+from .tracing import (check_drafter, encoder_dummy, isolate_verifier_positions, load_drafter, say, trace,
+                      trace_drafter, verifier_dummy)
+from .validate import drafter_cases, reference_cases, validate
 
-INT8_DRAFTER_FILE = "drafter.int8.onnx"
 DEFAULT_TOP_K = 8
 DEFAULT_OPSET = 17
 DEFAULT_MAX_LEN = 512  # source/target limit for families without a hard position limit (T5)
@@ -36,11 +35,6 @@ IGNORED_GENERATION_SETTINGS = {
     "min_new_tokens": None,
     "encoder_no_repeat_ngram_size": 0,
 }
-
-
-def _say(progress: Callable[[str], None] | None, message: str) -> None:
-    if progress is not None:
-        progress(message)
 
 
 def _suppressed_ids(generation_config: object) -> tuple[int, ...]:
@@ -132,6 +126,12 @@ def export_bundle(
     and validated into a temporary directory, then converted into ``out_dir`` by :func:`~.quantize.quantize_bundle`
     (the same as ``aggdec quantize``; see there).
     """
+    from .marian.export import export_marian, is_marian_folder
+
+    if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
+        return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
+                             max_target_len=max_target_len, drafter_dir=drafter_dir, int8_drafter=int8_drafter,
+                             progress=progress)
     if precision != "fp32":
         return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
@@ -149,7 +149,7 @@ def export_bundle(
     check_destination(src, out, force)
     started = time.perf_counter()
     config, family = _read_config(src)
-    _say(progress, f"[1/5] loading {src} ({family.name})")
+    say(progress, f"[1/5] loading {src} ({family.name})")
     model, tokenizer, generation_config = _load(src, config)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     if top_k > vocab:
@@ -158,7 +158,7 @@ def export_bundle(
     layers, heads, head_dim = len(parts.layers), parts.num_heads, parts.head_dim
     suppressed = _suppressed_ids(generation_config)
     for note in _ignored_settings(generation_config):
-        _say(progress, f"      note: generation config sets {note}; aggdec decodes plain greedy and ignores it")
+        say(progress, f"      note: generation config sets {note}; aggdec decodes plain greedy and ignores it")
     forced_bos = getattr(generation_config, "forced_bos_token_id", None)
     forced_eos = getattr(generation_config, "forced_eos_token_id", None)
     if isinstance(forced_eos, list):
@@ -172,12 +172,12 @@ def export_bundle(
     if max_source < 2 or max_target < 2:
         raise ExportError("--max-source-len and --max-target-len must be at least 2.")
 
-    drafter = _load_drafter(drafter_dir, vocab, int(config.d_model)) if drafter_dir is not None else None
+    drafter = load_drafter(drafter_dir, vocab, int(config.d_model)) if drafter_dir is not None else None
     if drafter is not None and drafter.config.max_positions < max_target + drafter.config.k:
         raise ExportError(f"the drafter embeds {drafter.config.max_positions} positions, fewer than "
                           f"--max-target-len {max_target} plus its {drafter.config.k} slots; lower --max-target-len.")
 
-    _say(progress, "[2/5] computing torch references")
+    say(progress, "[2/5] computing torch references")
     pad_id = int(config.pad_token_id)
     encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed)
     draft_cases = drafter_cases(drafter, model, vocab, pad_id, int(config.decoder_start_token_id)) if drafter else []
@@ -189,25 +189,17 @@ def export_bundle(
         ver_spec = verifier_spec(layers, heads, head_dim, top_k)
         graph_names = ("encoder and verifier" if drafter is None else "encoder, verifier and drafter"
                        + (" (with its source layers)" if drafter.config.encoder_layers else ""))
-        _say(progress, f"[3/5] tracing {graph_names} to ONNX")
+        say(progress, f"[3/5] tracing {graph_names} to ONNX")
         encoder_graph = EncoderGraph(model, family.encoder(model), parts).eval()
         verifier_graph = VerifierGraph(model, parts, top_k, suppressed, vocab).eval()
-        _trace(encoder_graph, _encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
-        _trace(verifier_graph, _verifier_dummy(layers, heads, head_dim), tmp / ver_spec.file, ver_spec, opset)
-        _isolate_positions(tmp / ver_spec.file)
+        trace(encoder_graph, encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+        trace(verifier_graph, verifier_dummy(layers, heads, head_dim), tmp / ver_spec.file, ver_spec, opset)
+        isolate_verifier_positions(tmp / ver_spec.file)
         graphs = {"encoder": enc_spec, "verifier": ver_spec}
         if drafter is not None:
-            from .drafter import DrafterGraph, DrafterSourceGraph
+            graphs.update(trace_drafter(drafter, int(config.d_model), tmp, opset))
 
-            graphs["drafter"] = drafter_spec(int(config.d_model), drafter.config.k)
-            _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, int(config.d_model)),
-                   tmp / graphs["drafter"].file, graphs["drafter"], opset)
-            if drafter.config.encoder_layers:  # run once per request, so a graph of its own
-                graphs["drafter_source"] = drafter_source_spec(int(config.d_model))
-                _trace(DrafterSourceGraph(drafter).eval(), _drafter_dummy(drafter, int(config.d_model))[4:],
-                       tmp / graphs["drafter_source"].file, graphs["drafter_source"], opset)
-
-        _say(progress, "[4/5] validating the graphs against torch with onnxruntime")
+        say(progress, "[4/5] validating the graphs against torch with onnxruntime")
         options = ort.SessionOptions()
         options.log_severity_level = 3
         cpu = ["CPUExecutionProvider"]
@@ -216,26 +208,11 @@ def export_bundle(
             ort.InferenceSession(str(tmp / ver_spec.file), options, providers=cpu),
             encoder_cases, verifier_cases, layers, heads, head_dim, family.atol, family.rtol,
         )
+        say(progress, f"      {checked} shape cases agree with torch")
         if drafter is not None:
-            drafter_session = ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu)
-            checked += validate_drafter(drafter_session, draft_cases, family.atol, family.rtol)
-            if "drafter_source" in graphs:
-                checked += validate_drafter_source(
-                    ort.InferenceSession(str(tmp / graphs["drafter_source"].file), options, providers=cpu),
-                    draft_cases, family.atol, family.rtol)
-        _say(progress, f"      {checked} shape cases agree with torch")
-        if drafter is not None and int8_drafter:
-            from .quantize import draft_agreement, write_dynamic_int8
+            check_drafter(ort, tmp, graphs, draft_cases, family.atol, family.rtol, int8_drafter, progress)
 
-            graphs["drafter_int8"] = dataclasses.replace(graphs["drafter"], file=INT8_DRAFTER_FILE)
-            write_dynamic_int8(tmp / graphs["drafter"].file, tmp / INT8_DRAFTER_FILE)
-            agreement = draft_agreement(
-                drafter_session, ort.InferenceSession(str(tmp / INT8_DRAFTER_FILE), options, providers=cpu),
-                draft_cases)
-            _say(progress, f"      int8 drafter for the CPU: {agreement:.1%} of its drafts equal the fp32 drafter's "
-                           "(drafts change speed, never the output)")
-
-        _say(progress, "[5/5] writing tokenizer and manifest")
+        say(progress, "[5/5] writing tokenizer and manifest")
         tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
         files = hash_files(tmp)  # every file written, external data included
         manifest = Manifest(
@@ -271,7 +248,7 @@ def export_bundle(
         checked = check_position_independence(
             Driver(cpu_session(ort, tmp / enc_spec.file), cpu_session(ort, tmp / ver_spec.file), manifest),
             validation_cases(manifest))
-        _say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
+        say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
         tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
         move_into_place(tmp, out)
@@ -279,7 +256,7 @@ def export_bundle(
         remove_temp(tmp)
         raise
     # the digest pins the whole bundle: load_manifest(out, expected_sha256=...) (see runtime/manifest.py)
-    _say(progress, f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
+    say(progress, f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
     return manifest
 
 
@@ -299,74 +276,3 @@ def _export_quantized(src_dir, out_dir, *, force: bool, precision: str, progress
         # int8_drafter=False: the int8 bundle's drafter is the quantized drafter itself
         export_bundle(src, Path(scratch) / "fp32", progress=progress, int8_drafter=False, **options)
         return quantize_bundle(Path(scratch) / "fp32", out, precision=precision, force=force, progress=progress)
-
-
-def _isolate_positions(path: Path) -> None:
-    """Rewrite the traced verifier so each block position is computed as it would be alone
-    (see export/positions.py): what makes IAD/GAD equal greedy by construction."""
-    import onnx
-
-    model = onnx.load(str(path))
-    isolate_positions(model)
-    onnx.save(model, str(path))
-
-
-def _load_drafter(drafter_dir: str | Path, vocab: int, d_model: int):
-    from .drafter import Drafter
-
-    drafter = Drafter.load(drafter_dir)
-    drafter.requires_grad_(False)
-    if drafter.config.vocab_size != vocab or drafter.config.d_model != d_model:
-        raise ExportError(
-            f"the drafter in {str(drafter_dir)!r} was trained for a vocabulary of {drafter.config.vocab_size} and "
-            f"d_model {drafter.config.d_model}, but this checkpoint has {vocab} and {d_model}; train a drafter "
-            "for this checkpoint with `aggdec train-drafter`."
-        )
-    return drafter
-
-
-def _drafter_dummy(drafter, d_model: int):
-    import torch
-
-    from .drafter import drafter_inputs
-
-    ids, mask, start, offset = drafter_inputs([[0, 5, 6], [0]], drafter.config.k, drafter.config.mask_token_id, 1)
-    return (ids, mask, start, offset, torch.randn(2, 5, d_model), torch.ones(2, 5, dtype=torch.int64))
-
-
-def _encoder_dummy():
-    import torch
-
-    # distinct sizes so the tracer cannot confuse one dim with another
-    return (torch.randint(3, 10, (2, 5)), torch.ones(2, 5, dtype=torch.int64))
-
-
-def _verifier_dummy(layers: int, heads: int, head_dim: int):
-    import torch
-
-    # distinct sizes so the tracer cannot confuse one dim with another
-    batch, new, capacity, source = 2, 3, 9, 5
-    return (
-        torch.randint(3, 10, (batch, new)),
-        torch.tensor([4, 3], dtype=torch.int64),
-        *(torch.randn(batch, heads, capacity, head_dim) for _ in range(2 * layers)),
-        *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
-        torch.ones(batch, source, dtype=torch.int64),
-    )
-
-
-def _trace(module, args, path: Path, spec, opset: int) -> None:
-    import torch
-
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # tracer warnings about python-value shapes are expected here
-        torch.onnx.export(
-            module,
-            args,
-            str(path),
-            input_names=list(spec.input_names()),
-            output_names=list(spec.output_names()),
-            dynamic_axes=dynamic_axes(spec),
-            opset_version=opset,
-            dynamo=False,
-        )

@@ -186,7 +186,8 @@ class Driver:
         cross = {n: encoded[n] for n in cross_names(layers)}
         out = self.verifier.run({"input_ids": ids, "past_lengths": lengths, **cache, **cross,
                                  "encoder_attention_mask": case.mask})
-        written = dict(zip(self_cache_names(layers), (out[n] for n in self_cache_out_names(layers))))
+        kind = self.m.cache_kind
+        written = dict(zip(self_cache_names(layers, kind), (out[n] for n in self_cache_out_names(layers, kind))))
         return out["top_logprobs"], out["top_ids"], written
 
     def prefill(self, case: Case, encoded: dict) -> dict:
@@ -194,7 +195,7 @@ class Driver:
         batch, new = case.new_ids.shape
         capacity = case.prefix.shape[1] + new + 3
         cache = {n: np.zeros((batch, m.num_heads, capacity, m.head_dim), self.dtype)
-                 for n in self_cache_names(m.decoder_layers)}
+                 for n in self_cache_names(m.decoder_layers, m.cache_kind)}
         if case.prefix.shape[1]:
             cache = self.call(case, encoded, cache, case.prefix, np.zeros(batch, dtype=np.int64))[2]
         return cache

@@ -428,6 +428,9 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
     if manifest.precision != "fp32":
         raise ExportError(f"{str(src)!r} is already converted ({manifest.precision}); convert the fp32 bundle it was "
                           "made from.")
+    if manifest.shortlist is not None:  # its checks would have to feed each row's output ids
+        raise ExportError(f"{str(src)!r} has a lexical shortlist (a Marian bundle); aggdec quantize does not convert "
+                          "such bundles yet.")
     check_destination(src, out, force)
     say = progress or (lambda message: None)
     scheme, described = SCHEMES[precision]

@@ -156,7 +156,7 @@ def _row_tolerance(reference: np.ndarray, noise: np.ndarray, atol: float, rtol: 
 
 
 def _run_verifier(encoder_session, verifier_session, case: VerifierCase, layers: int, heads: int,
-                  head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+                  head_dim: int, cache_kind: str = "attention") -> tuple[np.ndarray, np.ndarray]:
     """Drive the verifier as the runtime does: fill a cache with the prefix, then continue from
     each row's kept length. The buffers start with random values and have spare capacity, so
     a graph that read past a row's length, or wrote anywhere but after it, would be caught."""
@@ -167,7 +167,7 @@ def _run_verifier(encoder_session, verifier_session, case: VerifierCase, layers:
     rng = np.random.default_rng(past * 10 + new)
     outputs = encoder_session.run(None, {"input_ids": src.input_ids, "attention_mask": src.attention_mask})
     cross = dict(zip(cross_names(layers), outputs[1:]))
-    names = self_cache_names(layers)
+    names = self_cache_names(layers, cache_kind)
     buffers = {name: rng.standard_normal((batch, heads, capacity, head_dim)).astype(np.float32) for name in names}
 
     def call(ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,7 +193,7 @@ def _run_verifier(encoder_session, verifier_session, case: VerifierCase, layers:
 
 def validate(encoder_session, verifier_session, encoder_cases: list[EncoderCase],
              verifier_cases: list[VerifierCase], layers: int, heads: int, head_dim: int,
-             atol: float, rtol: float) -> int:
+             atol: float, rtol: float, cache_kind: str = "attention") -> int:
     """Run the graphs on every reference case; raise ValidationError on the first disagreement.
 
     Returns the number of cases checked.
@@ -208,7 +208,8 @@ def validate(encoder_session, verifier_session, encoder_cases: list[EncoderCase]
         batch, new = case.new_ids.shape
         past = case.prefix.shape[1]
         label = f"verifier (batch {batch}, P={past}, T={new})"
-        top_logprobs, top_ids = _run_verifier(encoder_session, verifier_session, case, layers, heads, head_dim)
+        top_logprobs, top_ids = _run_verifier(encoder_session, verifier_session, case, layers, heads, head_dim,
+                                              cache_kind)
         k = top_ids.shape[-1]
         want_top = -np.sort(-case.reference, axis=-1)[..., :k]
         tolerance = _row_tolerance(case.reference, case.noise, atol, rtol)

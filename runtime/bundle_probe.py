@@ -28,7 +28,7 @@ from .decoding.cache import cross_names, self_cache_names
 from .errors import BundleError, GraphRunError
 from .manifest import Manifest
 
-_PROBE_CAPACITY = 2  # self-attention buffer positions the verifier probe gets (it writes two)
+_PROBE_CAPACITY = 2  # decoder buffer positions the verifier probe gets (it writes two)
 
 
 def check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
@@ -61,9 +61,12 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     verified = _run(sessions["verifier"], "verifier", {
         "input_ids": np.array([[m.decoder_start_token_id, last]], dtype=np.int64),
         "past_lengths": np.zeros(1, dtype=np.int64),
-        **{name: empty.copy() for name in self_cache_names(m.decoder_layers)},
+        **{name: empty.copy() for name in self_cache_names(m.decoder_layers, m.cache_kind)},
         **{name: encoded[name] for name in cross_names(m.decoder_layers)},
         "encoder_attention_mask": mask,
+        # a shortlist bundle's verifier projects onto the ids it is given: all of them, so that
+        # the vocabulary's last row is looked up too
+        **({"output_ids": np.arange(m.vocab_size, dtype=np.int64)[None]} if m.shortlist is not None else {}),
     }, probe)
     check_ids(verified["top_ids"], m.vocab_size, "the verifier")
     drafter = next((name for name in DRAFTER_GRAPHS if name in sessions), None)

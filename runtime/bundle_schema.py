@@ -37,6 +37,7 @@ PRECISIONS = ("fp32", "int8", "fp16")  # how the graphs compute (`aggdec quantiz
 # self-attention buffers): int8 bundles quantize inside each product and keep float32 between
 # them; fp16 bundles hand fp16 from graph to graph. top_logprobs is float32 at every precision.
 ACTIVATION_DTYPES = {"fp32": "float32", "int8": "float32", "fp16": "float16"}
+CACHE_KIND_NAMES = ("attention", "recurrent")  # the verifier's own cache (decoding/cache.py CACHE_KINDS)
 DRAFT_POSITIONS = ("output", "source")  # where the drafter reads its tokens (export.drafter.POSITIONS)
 # One drafter, two graphs: "drafter" (float, every device) and, in fp32 bundles, "drafter_int8",
 # the same drafter with int8 matrix products for the CPU (export/quantize.py). A drafter only
@@ -310,10 +311,12 @@ FIELDS: dict[str, Rule] = {
     "exporter": dict_of(text, text),
     "precision": one_of(PRECISIONS),
     "quantization": optional(QUANTIZATION),
+    "cache_kind": one_of(CACHE_KIND_NAMES),
+    "shortlist": optional(obj({"file": file_name, "first": integer(0, "vocab_size"), "shared": boolean})),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
-                             "quantization"})
+                             "quantization", "cache_kind", "shortlist"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 
@@ -329,6 +332,9 @@ def _cross_field(data: dict) -> None:
         if graph["file"] not in files:
             # an unlisted file would be loaded without a hash check
             raise Invalid(f"graphs.{name}.file {show(graph['file'])} is not listed in files")
+    shortlist = data.get("shortlist")
+    if shortlist is not None and shortlist["file"] not in files:
+        raise Invalid(f"shortlist.file {show(shortlist['file'])} is not listed in files")
     precision = data.get("precision", "fp32")
     if (data.get("quantization") is not None) != (precision != "fp32"):
         raise Invalid(f"quantization must be set exactly when precision is not fp32 (precision: {show(precision)}, "

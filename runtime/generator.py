@@ -114,7 +114,7 @@ class Generator:
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
                  engines: str | Path | None = None, int8_drafter: bool | None = None,
-                 tuning: Tuning | None = None) -> None:
+                 tuning: Tuning | None = None, shortlist: bool = True) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
@@ -134,12 +134,15 @@ class Generator:
         False: the float drafter. Outputs are the same either way: drafts are only proposals.
         ``tuning``: how drafts and batches are sized (default: ``tuning_for(device)``); speed
         only, never the output.
+        ``shortlist``: a bundle with a lexical shortlist (Marian's, decoding/shortlist.py) decodes
+        each sentence over its own shortlist; False decodes over the whole vocabulary.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
         _check_tuning(tuning)  # before any file is read
         self._setup(open_bundle(bundle_dir, device=device, threads=threads, io_binding=io_binding, verify=verify,
-                                tf32=tf32, engines=engines, int8_drafter=int8_drafter), tuning)
+                                tf32=tf32, engines=engines, int8_drafter=int8_drafter, shortlist=shortlist),
+                    tuning)
 
     @classmethod
     def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None) -> Generator:
@@ -159,7 +162,7 @@ class Generator:
         self.drafter_graph, self.drafter = bundle.drafter_graph, bundle.drafter
         self._sessions = bundle.sessions
         self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
-                                 self.tuning.encoder_call_tokens)
+                                 self.tuning.encoder_call_tokens, bundle.shortlist)
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured
         self.gad_costs = CallCost(self.tuning.cost_ratio)

@@ -30,8 +30,12 @@ def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str 
     )
 
 
-def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32") -> GraphSpec:
-    # the self-attention buffers: capacity is the runtime's choice, fixed while a batch runs
+def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
+                  cache_kind: str = "attention", shortlist: bool = False) -> GraphSpec:
+    """``shortlist``: the verifier also takes ``output_ids``, each row's allowed output ids
+    (decoding/shortlist.py), -1 padded, or one row of every id."""
+    # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
+    # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
     cross = ("batch", heads, "source_len", head_dim)
     return GraphSpec(
@@ -39,9 +43,10 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
-            *(TensorSpec(name, act, buffer) for name in self_cache_names(layers)),
+            *(TensorSpec(name, act, buffer) for name in self_cache_names(layers, cache_kind)),
             *(TensorSpec(name, act, cross) for name in cross_names(layers)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
+            *((TensorSpec("output_ids", "int64", ("output_rows", "output_len")),) if shortlist else ()),
         ),
         outputs=(
             # float32 at every precision: log-softmax and top-k run in float32 (export/half.py)
@@ -49,7 +54,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
             # the input buffers with the new tokens written at each row's length: bound to the
             # inputs' own memory by the runtime, so the write happens in place
-            *(TensorSpec(name, act, buffer) for name in self_cache_out_names(layers)),
+            *(TensorSpec(name, act, buffer) for name in self_cache_out_names(layers, cache_kind)),
         ),
     )
 
@@ -90,7 +95,8 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     m = manifest
     act = ACTIVATION_DTYPES[m.precision]
     specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act),
-             "verifier": verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act),
+             "verifier": verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
+                                       m.shortlist is not None),
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:
         specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act)

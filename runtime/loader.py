@@ -15,6 +15,7 @@ from pathlib import Path
 from .bundle_checks import check_consistency
 from .bundle_probe import probe_vocabulary
 from .decoding.gad import Drafter
+from .decoding.shortlist import Shortlist, load_shortlist
 from .devices import SessionRequest, session_factory
 from .errors import BundleError, InputError, ProviderError
 from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
@@ -73,7 +74,9 @@ class OpenedBundle:
     ``sessions``: one per graph opened (encoder, verifier, the chosen drafter graph and the
     drafter's own source layers when the bundle has them), by graph name. ``drafter``: GAD's
     drafter over its session, or None when the bundle has none. ``io_binding``: whether the
-    decode loop binds its cache buffers (the device factory's resolution of the request)."""
+    decode loop binds its cache buffers (the device factory's resolution of the request).
+    ``shortlist``: each sentence's output vocabulary (a bundle with Marian's lexical shortlist,
+    unless opened with ``shortlist=False``), else None."""
 
     root: Path
     manifest: Manifest
@@ -83,6 +86,7 @@ class OpenedBundle:
     drafter_graph: str | None
     request: SessionRequest
     io_binding: bool
+    shortlist: Shortlist | None = None
 
     @property
     def device(self) -> str:
@@ -91,7 +95,7 @@ class OpenedBundle:
 
 def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = None, io_binding: bool | None = None,
                 verify: bool = True, tf32: bool = False, engines: str | Path | None = None,
-                int8_drafter: bool | None = None) -> OpenedBundle:
+                int8_drafter: bool | None = None, shortlist: bool = True) -> OpenedBundle:
     """Open the bundle at ``path`` on ``device`` (arguments as ``Generator`` takes them).
 
     The order is the order of what can be refused cheapest: the device and its options (no
@@ -127,4 +131,5 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
                           int(manifest.draft_window or 0), sessions.get("drafter_source"),
                           source_positions=manifest.draft_positions == "source", vocab_size=manifest.vocab_size)
     return OpenedBundle(root=root, manifest=manifest, codec=codec, sessions=sessions, drafter=drafter,
-                        drafter_graph=chosen, request=request, io_binding=bound)
+                        drafter_graph=chosen, request=request, io_binding=bound,
+                        shortlist=load_shortlist(files, manifest) if shortlist else None)

@@ -138,6 +138,13 @@ class Manifest:
     # int8 and fp16 only: how it was converted and its agreement with the fp32 graphs it came from
     # (top1_agreement, max/mean_logprob_error, draft_agreement, ...; see bundle_schema.QUANTIZATION)
     quantization: dict[str, Any] | None = None
+    # the verifier's own cache (runtime/decoding/cache.py CACHE_KINDS): "attention" (keys and
+    # values; a manifest without the field) or "recurrent" (a recurrent decoder's state per position)
+    cache_kind: str = "attention"
+    # Marian's lexical shortlist (decoding/shortlist.py): {"file": the table in the bundle, "first":
+    # the most frequent ids always allowed, "shared": source ids allowed too}; the verifier then
+    # takes output_ids. None: every output id, as in every bundle before the field
+    shortlist: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -11,14 +11,16 @@ from aggdec.runtime.errors import AggdecError
 
 def register(commands) -> argparse.ArgumentParser:
     """The `export` subcommand, its arguments and what runs it."""
-    parser = commands.add_parser("export", help="export a Hugging Face checkpoint to an aggdec bundle")
+    parser = commands.add_parser("export", help="export a Hugging Face checkpoint or a Marian model folder to an "
+                                                "aggdec bundle")
     add_arguments(parser)
     parser.set_defaults(run=run)
     return parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", metavar="SRC_DIR", help="a local save_pretrained directory (model + tokenizer)")
+    parser.add_argument("src", metavar="SRC_DIR", help="a local save_pretrained directory (model + tokenizer), or a "
+                                                       "Marian model folder as it ships (docs/marian.md)")
     parser.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     parser.add_argument("--top-k", type=int, default=8, help="candidates the verifier returns per position (8)")

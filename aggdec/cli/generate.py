@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
     parser.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",
                         help="onnxruntime IO binding: auto = on (the cache buffers are bound by pointer)")
+    parser.add_argument("--no-shortlist", action="store_true",
+                        help="a bundle with a lexical shortlist (Marian's): decode over the whole vocabulary instead")
     parser.add_argument("--tf32", action="store_true",
                         help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
     parser.add_argument("--stats", action="store_true",
@@ -178,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     loading = time.perf_counter()
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
                           io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
-                          engines=args.engines, int8_drafter=False if args.fp32_drafter else None)
+                          engines=args.engines, int8_drafter=False if args.fp32_drafter else None,
+                          shortlist=not args.no_shortlist)
     options = generator.resolve_options(DecodeOptions(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k))
     load = time.perf_counter() - loading
     # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):

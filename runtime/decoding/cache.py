@@ -39,15 +39,26 @@ from ..session import require_onnxruntime
 
 MIN_CAPACITY = 16
 
+# The decoder's own cache, per layer and position, by the manifest's ``cache_kind``:
+# - "attention": a self-attention layer's key and value of each position;
+# - "recurrent": a recurrent layer's state after each position (Marian's SSRU,
+#   export/marian/graphs.py), d_model values laid out as [heads, head_dim] like a key.
+# A recurrent state is kept per position, not once per row, for the reason the keys are: a
+# block writes the state after each of its positions, and a row that keeps n of them simply
+# has length + n, so the next call starts from the state at its last kept position (rollback
+# after rejected drafts is the row length, as for attention, with no state copy or recompute);
+# the buffers, their growth, row moves and in-place binding are the same code for both kinds.
+CACHE_KINDS: dict[str, tuple[str, ...]] = {"attention": ("key", "value"), "recurrent": ("state",)}
 
-def self_cache_names(layers: int) -> list[str]:
-    """The verifier's self-attention buffer inputs: per layer, key then value."""
-    return [f"self_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+
+def self_cache_names(layers: int, kind: str = "attention") -> list[str]:
+    """The verifier's own cache inputs: per layer, its kind's buffers (key then value; state)."""
+    return [f"self_{part}.{i}" for i in range(layers) for part in CACHE_KINDS[kind]]
 
 
-def self_cache_out_names(layers: int) -> list[str]:
+def self_cache_out_names(layers: int, kind: str = "attention") -> list[str]:
     """The same buffers as outputs, with the new tokens written."""
-    return [f"self_{kind}_out.{i}" for i in range(layers) for kind in ("key", "value")]
+    return [f"self_{part}_out.{i}" for i in range(layers) for part in CACHE_KINDS[kind]]
 
 
 def cross_names(layers: int) -> list[str]:
@@ -111,14 +122,16 @@ class SlotBuffers:
     """
 
     def __init__(self, layers: int, heads: int, head_dim: int, d_model: int, slots: int, max_target: int,
-                 max_source: int, device: str, bound: bool, keep_hidden: bool, dtype: str = "float32") -> None:
+                 max_source: int, device: str, bound: bool, keep_hidden: bool, dtype: str = "float32",
+                 cache_kind: str = "attention") -> None:
         self.dtype = np.dtype(dtype)
         self.layers, self.heads, self.head_dim, self.d_model = layers, heads, head_dim, d_model
         self.slots, self.max_target, self.max_source = slots, max_target, max_source
         on_device = bound and device == "cuda"
         self.bound = bound
         self.device = "cuda" if on_device else "cpu"
-        self._self = [_Flat(slots * heads * max_target * head_dim, on_device, self.dtype) for _ in range(2 * layers)]
+        self._self = [_Flat(slots * heads * max_target * head_dim, on_device, self.dtype)
+                      for _ in range(layers * len(CACHE_KINDS[cache_kind]))]
         self._cross = [_Flat(slots * heads * max_source * head_dim, on_device, self.dtype) for _ in range(2 * layers)]
         # the drafter reads the encoder output from the host side: it is small, written once a row
         self._hidden = _Flat(slots * max_source * d_model, False, self.dtype) if keep_hidden else None

@@ -22,6 +22,7 @@ from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
 from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names
+from .shortlist import Shortlist
 
 # cache positions beyond max_target_len: a row's decoder prefix is at most two tokens, so a
 # batch's padded block never writes past the allocation (see Batch.block_limit)
@@ -69,7 +70,7 @@ class Batch:
         self._memory = memory
         self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
                                    m.max_target_len + SLACK, m.max_source_len, verifier.verifier.device, bound,
-                                   memory is not None, ACTIVATION_DTYPES[m.precision])
+                                   memory is not None, ACTIVATION_DTYPES[m.precision], m.cache_kind)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = verifier.verifier.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
@@ -79,11 +80,16 @@ class Batch:
         self._ids = np.zeros(slots * self.buffers.max_target, dtype=np.int64)
         self._block: np.ndarray | None = None  # the view block() last handed out
         self._bound_width = 0  # the block width the ids, lengths and candidates are bound for
-        self._names = (self_cache_names(m.decoder_layers), self_cache_out_names(m.decoder_layers),
+        self._names = (self_cache_names(m.decoder_layers, m.cache_kind), self_cache_out_names(m.decoder_layers, m.cache_kind),
                        cross_names(m.decoder_layers))
         self.encoder_seconds = 0.0
         self.verifier_seconds = 0.0
         self.last_call: tuple[int, float] | None = None
+        # a bundle with a shortlist: each slot's allowed output ids (None: every id), and the
+        # -1 padded [rows, L] array of them fed as output_ids, remade when the rows change
+        self._allowed: list[np.ndarray | None] = [None] * slots
+        self._output_ids: np.ndarray | None = None
+        self._output_layout = -1
 
     @property
     def rows(self) -> int:
@@ -109,7 +115,24 @@ class Batch:
             groups = length_groups([len(ids) for ids in sources], self._verifier.encoder_call_tokens)
         for group in groups:
             self._encode([sources[i] for i in group], pad_id)
+        shortlist = self._verifier.shortlist
+        if shortlist is not None:  # per sentence, never the union over the batch
+            for slot, source in zip(range(first, self.rows), sources):
+                self._allowed[slot] = shortlist.for_source(source)
         return range(first, self.rows)
+
+    def output_ids(self) -> np.ndarray:
+        """The verifier's ``output_ids`` for the current rows (bundles with a shortlist)."""
+        if self._output_layout != self.buffers.layout or self._output_ids is None:
+            if self._verifier.shortlist is None:  # the whole vocabulary, one row for every row
+                self._output_ids = np.arange(self._verifier.manifest.vocab_size, dtype=np.int64)[None]
+            else:
+                allowed = self._allowed[: self.rows]
+                self._output_ids = np.full((self.rows, max(len(ids) for ids in allowed)), -1, dtype=np.int64)
+                for row, ids in enumerate(allowed):
+                    self._output_ids[row, : len(ids)] = ids
+            self._output_layout = self.buffers.layout
+        return self._output_ids
 
     def _encode(self, sources: list[list[int]], pad_id: int) -> None:
         width = max(len(ids) for ids in sources)
@@ -154,6 +177,8 @@ class Batch:
         if self._binding is None:
             feeds = {"input_ids": tokens, "past_lengths": np.ascontiguousarray(lengths),
                      "encoder_attention_mask": self.buffers.source_mask(), **self.buffers.feeds(names[0], names[2])}
+            if self._verifier.takes_output_ids:
+                feeds["output_ids"] = self.output_ids()
             out = session.run(feeds)
             self.buffers.store([out[name] for name in names[1]])
             top_logprobs, top_ids = out["top_logprobs"], out["top_ids"]
@@ -180,6 +205,8 @@ class Batch:
             if relaid:  # the buffers and the mask: only when the batch's layout changed
                 self._mask = self.buffers.source_mask()  # held here: the binding keeps only a pointer
                 binding.bind_cpu_input("encoder_attention_mask", self._mask)
+                if self._verifier.takes_output_ids:  # held by self._output_ids until the rows change
+                    binding.bind_cpu_input("output_ids", self.output_ids())
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
             outputs = session.run_bound(binding)
@@ -207,6 +234,7 @@ class Batch:
         moved = self.buffers.remove_row(slot)
         if moved is not None:
             self.lengths[slot] = self.lengths[moved]
+            self._allowed[slot] = self._allowed[moved]
         return moved
 
     def shrink(self) -> None:
@@ -218,14 +246,17 @@ class Batch:
 
 class Verifier:
     def __init__(self, encoder: Session, verifier: Session, manifest: Manifest,
-                 encoder_call_tokens: int | None = None) -> None:
+                 encoder_call_tokens: int | None = None, shortlist: Shortlist | None = None) -> None:
         """``encoder_call_tokens``: padded tokens per encoder call (:func:`length_groups`;
-        default: :data:`ENCODER_CALL_TOKENS` for the encoder's device)."""
+        default: :data:`ENCODER_CALL_TOKENS` for the encoder's device). ``shortlist``: each
+        sentence's output ids (a bundle with a shortlist); None decodes over the whole vocabulary."""
         self.encoder = encoder
         self.verifier = verifier
         self.manifest = manifest
         self.encoder_call_tokens = (ENCODER_CALL_TOKENS[encoder.device] if encoder_call_tokens is None
                                     else encoder_call_tokens)
+        self.shortlist = shortlist
+        self.takes_output_ids = manifest.shortlist is not None
 
     def batch(self, slots: int, bound: bool,
               memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Batch:

@@ -99,7 +99,7 @@ def foreign_drafter(loaded, tmp_path_factory):
     import torch
 
     from aggdec.export.drafter import Drafter, DrafterConfig, DrafterGraph
-    from aggdec.export.pipeline import _drafter_dummy, _trace
+    from aggdec.export.tracing import drafter_dummy, trace
     from aggdec.export.specs import drafter_spec
 
     manifest = loaded[0]
@@ -109,7 +109,7 @@ def foreign_drafter(loaded, tmp_path_factory):
     drafter = Drafter(config).eval()
     spec = drafter_spec(16, 4)
     path = tmp_path_factory.mktemp("drafter") / spec.file
-    _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, 16), path, spec, 17)
+    trace(DrafterGraph(drafter).eval(), drafter_dummy(drafter, 16), path, spec, 17)
     return spec, ort.InferenceSession(str(path))
 
 

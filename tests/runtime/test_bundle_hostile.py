@@ -506,7 +506,7 @@ def _foreign_drafter(root, **changes) -> None:
     import torch
 
     from aggdec.export.drafter import Drafter, DrafterConfig, DrafterGraph
-    from aggdec.export.pipeline import _drafter_dummy, _trace
+    from aggdec.export.tracing import drafter_dummy, trace
     from aggdec.export.specs import drafter_spec
 
     manifest = read(root)
@@ -516,7 +516,7 @@ def _foreign_drafter(root, **changes) -> None:
     config = DrafterConfig(head_dim=fields["d_model"] // 2, **fields)
     drafter = Drafter(config).eval()
     spec = drafter_spec(config.d_model, config.k)
-    _trace(DrafterGraph(drafter).eval(), _drafter_dummy(drafter, config.d_model), root / spec.file, spec, 17)
+    trace(DrafterGraph(drafter).eval(), drafter_dummy(drafter, config.d_model), root / spec.file, spec, 17)
     for name in ("drafter_int8", "drafter_source"):  # the bundle's other drafter graphs go
         if name in manifest["graphs"]:
             manifest["files"].pop(manifest["graphs"].pop(name)["file"])

