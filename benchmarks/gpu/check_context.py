@@ -125,7 +125,7 @@ class Context:
         return carried if carried.is_file() else SAMPLE_DATA
 
     def sources(self, limit: int) -> list[str]:
-        from aggdec.bench.data import load_examples
+        from aggdec.sentences import load_examples
 
         return [example.source for example in load_examples(str(self.data_file()), limit)]
 

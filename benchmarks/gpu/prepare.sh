@@ -53,7 +53,7 @@ mkdir -p "$scratch/data"
 "$py" - "$scratch/data/uagec-test.tsv" <<'EOF'
 import sys
 
-from aggdec.bench.uagec import load_pairs
+from aggdec.uagec import load_pairs
 
 def field(text):
     return " ".join((text or "").split())  # one line, no TAB: the TSV's own separators
