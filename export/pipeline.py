@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, hash_files
+from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import Driver, check_position_independence, cpu_session, validation_cases
-from .safety import check_destination, check_options, guarded, make_temp, move_into_place, one_line, remove_temp
+from .safety import check_destination, check_options, guarded, make_temp, one_line, publish, remove_temp
 from .specs import encoder_spec, verifier_spec
 from .tracing import (check_drafter, encoder_dummy, isolate_verifier_positions, load_drafter, say, trace,
                       trace_drafter, verifier_dummy)
@@ -249,9 +249,7 @@ def export_bundle(
             Driver(cpu_session(ort, tmp / enc_spec.file), cpu_session(ort, tmp / ver_spec.file), manifest),
             validation_cases(manifest))
         say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
-        (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
-        tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
-        move_into_place(tmp, out)
+        publish(tmp, out, manifest.to_json())
     except BaseException:
         remove_temp(tmp)
         raise

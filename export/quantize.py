@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import ExportError
-from ..runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
+from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
 from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_position_independence, cpu_session,
                         isolate_positions, validation_cases)
 
@@ -413,7 +413,7 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
 
     from ..runtime.bundle_schema import ACTIVATION_DTYPES, ENCODER_QUANTIZATION
     from ..runtime.session import require_onnxruntime
-    from .safety import check_destination, make_temp, move_into_place, remove_temp
+    from .safety import check_destination, make_temp, publish, remove_temp
 
     if precision not in SCHEMES:
         raise ExportError(f"precision {precision!r} is not one aggdec quantize writes; choose one of: "
@@ -477,9 +477,7 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         exporter = {**manifest.exporter, "onnx": onnx.__version__, "quantized_with_onnxruntime": ort.__version__}
         new = dataclasses.replace(manifest, precision=precision, quantization=quantization, files=files,
                                   exporter=exporter, graphs=_with_activation_type(graphs, precision))
-        (tmp / MANIFEST_FILE).write_text(new.to_json(), encoding="utf-8")
-        tmp.chmod(0o755)
-        move_into_place(tmp, out)
+        publish(tmp, out, new.to_json())
     except BaseException:
         remove_temp(tmp)
         raise

@@ -199,6 +199,15 @@ def remove_temp(tmp: Path | None) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def publish(tmp: Path, out: Path, manifest_json: str) -> None:
+    """Finish a bundle staged in ``tmp`` and put it at ``out``: the manifest is written last (a
+    directory without one is no bundle), the directory opened to its readers (mkdtemp makes it
+    private; a bundle is meant to be shared), then moved into place."""
+    (tmp / MANIFEST_FILE).write_text(manifest_json, encoding="utf-8")
+    tmp.chmod(0o755)
+    move_into_place(tmp, out)
+
+
 def move_into_place(tmp: Path, out: Path) -> None:
     """Replace ``out`` by ``tmp``: the old bundle is moved aside first and removed last."""
     with _SignalGuard.hold():

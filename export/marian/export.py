@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ...runtime.errors import ExportError
-from ...runtime.manifest import MANIFEST_FILE, TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
+from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ..positions import Driver, check_position_independence, cpu_session, validation_cases
-from ..safety import check_destination, check_options, make_temp, move_into_place, remove_temp
+from ..safety import check_destination, check_options, make_temp, publish, remove_temp
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
 from .config import MarianConfig, check_decoding_config, parse_model_config
@@ -293,9 +293,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             Driver(cpu_session(ort, tmp / enc_spec.file), verifier_check, manifest),
             validation_cases(manifest))
         say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
-        (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
-        tmp.chmod(0o755)
-        move_into_place(tmp, out)
+        publish(tmp, out, manifest.to_json())
     except BaseException:
         remove_temp(tmp)
         raise
