@@ -317,7 +317,7 @@ FIELDS: dict[str, Rule] = {
     "cache_kind": one_of(CACHE_KIND_NAMES),
     "shortlist": optional(obj({"file": file_name, "first": integer(0, "vocab_size"), "shared": boolean})),
     # Marian's max-length-factor: a row's output cap is ceil(factor x its source length)
-    "max_length_factor": optional(number(0.0, MAX_SEQUENCE_LEN, above=True)),
+    "max_length_factor": optional(number(0, MAX_SEQUENCE_LEN, above=True)),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
