@@ -200,15 +200,18 @@ def boolean(value: Any, data: dict) -> None:
         raise Invalid(f"must be true or false, got {type(value).__name__} {show(value)}")
 
 
-def number(low: float, high: float | None = None) -> Rule:
-    """A finite JSON number (int or float, never a bool) in [low, high]."""
+def number(low: float, high: float | None = None, above: bool = False) -> Rule:
+    """A finite JSON number (int or float, never a bool) in [low, high] (``above``: in (low, high])."""
 
     def rule(value: Any, data: dict) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
                 or value in (float("inf"), float("-inf")):
             raise Invalid(f"must be a finite number, got {type(value).__name__} {show(value)}")
-        if value < low or (high is not None and value > high):
-            span = f"at least {low}" if high is None else f"from {low} to {high}"
+        if value < low or (above and value == low) or (high is not None and value > high):
+            if above:
+                span = f"above {low}" + ("" if high is None else f" and at most {high}")
+            else:
+                span = f"at least {low}" if high is None else f"from {low} to {high}"
             raise Invalid(f"must be a number {span}, got {show(value)}")
 
     return rule
@@ -313,10 +316,12 @@ FIELDS: dict[str, Rule] = {
     "quantization": optional(QUANTIZATION),
     "cache_kind": one_of(CACHE_KIND_NAMES),
     "shortlist": optional(obj({"file": file_name, "first": integer(0, "vocab_size"), "shared": boolean})),
+    # Marian's max-length-factor: a row's output cap is ceil(factor x its source length)
+    "max_length_factor": optional(number(0, MAX_SEQUENCE_LEN, above=True)),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
-                             "quantization", "cache_kind", "shortlist"})
+                             "quantization", "cache_kind", "shortlist", "max_length_factor"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

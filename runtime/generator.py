@@ -256,7 +256,8 @@ class Generator:
             raise InputError(f"max_new_tokens {max_new_tokens} exceeds this bundle's limit of {ceiling} "
                              f"(max_target_len {m.max_target_len} minus the decoder start token); re-export "
                              "with a larger --max-target-len for longer outputs.")
-        return DecodeLimits(start, m.eos_token_id, max_new_tokens, m.forced_eos_token_id)
+        # the manifest's per-source cap (Marian's max-length-factor) is applied per row by the loop
+        return DecodeLimits(start, m.eos_token_id, max_new_tokens, m.forced_eos_token_id, m.max_length_factor)
 
     # ------------------------------------------------------------------ decoding
 
@@ -435,7 +436,7 @@ class Generator:
         if mode is Mode.GREEDY:
             return NoDraft(), GREEDY
         if mode is Mode.IAD:
-            return SourceDraft(self._block_options(options.block), self._limits(None), self.draft_priors[mode]), GREEDY
+            return SourceDraft(self._block_options(options.block), self.draft_priors[mode]), GREEDY
         assert self.drafter is not None  # resolve() refused a drafting mode without one
         tuning = self.tuning
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,

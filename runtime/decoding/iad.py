@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .alignment import MAX_REPEAT_MATCH, SENTINEL as _SENTINEL, align
-from .common import DecodeLimits
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer
 from .loop import Row
 from .repetition import RepeatDrafts
@@ -47,14 +46,13 @@ class SourceDraft:
     seconds = 0.0  # no graph of its own
     memory = None  # IAD's drafts are the source's tokens: it reads no encoder output
 
-    def __init__(self, options: BlockOptions, limits: DecodeLimits, prior: AcceptancePrior | None = None) -> None:
+    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None) -> None:
         self.options = options
-        self.limits = limits
         self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
 
     def start(self, row: Row) -> None:
-        start = self.limits.start_ids
-        output = np.empty(self.limits.max_new_tokens + len(start) + 1, dtype=np.int64)
+        start = row.limits.start_ids  # the row's own limits: its source may cap its length
+        output = np.empty(row.limits.max_new_tokens + len(start) + 1, dtype=np.int64)
         output[0] = _SENTINEL
         output[1 : len(start)] = start[1:]
         source = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])

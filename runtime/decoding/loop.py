@@ -120,7 +120,8 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
            ) -> Iterator[Finished]:
     """Decode the sources of ``work`` as they arrive, at most ``slots`` rows at once; yields
     rows as they finish, and returns once ``work`` is closed and done. A row's own limits
-    (``Work.limits``) replace ``limits``; a cancelled row is dropped without a result.
+    (``Work.limits``) replace ``limits``, each capped by its own source's length where the
+    limits say so (``DecodeLimits.for_source``); a cancelled row is dropped without a result.
     ``linger``: when no row is decoding, seconds to wait for more sources after the first.
 
     ``classes``: source lengths (ascending) that split the rows into cohorts by length, each
@@ -246,7 +247,8 @@ def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLim
     share = (batch.encoder_seconds - before) / len(arrived)
     wall = (time.perf_counter() - started) / len(arrived)
     for work in arrived:
-        row_limits = work.limits or limits
+        # a per-source cap (Marian's max-length-factor) is set here, from the row's own source
+        row_limits = (work.limits or limits).for_source(len(work.source))
         row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
                   limits=row_limits)
         row.seconds["encoder"] += share

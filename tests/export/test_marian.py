@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from aggdec.cli import main
 from aggdec.export import export_bundle
@@ -57,19 +59,27 @@ def tiny(tmp_path_factory):
     return make
 
 
-def reference_greedy(folder: Path, bundle: Path, texts: list[str], shortlist: bool = False
-                     ) -> list[tuple[int, ...]]:
+def decoding_factor(folder: Path) -> float:
+    """The model folder's max-length-factor (write_model's yml), Marian's default 3 without it."""
+    return float(yaml.safe_load((folder / "config.tiny.yml").read_text(encoding="utf-8")).get("max-length-factor", 3))
+
+
+def reference_greedy(folder: Path, bundle: Path, texts: list[str], shortlist: bool = False,
+                     max_new: int = MAX_NEW, length_factor: bool = True) -> list[tuple[int, ...]]:
     """Greedy with the float torch reference, the whole prefix recomputed at every step; with
-    ``shortlist``, each step's argmax over the sentence's shortlist only."""
+    ``shortlist``, each step's argmax over the sentence's shortlist only. ``length_factor``:
+    stop as Marian does at ceil(max-length-factor x the sentence's own length, EOS included)."""
     weights = read_weights(next(folder.glob("model.*")))
     model = MarianModel(parse_model_config(weights.config_text), weights, 128)
     lists = load_shortlist(BundleFiles(bundle, load_manifest(bundle)), load_manifest(bundle)) if shortlist else None
+    factor = decoding_factor(folder)
     outputs = []
     for source in TextCodec(bundle / "tokenizer.json").encode(texts):
         src = torch.tensor([source])
         out = [0]
+        steps = min(max_new, math.ceil(factor * len(source))) if length_factor else max_new
         with torch.no_grad():
-            for _ in range(MAX_NEW):
+            for _ in range(steps):
                 logits = model(src, torch.ones_like(src), torch.tensor([out])).logits[0, -1]
                 logits[1] = -float("inf")  # Marian never emits <unk>
                 if lists is not None:
@@ -185,6 +195,60 @@ def test_manifest_without_cache_kind_is_an_attention_bundle(tiny):
     data = json.loads((bundle / "manifest.json").read_text())
     del data["cache_kind"]
     assert Manifest.from_json(json.dumps(data)).cache_kind == "attention"
+
+
+def test_manifest_without_max_length_factor_has_no_source_length_cap(tiny):
+    _folder, bundle = tiny("self-attention", "npz")
+    data = json.loads((bundle / "manifest.json").read_text())
+    assert data["max_length_factor"] == 2.5  # write_model's decoding yml
+    del data["max_length_factor"]
+    assert Manifest.from_json(json.dumps(data)).max_length_factor is None
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A tiny SSRU folder whose decoding yml sets max-length-factor 1.5, exported with room for
+    longer outputs than that: the bundle's length limit never decides, the factor does."""
+    root = tmp_path_factory.mktemp("marian-capped")
+    folder, _config, _weights = write_model(root / "model", "ssru", decoding={"max-length-factor": 1.5})
+    export_bundle(folder, root / "bundle", progress=None, max_source_len=64, max_target_len=64)
+    return folder, root / "bundle"
+
+
+def test_max_length_factor_caps_each_row_by_its_own_source(capped):
+    folder, bundle = capped
+    assert load_manifest(bundle).max_length_factor == 1.5
+    long = 40  # more than any cap below
+    expected = reference_greedy(folder, bundle, TEXTS, max_new=long)
+    uncapped = reference_greedy(folder, bundle, TEXTS, max_new=long, length_factor=False)
+    sources = TextCodec(bundle / "tokenizer.json").encode(TEXTS)
+    caps = [math.ceil(1.5 * len(source)) for source in sources]
+    cut = {cap for ids, whole, cap in zip(expected, uncapped, caps) if len(ids) == cap < len(whole)}
+    assert len(cut) >= 3  # rows of several lengths are stopped by their own cap, the test can tell
+    for io_binding in (True, False):
+        generator = Generator(bundle, io_binding=io_binding)
+        for batch_size in (1, 8):  # at 8, long and short sources share calls; each keeps its own cap
+            greedy = generator.generate(TEXTS, max_new_tokens=long, batch_size=batch_size)
+            assert [r.ids for r in greedy] == expected, (io_binding, batch_size)
+            iad = generator.generate(TEXTS, mode="iad", max_new_tokens=long, batch_size=batch_size)
+            assert [r.ids for r in iad] == expected, (io_binding, batch_size)
+        streamed = dict(generator.stream(iter(TEXTS), mode="iad", max_new_tokens=long, batch_size=8))
+        assert [streamed[i].ids for i in range(len(TEXTS))] == expected
+    # a smaller max_new_tokens still wins where it is below a row's cap
+    short = Generator(bundle).generate(TEXTS, max_new_tokens=4, batch_size=8)
+    assert [r.ids for r in short] == [ids[:4] for ids in expected]
+
+
+def test_max_length_factor_defaults_to_marians_and_bad_values_are_refused(tmp_path, capsys):
+    folder, _config, _ = write_model(tmp_path / "model", "self-attention", fmt="npz")
+    settings = yaml.safe_load((folder / "config.tiny.yml").read_text(encoding="utf-8"))
+    del settings["max-length-factor"]
+    (folder / "config.tiny.yml").write_text(yaml.safe_dump(settings), encoding="utf-8")
+    assert export_bundle(folder, tmp_path / "bundle", progress=None).max_length_factor == 3.0
+    for value in (0, -1.0, "2.5", True):
+        bad, _config, _ = write_model(tmp_path / f"bad-{value}", "self-attention", fmt="npz",
+                                      decoding={"max-length-factor": value})
+        _refused(capsys, bad, tmp_path / f"out-{value}", "option max-length-factor must be a number above 0")
 
 
 def test_reader_returns_the_written_values(tmp_path):
