@@ -47,9 +47,10 @@ class RowDecoder:
             drafts = _Counted(drafts, on_call)
         return generator._decode(work, generator._limits(None), drafts, verification, batch_size, linger)
 
-    def result(self, done: Finished, batch_size: int = 1, source: str | None = None) -> GenerationResult:
-        """A finished row as a GenerationResult (``source``: its text, to restore <unk>)."""
-        return self.generator._result(done, batch_size, source)
+    def result(self, done: Finished, source: str | None = None) -> GenerationResult:
+        """A finished row as a GenerationResult (``source``: its text, to restore <unk>); its
+        ``stats.batch_size`` is the most rows a call that decoded it served, read from the row."""
+        return self.generator._result(done, source)
 
 
 class _Counted:

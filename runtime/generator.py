@@ -289,7 +289,7 @@ class Generator:
         encoded = self.encode(texts)
         results: list[GenerationResult | None] = [None] * len(encoded)
         for done in self._decode(Arrivals.of(encoded), limits, drafts, verification, batch_size, known=True):
-            results[done.index] = self._result(done, batch_size, texts[done.index])
+            results[done.index] = self._result(done, texts[done.index])
         return results  # type: ignore[return-value]
 
     def stream(self, texts: Iterable[str | bytes], options: DecodeOptions | Mode | str | None = None,
@@ -349,7 +349,7 @@ class Generator:
         def run() -> None:
             try:
                 for done in self._decode(work, limits, drafts, verification, batch_size):
-                    out.put((done.index, self._result(done, batch_size, sources.pop(done.index))))
+                    out.put((done.index, self._result(done, sources.pop(done.index))))
             except BaseException as exc:
                 out.put(_Failed(exc))
             finally:
@@ -386,7 +386,7 @@ class Generator:
         ids = self._checked_ids(source_ids)
         limits = self._limits(max_new_tokens)
         (done,) = self._decode(Arrivals.of([ids]), limits, drafts, verification, 1, known=True)
-        return self._result(done, 1)
+        return self._result(done)
 
     def _checked_ids(self, source_ids: Sequence[int]) -> list[int]:
         vocab = self.manifest.vocab_size
@@ -464,7 +464,7 @@ class Generator:
         return BlockOptions(max_block=longest, cost_ratio=self.tuning.cost_ratio, max_rest=self.tuning.max_rest,
                             min_repeat=self.tuning.min_repeat)
 
-    def _result(self, done: Finished, batch: int, source: str | None = None) -> GenerationResult:
+    def _result(self, done: Finished, source: str | None = None) -> GenerationResult:
         trace = done.trace
         ids = tuple(trace.tokens[1:])
         started = time.perf_counter()

@@ -124,7 +124,7 @@ class Lane:
                     self.work.forget(done.index)
                     continue
                 try:
-                    result = self.engine.rows.result(done, self.engine.max_batch, pending.text)
+                    result = self.engine.rows.result(done, pending.text)
                 except BaseException as exc:  # noqa: BLE001 - reported to this row's request only
                     _resolve_later(pending, error=exc)
                     continue

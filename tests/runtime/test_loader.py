@@ -129,7 +129,7 @@ def test_the_row_decoder_serves_an_open_queue(bundle):
         work.put(Work(index, rows.prepare(text, index)[1], limits))
     work.close()
     calls: list[int] = []
-    got = {done.index: rows.result(done, 2, TEXTS[done.index]) for done in rows.rows(work, "iad", 2,
+    got = {done.index: rows.result(done, TEXTS[done.index]) for done in rows.rows(work, "iad", 2,
                                                                                    on_call=calls.append)}
     assert [got[i].ids for i in range(len(TEXTS))] == [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW)]
     assert calls and max(calls) <= 2
