@@ -16,12 +16,10 @@ A new option (the beam-search issue's ``num_beams``, say) is a field here, an en
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 from enum import Enum
 
-from .decoding.sizing import BlockOptions
+from .decoding.sizing import BlockOptions, is_finite_real, is_integer
 from .errors import BundleError, InputError
 
 
@@ -74,9 +72,6 @@ class OptionLimits:
     bundle: str = "the bundle"  # for messages
 
 
-def _integer(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
 
 @dataclass(frozen=True)
 class DecodeOptions:
@@ -107,12 +102,11 @@ class DecodeOptions:
         if self.block is not None and not isinstance(self.block, BlockOptions):
             raise InputError(f"block must be an aggdec.runtime.decoding.iad.BlockOptions, not "
                              f"{type(self.block).__name__}.")
-        if self.beta is not None and (not _integer(self.beta) or self.beta < 1):
+        if self.beta is not None and (not is_integer(self.beta) or self.beta < 1):
             raise InputError(f"beta must be an integer of at least 1, got {self.beta!r}.")
-        if self.tau is not None and (isinstance(self.tau, bool) or not isinstance(self.tau, numbers.Real)
-                                     or not math.isfinite(self.tau) or self.tau < 0):
+        if self.tau is not None and (not is_finite_real(self.tau) or self.tau < 0):
             raise InputError(f"tau must be a finite number >= 0, got {self.tau!r}.")
-        if self.draft_k is not None and (not _integer(self.draft_k) or self.draft_k < 1):
+        if self.draft_k is not None and (not is_integer(self.draft_k) or self.draft_k < 1):
             raise InputError(f"draft_k must be an integer of at least 1, got {self.draft_k!r}.")
 
     @classmethod

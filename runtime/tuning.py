@@ -14,14 +14,12 @@ parameter) with the measurement that chose it; the profiles below are built from
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 
 from .decoding.alignment import MIN_REPEAT
 from .decoding.gad import DECAY
 from .decoding.loop import WIDTH_QUANTILE
-from .decoding.sizing import MAX_REST
+from .decoding.sizing import MAX_REST, is_finite_real, is_integer
 from .decoding.verifier import ENCODER_CALL_TOKENS
 from .errors import InputError
 
@@ -64,18 +62,18 @@ class Tuning:
     def __post_init__(self) -> None:
         for name in ("max_block", "encoder_call_tokens", "min_repeat", "max_rest"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise InputError(f"tuning {name} must be an integer of at least 1, got {value!r}.")
-        if not _real(self.cost_ratio) or self.cost_ratio < 0:
+        if not is_finite_real(self.cost_ratio) or self.cost_ratio < 0:
             raise InputError(f"tuning cost_ratio must be a finite number >= 0, got {self.cost_ratio!r}.")
         for name in ("gad_decay", "width_quantile"):
             value = getattr(self, name)
-            if not _real(value) or not 0 < value <= 1:
+            if not is_finite_real(value) or not 0 < value <= 1:
                 raise InputError(f"tuning {name} must be a number in (0, 1], got {value!r}.")
         if not isinstance(self.shared_prior, bool):
             raise InputError(f"tuning shared_prior must be True or False, got {self.shared_prior!r}.")
         classes = self.length_classes
-        if not isinstance(classes, tuple) or any(isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1
+        if not isinstance(classes, tuple) or any(not is_integer(c) or c < 1
                                                  for c in classes) or list(classes) != sorted(set(classes)):
             raise InputError(f"tuning length_classes must be a tuple of ascending positive integers, got {classes!r}.")
 
@@ -86,10 +84,6 @@ class Tuning:
             raise InputError(f"unknown tuning field {unknown[0]!r}; the fields are: "
                              f"{', '.join(field.name for field in dataclasses.fields(self))}.")
         return dataclasses.replace(self, **fields)
-
-
-def _real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 _GPU = Tuning(cost_ratio=0.005, max_block=64, length_classes=(), encoder_call_tokens=ENCODER_CALL_TOKENS["cuda"])

@@ -45,22 +45,28 @@ class BlockOptions:
         # with nonsense lengths
         for name in ("max_block", "max_rest", "min_repeat"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise InputError(f"{name} must be an integer of at least 1, got {value!r}.")
         if not isinstance(self.adaptive, bool):
             raise InputError(f"adaptive must be True or False, got {self.adaptive!r}.")
         for name in ("cost_ratio", "prior_accepted", "prior_rejected"):
             value = getattr(self, name)
-            if not _real(value) or value < 0:
+            if not is_finite_real(value) or value < 0:
                 raise InputError(f"{name} must be a finite number >= 0, got {value!r}.")
         if self.prior_accepted + self.prior_rejected <= 0:
             raise InputError("prior_accepted + prior_rejected must be above 0 (pseudo-counts of a row's first "
                              f"estimate), got {self.prior_accepted!r} and {self.prior_rejected!r}.")
-        if not _real(self.decay) or not 0 < self.decay <= 1:
+        if not is_finite_real(self.decay) or not 0 < self.decay <= 1:
             raise InputError(f"decay must be a number in (0, 1], got {self.decay!r}.")
 
 
-def _real(value: object) -> bool:
+def is_integer(value: object) -> bool:
+    """An int-like option value (a bool is not one): what every integer knob is checked with."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_finite_real(value: object) -> bool:
+    """A finite real option value (a bool is not one): what every real knob is checked with."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
