@@ -359,9 +359,11 @@ class BundleFiles:
         return content
 
     def external_data(self) -> dict[str, bytes]:
-        """Every listed file that is neither a graph nor the tokenizer, by name: the only files a
-        graph may keep external data in (read once, for every graph that needs them)."""
+        """Every listed file that is neither a graph, the tokenizer nor the shortlist, by name: the
+        only files a graph may keep external data in (read once, for every graph that needs them)."""
         if self._data is None:
             own = {spec.file for spec in self.manifest.graphs.values()} | {TOKENIZER_FILE}
+            if self.manifest.shortlist is not None:  # read by the loader as the shortlist, not by graphs
+                own.add(self.manifest.shortlist["file"])
             self._data = {name: self.read(name) for name in self.manifest.files if name not in own}
         return self._data
