@@ -12,6 +12,7 @@ with every file's hash, rename into place.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ...runtime.errors import ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ..positions import Driver, check_position_independence, cpu_session, validation_cases
@@ -163,6 +165,14 @@ class RowShortlists(WholeVocabulary):
         return ids
 
 
+def longest_output(factor: float, max_source: int) -> int:
+    """The default ``max_target_len``: room for the longest output Marian itself would give a
+    source of ``max_source`` tokens, ceil(factor x max_source) tokens (its EOS counted), plus the
+    decoder start position, so the bundle's limit never cuts an output before Marian's does (a
+    fixed 256 cut pt-en outputs that the engine ends at 965 tokens)."""
+    return min(math.ceil(factor * max_source) + 1, MAX_SEQUENCE_LEN)
+
+
 def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
                   drafter_dir: str | Path | None = None, int8_drafter: bool = True,
@@ -197,7 +207,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
     tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
     max_source = max_source_len or DEFAULT_MAX_LEN
-    max_target = max_target_len or DEFAULT_MAX_LEN
+    factor = max_length_factor(decoding, str(folder.decoding_yml))
+    max_target = max_target_len or longest_output(factor, max_source)
     model = MarianModel(config, weights, max(max_source, max_target) + 8)
     recurrent = config.decoder_cell == "ssru"
     cache_kind = "recurrent" if recurrent else "attention"
@@ -286,7 +297,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             # source pieces outside the list ("hashtable"); without them 709 with the length limit (docs/marian.md)
             shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first, "shared": False},
             # Marian's output length cap, applied per row by the runtime (config.max_length_factor)
-            max_length_factor=max_length_factor(decoding, str(folder.decoding_yml)),
+            max_length_factor=factor,
         )
         verifier_check = cpu_session(ort, tmp / ver_spec.file)
         if table is not None:

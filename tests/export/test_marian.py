@@ -449,3 +449,14 @@ def test_hostile_npz_files_are_refused_with_one_line(tmp_path, capsys):
     _refused(capsys, folder, tmp_path / "out", "has no tensor 'decoder_l2_ffn_W1'")
     np.savez(path, **{**arrays, "decoder_l9_extra": np.zeros((2, 2), np.float32)})
     _refused(capsys, folder, tmp_path / "out", "tensors its config does not explain (decoder_l9_extra)")
+
+
+def test_the_default_output_limit_leaves_room_for_marians_own_cap(tmp_path):
+    """Without --max-target-len, a Marian bundle holds ceil(max-length-factor x max_source_len)
+    output tokens and the start position, so its limit never ends an output before Marian's cap."""
+    folder, _, _ = write_model(tmp_path / "model", decoding={"max-length-factor": 2.5})
+    export_bundle(folder, tmp_path / "bundle", progress=None, max_source_len=15)
+    manifest = load_manifest(tmp_path / "bundle")
+    assert manifest.max_source_len == 15 and manifest.max_target_len == math.ceil(2.5 * 15) + 1 == 39
+    export_bundle(folder, tmp_path / "set", progress=None, max_source_len=15, max_target_len=20)
+    assert load_manifest(tmp_path / "set").max_target_len == 20  # an explicit limit is kept
