@@ -165,7 +165,7 @@ def test_peers_need_the_checkpoint(reference_bundle, tmp_path):
                     "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--no-progress")
     assert result.returncode == 0, result.stderr
     notes = json.loads((tmp_path / "out" / "bench.json").read_text())["notes"]
-    assert any("hf-greedy skipped: peers need the Hugging Face checkpoint" in note for note in notes)
+    assert any("hf-greedy skipped: peers need the model the bundle was exported from" in note for note in notes)
 
 
 def test_a_checkpoint_without_a_bundle_is_exported_with_its_drafter_and_reused(trained_drafter_dir, editing_marian_dir,
@@ -248,13 +248,13 @@ def test_int8_systems_are_planned_for_the_cpu_only():
     names = with_references(["aggdec-iad", "aggdec-int8-iad", "aggdec-int8-gad", "ct2-int8"])
     assert names == ["aggdec-greedy", "aggdec-int8-greedy", "aggdec-iad", "aggdec-int8-iad", "aggdec-int8-gad",
                      "ct2-int8"]
-    runs, notes = plan_systems(names, ["cpu", "cuda"], has_drafter=True, has_checkpoint=True)
+    runs, notes = plan_systems(names, ["cpu", "cuda"], has_drafter=True, model_format="huggingface")
     assert runs == {"aggdec-greedy": ["cpu", "cuda"], "aggdec-int8-greedy": ["cpu"], "aggdec-iad": ["cpu", "cuda"],
                     "aggdec-int8-iad": ["cpu"], "aggdec-int8-gad": ["cpu"], "ct2-int8": ["cpu", "cuda"]}
     assert "aggdec-int8-iad on cuda skipped: int8 bundles run on cpu only: its MatMulInteger products are a CPU " \
            "kernel (onnxruntime's CUDA provider would run them on the CPU, copying every activation across, and " \
            "TensorRT has no such layer)" in notes and len(notes) == 3
-    runs, notes = plan_systems(names, ["cuda"], has_drafter=False, has_checkpoint=False)
+    runs, notes = plan_systems(names, ["cuda"], has_drafter=False, model_format=None)
     assert list(runs) == ["aggdec-greedy", "aggdec-iad"]
     assert "aggdec-int8-gad skipped: the bundle has no drafter (export it with --drafter)" in notes
 
@@ -266,7 +266,7 @@ def test_fp16_systems_run_the_fp16_bundle_against_fp16_greedy(editing_bundle, tm
     from aggdec.runtime.manifest import load_manifest
 
     runs, notes = plan_systems(["aggdec-greedy", "aggdec-fp16-greedy"], ["cpu", "cuda"], has_drafter=False,
-                               has_checkpoint=False)
+                               model_format=None)
     assert runs == {"aggdec-greedy": ["cpu", "cuda"], "aggdec-fp16-greedy": ["cpu", "cuda"]} and notes == []
     data = tmp_path / "data.txt"
     data.write_text("the cat sat on the mat .\na dog ran .\nthe the cat .\n", encoding="utf-8")

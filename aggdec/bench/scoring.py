@@ -1,4 +1,5 @@
-"""GEC scores and edit ratios: plain Python, no external scorer.
+"""GEC scores and edit ratios (plain Python, no external scorer), and translation scores
+(chrF and BLEU, computed by sacrebleu).
 
 GEC scores are token-level edit precision / recall / F0.5 against human targets. Tokens are
 whitespace tokens (``str.split()``). Edits come from ``difflib.SequenceMatcher`` opcodes over
@@ -60,3 +61,28 @@ def edit_distance(a: list[str], b: list[str]) -> int:
 def edit_ratio(source: str, output: str) -> float:
     words = source.split()
     return edit_distance(words, output.split()) / max(len(words), 1)
+
+
+def translation_scores(hyps: list[str], greedy: list[str], references: list[str] | None = None,
+                       sources: list[str] | None = None, back: list[str] | None = None) -> dict:
+    """Corpus chrF and BLEU (sacrebleu's defaults) of ``hyps`` against aggdec's float greedy
+    outputs (``greedy``: how far a system is from the model it runs), against human
+    ``references`` where the data has them, and of the round trip (``back``: ``hyps`` translated
+    back to the source language) against the ``sources``."""
+    try:
+        import sacrebleu
+    except ImportError:
+        from aggdec.runtime.errors import InputError
+
+        raise InputError("translation scores need sacrebleu: pip install 'aggdec[bench]'") from None
+
+    def both(candidates: list[str], targets: list[str]) -> dict:
+        return {"chrf": round(sacrebleu.corpus_chrf(candidates, [targets]).score, 2),
+                "bleu": round(sacrebleu.corpus_bleu(candidates, [targets]).score, 2)}
+
+    scores = {"vs_greedy": both(hyps, greedy)}
+    if references is not None:
+        scores["vs_references"] = both(hyps, references)
+    if back is not None and sources is not None:
+        scores["round_trip"] = both(back, sources)
+    return scores

