@@ -428,9 +428,6 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
     if manifest.precision != "fp32":
         raise ExportError(f"{str(src)!r} is already converted ({manifest.precision}); convert the fp32 bundle it was "
                           "made from.")
-    if manifest.shortlist is not None:  # its checks would have to feed each row's output ids
-        raise ExportError(f"{str(src)!r} has a lexical shortlist (a Marian bundle); aggdec quantize does not convert "
-                          "such bundles yet.")
     check_destination(src, out, force)
     say = progress or (lambda message: None)
     scheme, described = SCHEMES[precision]
@@ -447,11 +444,21 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         counts = {name: _convert(precision, name, src / spec.file, tmp / spec.file, manifest, options)
                   for name, spec in graphs.items()}
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        if manifest.shortlist is not None:  # the table the runtime builds each row's output ids from
+            shutil.copyfile(src / manifest.shortlist["file"], tmp / manifest.shortlist["file"])
 
         say(f"[2/3] checking the {precision} verifier: each position alone == the same position in a block")
         cases = validation_cases(manifest)
         reference = {name: cpu_session(ort, src / spec.file) for name, spec in graphs.items()}
         converted = {name: cpu_session(ort, tmp / spec.file) for name, spec in graphs.items()}
+        if manifest.shortlist is not None:
+            # a shortlist verifier takes each row's output ids: both are fed the same -1 padded
+            # per-row lists of different lengths, as the runtime feeds them (its output projection
+            # gathers those rows of the matrix, so it is not a constant product and stays float)
+            from .marian.export import RowShortlists
+
+            for sessions in (reference, converted):
+                sessions["verifier"].session = RowShortlists(sessions["verifier"].session, manifest.vocab_size)
         ref_driver = Driver(reference["encoder"], reference["verifier"], manifest)
         new_driver = Driver(converted["encoder"], converted["verifier"], manifest, ACTIVATION_DTYPES[precision],
                             per_source=per_call_encoder)
