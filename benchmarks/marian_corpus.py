@@ -20,7 +20,8 @@ Its OSIS markup carries footnotes inside verses with no space around them ("only
 so a note becomes a space before pysword strips the markup, and a space left before punctuation
 is dropped. Fortunes are split at their ``%`` lines; an entry's lines are joined with spaces, its
 attribution lines ("-- Author") dropped, and entries outside MIN_CHARS..MAX_CHARS or with a tab
-(tables, ASCII art, indented dialogue) left out.
+anywhere (tables, ASCII art, indented dialogue, and also a tab-indented attribution: the
+committed runs were made with this rule) left out.
 """
 
 from __future__ import annotations
