@@ -91,3 +91,116 @@ def test_beam_equals_transformers(family, num_beams, random_checkpoint, bundle):
         assert_same(beam_outputs(got), expected, (family, num_beams, batch_size), SCORE_TOLERANCE[family])
         assert [r.ids for r in got] == [e[0][0] for e in expected]
         assert [r.score for r in got] == [r.sequences[0].score for r in got]
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_beam_rules_grid(family, random_checkpoint, bundle):
+    """Every length penalty x early-stopping setting, num_return_sequences below N, IO binding
+    off, and a batch of 2 texts for 9 (groups join as others leave, mid-decode)."""
+    texts = random_texts(seed=23, count=8)
+    checkpoint = random_checkpoint(family)
+    bound, unbound = Generator(bundle(family)), Generator(bundle(family), io_binding=False)
+    lengths = set()
+    for length_penalty in (0.6, 1.0, 2.0):
+        for early_stopping in (True, False, "never"):
+            expected = transformers_beam(checkpoint, texts, MAX_NEW, 4, length_penalty, early_stopping, 3)
+            lengths |= {len(ids) for per_text in expected for ids, _ in per_text}
+            options = dict(num_beams=4, length_penalty=length_penalty, early_stopping=early_stopping,
+                           num_return_sequences=3, max_new_tokens=MAX_NEW)
+            for generator, batch_size in ((bound, 2), (unbound, 8), (bound, 1)):
+                got = generator.generate(texts, batch_size=batch_size, **options)
+                assert_same(beam_outputs(got), expected, (length_penalty, early_stopping, batch_size),
+                            SCORE_TOLERANCE[family])
+    assert min(lengths) < MAX_NEW  # hypotheses that end on EOS, and at the limit
+    assert MAX_NEW in lengths
+
+
+def test_five_beams_need_top_k_ten(tmp_path, random_checkpoint, bundle):
+    from aggdec.export import export_bundle
+
+    with pytest.raises(InputError, match="re-export with --top-k 10"):
+        Generator(bundle("bart")).generate(["a b"], num_beams=5)
+    export_bundle(random_checkpoint("bart"), tmp_path / "bundle", top_k=10, progress=None)
+    generator = Generator(tmp_path / "bundle")
+    texts = random_texts(seed=5, count=6)
+    expected = transformers_beam(random_checkpoint("bart"), texts, MAX_NEW, 5, num_return_sequences=5)
+    for batch_size in (1, 3):
+        got = generator.generate(texts, max_new_tokens=MAX_NEW, num_beams=5, num_return_sequences=5,
+                                 batch_size=batch_size)
+        assert_same(beam_outputs(got), expected, batch_size, SCORE_TOLERANCE["bart"])
+
+
+def test_stream_and_generate_ids_give_beam_results(bundle):
+    generator = Generator(bundle("bart"))
+    texts = random_texts(seed=2, count=5)
+    expected = generator.generate(texts, max_new_tokens=MAX_NEW, num_beams=3, num_return_sequences=2)
+    streamed = dict(generator.stream(texts, max_new_tokens=MAX_NEW, num_beams=3, num_return_sequences=2,
+                                     batch_size=2))
+    assert [streamed[i].sequences for i in range(len(texts))] == [r.sequences for r in expected]
+    one = generator.generate_ids(generator.encode(texts[:1])[0], max_new_tokens=MAX_NEW, num_beams=3,
+                                 num_return_sequences=2)
+    assert one.sequences == expected[0].sequences
+    assert expected[0].stats.iterations >= 1
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(num_beams=0), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=-2), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=2.5), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=True), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=2, num_return_sequences=3), r"num_return_sequences \(3\) must be at most num_beams \(2\)"),
+    (dict(num_beams=2, num_return_sequences=0), "num_return_sequences must be an integer of at least 1"),
+    (dict(num_beams=2, early_stopping="sometimes"), "early_stopping must be True, False or 'never'"),
+    (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number"),
+    (dict(length_penalty=2.0), "length_penalty applies to beam search only"),
+    (dict(num_beams=1, num_return_sequences=1), "num_return_sequences applies to beam search only"),
+    (dict(num_beams=2, mode="iad"), "num_beams applies to mode 'greedy' only"),
+])
+def test_bad_beam_options(options, message, bundle):
+    generator = Generator(bundle("bart"))
+    with pytest.raises(InputError, match=message):
+        generator.generate(["a b"], **options)
+
+
+def test_one_beam_is_greedy(bundle):
+    generator = Generator(bundle("bart"))
+    texts = random_texts(seed=4, count=4)
+    assert [r.ids for r in generator.generate(texts, num_beams=1)] == [r.ids for r in generator.generate(texts)]
+    assert generator.resolve_options(num_beams=1) == generator.resolve_options()
+
+
+def test_beams_refused_beyond_a_loops_rows(bundle):
+    from aggdec.runtime.continuous import RowDecoder
+    from aggdec.runtime.decoding.arrivals import Arrivals
+    from aggdec.runtime.options import DecodeOptions
+
+    decoder = RowDecoder(Generator(bundle("bart")))
+    with pytest.raises(InputError, match="num_beams 4 takes more rows than the 3"):
+        decoder.rows(Arrivals(), DecodeOptions(num_beams=4), batch_size=3)
+
+
+@pytest.mark.parametrize("cache_kind", ["attention", "recurrent"])
+def test_copy_rows_moves_only_the_decoders_own_cache(cache_kind):
+    import numpy as np
+
+    from aggdec.runtime.decoding.cache import SlotBuffers
+
+    buffers = SlotBuffers(layers=2, heads=2, head_dim=3, d_model=6, slots=4, max_target=8, max_source=5,
+                          device="cpu", bound=True, keep_hidden=False, cache_kind=cache_kind)
+    rng = np.random.default_rng(0)
+    cross = [rng.standard_normal((4, 2, 5, 3)).astype(np.float32) for _ in range(4)]
+    buffers.add_rows(cross, np.ones((4, 5), dtype=np.int64), None)
+    names = [f"x{i}" for i in range(len(buffers._self))]
+    for flat in buffers._self:
+        flat.view(buffers.self_shape())[:] = rng.standard_normal(buffers.self_shape())
+    before = {name: view.copy() for name, view in buffers.feeds(names, [f"c{i}" for i in range(4)]).items()}
+    layout = buffers.layout
+    buffers.copy_rows([2, 0], [0, 3])  # row 0 takes row 2's cache, row 3 row 0's (as it was)
+    after = buffers.feeds(names, [f"c{i}" for i in range(4)])
+    for name in names:
+        assert np.array_equal(after[name][0], before[name][2])
+        assert np.array_equal(after[name][3], before[name][0])
+        assert np.array_equal(after[name][1:3], before[name][1:3])
+    for i in range(4):  # cross rows untouched
+        assert np.array_equal(after[f"c{i}"], before[f"c{i}"])
+    assert buffers.layout == layout  # a binding made before stays valid
