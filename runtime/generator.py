@@ -477,7 +477,9 @@ class Generator:
         limit = getattr(self.verifier.verifier, "max_dim", None)  # a TensorRT engine's profile
         return OptionLimits(top_k=self.manifest.top_k, drafter_k=None if self.drafter is None else self.drafter.k,
                             bundle=str(self.root), shortlist=self.verifier.shortlist is not None,
-                            max_rows=None if limit is None else limit("input_ids", 0))
+                            max_rows=None if limit is None else limit("input_ids", 0),
+                            normalized=not self.manifest.suppressed_token_ids
+                            or self.manifest.suppression == "after_log_softmax")
 
     def resolve_options(self, options: DecodeOptions | Mode | str | None = None, **fields: object) -> DecodeOptions:
         """``options`` (or a mode and keyword fields, as :meth:`generate` takes them) checked

@@ -76,6 +76,9 @@ class OptionLimits:
     bundle: str = "the bundle"  # for messages
     shortlist: bool = False  # the bundle decodes each sentence over its own shortlist
     max_rows: int | None = None  # the most rows a verifier call may take (a TensorRT profile's)
+    # the verifier's log-probs are normalized over every id, banned ones included (transformers'
+    # order, Manifest.suppression): what beam scores are sums of
+    normalized: bool = True
 
 
 
@@ -213,6 +216,10 @@ class DecodeOptions:
             raise InputError(f"beam search over a lexical shortlist is not supported ({limits.bundle!r} has one): "
                              "its log-probs are normalized over each sentence's shortlist, not transformers' "
                              "vocabulary; decode with the shortlist off (--no-shortlist, shortlist=False).")
+        if not limits.normalized:
+            raise InputError(f"{limits.bundle!r} masks its banned ids before the log-softmax (an older export, or "
+                             "Marian's own graphs), so its log-probs are not transformers' and beam scores would "
+                             "differ; re-export it with this aggdec for beam search.")
         if limits.max_rows is not None and beams > limits.max_rows:
             raise InputError(f"num_beams {beams} exceeds the {limits.max_rows} rows a verifier call of "
                              f"{limits.bundle!r} may take.")

@@ -48,11 +48,17 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("aggdec-fp16-greedy", "aggdec", "aggdec fp16 greedy", {"mode": "greedy"}, precision="fp16"),
     SystemSpec("aggdec-fp16-iad", "aggdec", "aggdec fp16 IAD", {"mode": "iad"}, precision="fp16"),
     SystemSpec("aggdec-fp16-gad", "aggdec", "aggdec fp16 GAD", {"mode": "gad"}, needs_drafter=True, precision="fp16"),
+    # beam search (issue 29): aggdec's equals transformers' beam 4 token for token (tests); here
+    # they are not "= greedy", so exact=False; CTranslate2's beam has its own rules
+    SystemSpec("aggdec-beam4", "aggdec", "aggdec beam 4", {"mode": "greedy", "num_beams": 4}, exact=False),
     SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}),
+    SystemSpec("hf-beam4", "transformers", "transformers beam 4", {"num_beams": 4}, exact=False),
     SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False),
     SystemSpec("optimum-greedy", "optimum", "optimum ORT greedy"),
     SystemSpec("ct2-fp32", "ctranslate2", "CTranslate2 fp32", {"compute_type": "float32"}),
     SystemSpec("ct2-int8", "ctranslate2", "CTranslate2 int8", {"compute_type": "int8"}, exact=False),
+    SystemSpec("ct2-beam4", "ctranslate2", "CTranslate2 fp32 beam 4", {"compute_type": "float32", "beam_size": 4},
+               exact=False),
 )
 
 BY_NAME = {spec.name: spec for spec in SYSTEMS}

@@ -204,3 +204,44 @@ def test_copy_rows_moves_only_the_decoders_own_cache(cache_kind):
     for i in range(4):  # cross rows untouched
         assert np.array_equal(after[f"c{i}"], before[f"c{i}"])
     assert buffers.layout == layout  # a binding made before stays valid
+
+
+def test_banned_ids_keep_transformers_log_probs(tmp_path, random_checkpoint):
+    """A checkpoint that bans ids (real OPUS-MT ones ban <pad>): transformers' beam search
+    normalizes the log-softmax over every id and then sets the banned ones to -inf, so the
+    verifier must too (Manifest.suppression), or every score is off by log(1 - p(banned))."""
+    import json
+    import shutil
+
+    from aggdec.export import export_bundle
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint("marian"), src)
+    texts = random_texts(seed=8, count=6)
+    plain = transformers_beam(src, texts, MAX_NEW, 3, num_return_sequences=3)
+    # ban the tokens the unbanned beams use most: the bans change the search
+    counts: dict[int, int] = {}
+    for per_text in plain:
+        for ids, _ in per_text:
+            for token in ids[:-1]:
+                counts[token] = counts.get(token, 0) + 1
+    banned = sorted(counts, key=counts.get, reverse=True)[:2]
+    config = json.loads((src / "generation_config.json").read_text())
+    config["bad_words_ids"] = [[token] for token in banned]
+    (src / "generation_config.json").write_text(json.dumps(config))
+    _MODELS.pop(src, None)
+    manifest = export_bundle(src, tmp_path / "bundle", progress=None)
+    assert manifest.suppression == "after_log_softmax" and manifest.suppressed_token_ids == tuple(sorted(banned))
+    expected = transformers_beam(src, texts, MAX_NEW, 3, num_return_sequences=3)
+    assert expected != plain
+    got = Generator(tmp_path / "bundle").generate(texts, max_new_tokens=MAX_NEW, num_beams=3, num_return_sequences=3)
+    assert_same(beam_outputs(got), expected, "banned", SCORE_TOLERANCE["marian"])
+
+    # a bundle whose verifier masks before the log-softmax (older exports) is refused for beams
+    manifest_path = tmp_path / "bundle" / "manifest.json"
+    data = json.loads(manifest_path.read_text())
+    del data["suppression"]
+    manifest_path.write_text(json.dumps(data))
+    old = Generator(tmp_path / "bundle")
+    with pytest.raises(InputError, match="re-export it with this aggdec for beam search"):
+        old.generate(texts, num_beams=2)
