@@ -18,7 +18,7 @@ from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.beam import BeamRules
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import DrafterDraft
-from .decoding.iad import BlockOptions, SourceDraft
+from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.sizing import AcceptancePrior, CallCost
 from .decoding.verifier import SLACK, Verifier
@@ -496,6 +496,8 @@ class Generator:
         mode = options.mode
         if mode is Mode.GREEDY:
             return Strategy(NoDraft(), GREEDY, options.beams)
+        if mode is Mode.IAD and options.beams is not None:  # speculative beam search
+            return Strategy(HypothesisSourceDraft(self._block_options(options.block).max_block), GREEDY, options.beams)
         if mode is Mode.IAD:
             return Strategy(SourceDraft(self._block_options(options.block), self.draft_priors[mode]), GREEDY)
         assert self.drafter is not None  # resolve() refused a drafting mode without one

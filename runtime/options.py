@@ -61,7 +61,8 @@ APPLIES_TO: dict[str, tuple[Mode, ...]] = {
     "beta": (Mode.GAD_PLUS,),
     "tau": (Mode.GAD_PLUS,),
     "draft_k": (Mode.GAD, Mode.GAD_PLUS),
-    "num_beams": (Mode.GREEDY,),  # beam search's selection replaces the argmax
+    # beam search's selection replaces the argmax; with IAD each hypothesis drafts its source
+    "num_beams": (Mode.GREEDY, Mode.IAD),
 }
 # options of beam search only: set with num_beams > 1, or refused
 BEAM_OPTIONS = ("length_penalty", "early_stopping", "num_return_sequences")

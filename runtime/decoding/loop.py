@@ -209,14 +209,13 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     kept = np.zeros(len(rows), dtype=np.int64)
     groups: dict[int, list[int]] = {}  # a beam group's slots, by the group's id
     for slot, (row, pend, draft) in enumerate(zip(rows, pendings, proposed)):
-        if row.group is not None:
+        if row.group is not None:  # its cache length is set by its group's selection
             groups.setdefault(id(row.group), []).append(slot)
-            kept[slot] = len(pend)
             continue
         kept[slot] = _verify_row(row, pend, draft, top_ids[slot], top_logprobs[slot], verification, drafts, len(rows))
     batch.keep(kept)
     for slots in groups.values():
-        _select_beams(batch, rows, slots, [len(pendings[slot]) - 1 for slot in slots], top_ids, top_logprobs)
+        _select_beams(batch, rows, slots, pendings, proposed, top_ids, top_logprobs)
 
     elapsed = time.perf_counter() - started
     cohort.seconds += elapsed
@@ -263,42 +262,69 @@ def _verify_row(row: Row, pend: list[int], draft: np.ndarray, top_ids: np.ndarra
     return len(pend) + accepted
 
 
-def _select_beams(batch: Batch, rows: list[Row], slots: list[int], positions: list[int], top_ids: np.ndarray,
-                  top_logprobs: np.ndarray) -> None:
-    """A beam group's selection: one beam step over its rows' candidates (each at ``positions``,
-    the position after its last pending token), then each row takes one of the next
-    hypotheses. A hypothesis stays in its parent's row where it can; the others' rows get
-    their parent's cache by a row copy (only the rows that change)."""
+def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: list[list[int]],
+                  drafts: list[np.ndarray], top_ids: np.ndarray, top_logprobs: np.ndarray) -> None:
+    """A beam group's selection after a verifier call: beam steps replayed over the block's
+    scores, then each row takes one of the resulting hypotheses.
+
+    Each row's block was its pending tokens and a draft (none in plain beam search). A
+    hypothesis lies on its row's drafted path after t steps when its last t tokens are the
+    draft's first t: the block then holds its next scores, at the position after them. Steps
+    are replayed (:meth:`BeamGroup.step`, with exactly the candidates a plain step would have)
+    while every hypothesis a step selects lies on a drafted path; the first step that selects
+    one off every path is still exact (its own candidates were in the block) and ends the call.
+
+    A hypothesis stays in its parent's row where it can; the others' rows get their parent
+    row's cache by a row copy (only the rows that change). A row keeps its cache up to its
+    hypothesis's last token but one; that token is pending for the next call."""
     group = rows[slots[0]].group
-    assert group is not None
-    by_rank = sorted(zip(slots, positions), key=lambda item: rows[item[0]].beam)
-    ranked = [slot for slot, _ in by_rank]
-    logprobs = np.stack([top_logprobs[slot, position] for slot, position in by_rank])
-    ids = np.stack([top_ids[slot, position] for slot, position in by_rank])
-    selected = group.step(logprobs, ids)
-    assert group.trace is not None
-    group.trace.drafted.append(0)
-    group.trace.accepted.append(1)
+    assert group is not None and group.trace is not None
+    ranked = sorted(slots, key=lambda slot: rows[slot].beam)  # the group's rows in hypothesis order
+    base = [int(batch.lengths[slot]) for slot in ranked]  # cached positions before this call
+    # where each running hypothesis is: (its row's rank, steps along that row's draft)
+    where = [(rank, 0) for rank in range(len(ranked))]
+    steps = 0
+    while True:
+        positions = [(ranked[r], len(pendings[ranked[r]]) - 1 + t) for r, t in where]
+        logprobs = np.stack([top_logprobs[slot, position] for slot, position in positions])
+        ids = np.stack([top_ids[slot, position] for slot, position in positions])
+        selected = group.step(logprobs, ids)
+        steps += 1
+        if group.done:
+            break
+        after = []
+        for choice in selected:
+            r, t = where[choice.parent]
+            draft = drafts[ranked[r]]
+            after.append((r, t, t < len(draft) and choice.token == int(draft[t])))
+        if not all(on_path for _, _, on_path in after):
+            break
+        where = [(r, t + 1) for r, t, _ in after]
+    draft_tokens = sum(len(drafts[slot]) for slot in ranked)
+    group.trace.drafted.append(draft_tokens)
+    group.trace.accepted.append(steps)
     group.trace.rows.append(len(rows))
     if group.done:
         return
+    # each new hypothesis: the row whose cache it continues and how much of that cache is its own
     claimed: dict[int, int] = {}  # slot -> the rank of the hypothesis it now holds
     homeless: list[int] = []
-    for rank, choice in enumerate(selected):
-        home = ranked[choice.parent]
-        if home in claimed:
+    for rank, (r, _, _) in enumerate(after):
+        if ranked[r] in claimed:
             homeless.append(rank)
         else:
-            claimed[home] = rank
+            claimed[ranked[r]] = rank
     free = [slot for slot in ranked if slot not in claimed]
     sources, targets = [], []
     for rank, slot in zip(homeless, free):
-        sources.append(ranked[selected[rank].parent])
+        sources.append(ranked[after[rank][0]])
         targets.append(slot)
         claimed[slot] = rank
     if targets:
         batch.copy_rows(sources, targets)
     for slot, rank in claimed.items():
+        r, t, _ = after[rank]
+        batch.lengths[slot] = base[r] + len(pendings[ranked[r]]) + t
         rows[slot].beam = rank
         rows[slot].trace.tokens = list(group.running[rank])
 

@@ -154,7 +154,7 @@ def test_stream_and_generate_ids_give_beam_results(bundle):
     (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number"),
     (dict(length_penalty=2.0), "length_penalty applies to beam search only"),
     (dict(num_beams=1, num_return_sequences=1), "num_return_sequences applies to beam search only"),
-    (dict(num_beams=2, mode="iad"), "num_beams applies to mode 'greedy' only"),
+    (dict(num_beams=2, mode="gad"), "num_beams applies to modes 'greedy' and 'iad' only"),
 ])
 def test_bad_beam_options(options, message, bundle):
     generator = Generator(bundle("bart"))
@@ -245,3 +245,31 @@ def test_banned_ids_keep_transformers_log_probs(tmp_path, random_checkpoint):
     old = Generator(tmp_path / "bundle")
     with pytest.raises(InputError, match="re-export it with this aggdec for beam search"):
         old.generate(texts, num_beams=2)
+
+
+@pytest.mark.parametrize("family", ["bart", "marian", "t5"])
+def test_speculative_beam_equals_plain_beam(family, bundle, editing_bundle):
+    """IAD beam search (each hypothesis drafts its source; beam steps replayed over one block
+    call's scores) gives plain beam search's hypotheses and scores exactly: the same float32
+    values, since a block position computes what it computes alone. Random models rarely
+    follow their source, so the trained editing model (which mostly copies) is where steps
+    are replayed; the test checks that some were there (how many: benchmarks/results)."""
+    from aggdec.runtime.decoding.iad import BlockOptions
+    from tests.support.tiny import make_editing_pair
+    import random
+
+    rng = random.Random(3)
+    edited = [make_editing_pair(rng)[0] for _ in range(10)]
+    for path, texts in ((bundle(family), random_texts(seed=31, count=8)), (editing_bundle, edited)):
+        for io_binding in (True, False):
+            generator = Generator(path, io_binding=io_binding)
+            for length_penalty, early_stopping in ((1.0, False), (0.6, True), (2.0, "never")):
+                options = dict(num_beams=4, num_return_sequences=4, length_penalty=length_penalty,
+                               early_stopping=early_stopping, max_new_tokens=MAX_NEW)
+                plain = generator.generate(texts, batch_size=8, **options)
+                for batch_size, max_block in ((1, 7), (8, 3), (2, 64)):
+                    spec = generator.generate(texts, mode="iad", block=BlockOptions(max_block=max_block),
+                                              batch_size=batch_size, **options)
+                    assert [r.sequences for r in spec] == [r.sequences for r in plain], (path, batch_size, max_block)
+        if path == editing_bundle:  # some calls replayed several beam steps
+            assert max(step for r in spec for step in r.stats.accepted) > 1
