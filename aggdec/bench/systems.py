@@ -51,6 +51,7 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     # beam search (issue 29): aggdec's equals transformers' beam 4 token for token (tests); here
     # they are not "= greedy", so exact=False; CTranslate2's beam has its own rules
     SystemSpec("aggdec-beam4", "aggdec", "aggdec beam 4", {"mode": "greedy", "num_beams": 4}, exact=False),
+    SystemSpec("aggdec-iad-beam4", "aggdec", "aggdec IAD beam 4", {"mode": "iad", "num_beams": 4}, exact=False),
     SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}),
     SystemSpec("hf-beam4", "transformers", "transformers beam 4", {"num_beams": 4}, exact=False),
     SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False),

@@ -102,9 +102,11 @@ class HypothesisSourceDraft:
     at every call, drafts the source tokens after the aligned position.
 
     A beam row's hypothesis changes from call to call (a step may give the row another
-    hypothesis), so no per-row state (alignment, acceptance estimate) carries over; the draft
-    is at most ``max_block`` tokens. Drafts change how many beam steps a call replays, never
-    the output (loop._select_beams)."""
+    hypothesis), so no per-row alignment carries over. A draft is at most ``max_block`` tokens,
+    and at most twice the steps the group's last call replayed, less one: every row of the
+    group pays for the widest block, and most calls replay one step (the N selected
+    hypotheses rarely all stay on drafted paths). Drafts change how many beam steps a call
+    replays, never the output (loop._select_beams)."""
 
     seconds = 0.0  # no graph of its own
     memory = None
@@ -121,7 +123,9 @@ class HypothesisSourceDraft:
             source: np.ndarray = row.state
             output = np.asarray([_SENTINEL, *row.trace.tokens[1:]], dtype=np.int64)
             at = align(output, source)
-            k = 0 if at is None else min(len(source) - at - 1, room, self.max_block)
+            replayed = row.group.trace.accepted if row.group is not None and row.group.trace is not None else []
+            longest = self.max_block if not replayed else min(self.max_block, 2 * replayed[-1] - 1)
+            k = 0 if at is None else min(len(source) - at - 1, room, longest)
             drafts.append(source[at + 1 : at + 1 + k] if k > 0 else source[:0])  # type: ignore[operator]
         return drafts
 
