@@ -273,3 +273,31 @@ def test_speculative_beam_equals_plain_beam(family, bundle, editing_bundle):
                     assert [r.sequences for r in spec] == [r.sequences for r in plain], (path, batch_size, max_block)
         if path == editing_bundle:  # some calls replayed several beam steps
             assert max(step for r in spec for step in r.stats.accepted) > 1
+
+
+def test_forced_bos_and_eos_follow_transformers(tmp_path, random_checkpoint):
+    """A checkpoint that forces its first and last tokens (mBART/BART-style generation configs):
+    the forced BOS is the decoder prefix (the first beam at 0, the others at -1e9), the forced
+    EOS the only finite token at the length limit, as transformers' processors leave them."""
+    import json
+    import shutil
+
+    from aggdec.export import export_bundle
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint("bart"), src)
+    config = json.loads((src / "generation_config.json").read_text())
+    bos = config["bos_token_id"]  # a special token, as a forced BOS must be (the bundle checks)
+    config["forced_bos_token_id"] = bos
+    config["forced_eos_token_id"] = config["eos_token_id"]
+    (src / "generation_config.json").write_text(json.dumps(config))
+    manifest = export_bundle(src, tmp_path / "bundle", progress=None)
+    assert (manifest.forced_bos_token_id, manifest.forced_eos_token_id) == (bos, config["eos_token_id"])
+    texts = random_texts(seed=9, count=8)
+    generator = Generator(tmp_path / "bundle")
+    for max_new_tokens in (3, MAX_NEW):
+        expected = transformers_beam(src, texts, max_new_tokens, 3, length_penalty=0.6, num_return_sequences=3)
+        assert all(ids[0] == bos for per_text in expected for ids, _ in per_text)
+        got = generator.generate(texts, max_new_tokens=max_new_tokens, num_beams=3, length_penalty=0.6,
+                                 num_return_sequences=3, batch_size=4)
+        assert_same(beam_outputs(got), expected, max_new_tokens, SCORE_TOLERANCE["bart"])
