@@ -37,7 +37,7 @@ def transformers_beam(checkpoint_dir, texts, max_new_tokens, num_beams, length_p
     """transformers' beam search, one text at a time: per text, a list of (ids after the start
     token, sequence score), best first."""
     import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     model = _model(checkpoint_dir)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
@@ -254,9 +254,10 @@ def test_speculative_beam_equals_plain_beam(family, bundle, editing_bundle):
     values, since a block position computes what it computes alone. Random models rarely
     follow their source, so the trained editing model (which mostly copies) is where steps
     are replayed; the test checks that some were there (how many: benchmarks/results)."""
+    import random
+
     from aggdec.runtime.decoding.iad import BlockOptions
     from tests.support.tiny import make_editing_pair
-    import random
 
     rng = random.Random(3)
     edited = [make_editing_pair(rng)[0] for _ in range(10)]
