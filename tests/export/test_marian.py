@@ -449,3 +449,21 @@ def test_hostile_npz_files_are_refused_with_one_line(tmp_path, capsys):
     _refused(capsys, folder, tmp_path / "out", "has no tensor 'decoder_l2_ffn_W1'")
     np.savez(path, **{**arrays, "decoder_l9_extra": np.zeros((2, 2), np.float32)})
     _refused(capsys, folder, tmp_path / "out", "tensors its config does not explain (decoder_l9_extra)")
+
+
+def test_beam_search_is_refused_on_marian_bundles_with_the_reason(tiny):
+    """Marian bundles: over a shortlist the log-probs are normalized over each sentence's
+    shortlist, and Marian's graphs mask <unk> before their log-softmax; either way they are not
+    the log-probs transformers' beam search sums, so beams are refused, with the way out."""
+    from aggdec.runtime.errors import InputError
+
+    _folder, shortlisted = tiny("ssru", "bin", 0.0, True)
+    with pytest.raises(InputError, match="beam search over a lexical shortlist is not supported"):
+        Generator(shortlisted).generate(["a"], num_beams=2)
+    with pytest.raises(InputError, match="masks its banned ids before the log-softmax"):
+        Generator(shortlisted, shortlist=False).generate(["a"], num_beams=2)
+    _folder, plain = tiny("ssru", "bin")
+    generator = Generator(plain)
+    with pytest.raises(InputError, match="masks its banned ids before the log-softmax"):
+        generator.generate(["a"], num_beams=2)
+    assert generator.generate([WORDS[0]], max_new_tokens=4)[0].ids  # greedy still decodes
