@@ -20,6 +20,9 @@ class SystemSpec:
     # or fp16 conversion (`aggdec quantize --precision`). Peers keep "fp32": whatever their own
     # compute type, they are compared with the fp32 checkpoint's greedy.
     precision: str = "fp32"
+    # a beam system: the transformers beam system of the same width whose outputs it is compared
+    # with ("= beam"); an aggdec one must equal it (aggdec's beam search is transformers')
+    beam_reference: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "aggdec":  # an aggdec system's options are one DecodeOptions, checked here
@@ -50,8 +53,10 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("aggdec-fp16-gad", "aggdec", "aggdec fp16 GAD", {"mode": "gad"}, needs_drafter=True, precision="fp16"),
     # beam search (issue 29): aggdec's equals transformers' beam 4 token for token (tests); here
     # they are not "= greedy", so exact=False; CTranslate2's beam has its own rules
-    SystemSpec("aggdec-beam4", "aggdec", "aggdec beam 4", {"mode": "greedy", "num_beams": 4}, exact=False),
-    SystemSpec("aggdec-iad-beam4", "aggdec", "aggdec IAD beam 4", {"mode": "iad", "num_beams": 4}, exact=False),
+    SystemSpec("aggdec-beam4", "aggdec", "aggdec beam 4", {"mode": "greedy", "num_beams": 4}, exact=False,
+               beam_reference="hf-beam4"),
+    SystemSpec("aggdec-iad-beam4", "aggdec", "aggdec IAD beam 4", {"mode": "iad", "num_beams": 4}, exact=False,
+               beam_reference="hf-beam4"),
     SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}),
     SystemSpec("hf-beam4", "transformers", "transformers beam 4", {"num_beams": 4}, exact=False),
     SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False),
@@ -59,7 +64,7 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("ct2-fp32", "ctranslate2", "CTranslate2 fp32", {"compute_type": "float32"}),
     SystemSpec("ct2-int8", "ctranslate2", "CTranslate2 int8", {"compute_type": "int8"}, exact=False),
     SystemSpec("ct2-beam4", "ctranslate2", "CTranslate2 fp32 beam 4", {"compute_type": "float32", "beam_size": 4},
-               exact=False),
+               exact=False, beam_reference="hf-beam4"),
 )
 
 BY_NAME = {spec.name: spec for spec in SYSTEMS}
