@@ -192,7 +192,7 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     rooms = [max(0, min(row.trace.draft_room(row.limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
     proposed = drafts.propose(batch, rows, rooms)
     widths = [len(pend) + len(draft) for pend, draft in zip(pendings, proposed)]
-    if len(rows) > 1 and width_quantile < 1.0:
+    if len(rows) > 1 and width_quantile < 1.0 and max(widths) > min(widths):  # equal widths: nothing to cut
         # Blocks are padded to the widest: one row's long draft would make every row pay for
         # it. The width is capped at a quantile of the rows' wishes; longer drafts are cut
         # (a shorter draft changes speed, never the output).
