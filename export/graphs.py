@@ -192,8 +192,11 @@ class VerifierGraph(nn.Module):
         if parts.final_norm is not None:
             hidden = parts.final_norm(hidden)
         logits = parts.logits(hidden).to(torch.float32)
-        if self.has_suppression:
-            logits = logits + self.suppress_bias
+        # transformers' order: the log-softmax over every id, then the banned ids at -inf (its
+        # NoBadWords/SuppressTokens processors act on log-probs in beam search). Greedy's argmax
+        # and GAD++'s gaps are the same either way; beam scores are sums of these values.
         log_probs = torch.log_softmax(logits, dim=-1)
+        if self.has_suppression:
+            log_probs = log_probs + self.suppress_bias
         top_logprobs, top_ids = torch.topk(log_probs, self.top_k, dim=-1)
         return (top_logprobs, top_ids, *presents)

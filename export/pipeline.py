@@ -231,6 +231,7 @@ def export_bundle(
             forced_bos_token_id=int(forced_bos) if forced_bos is not None else None,
             forced_eos_token_id=int(forced_eos) if forced_eos is not None else None,
             suppressed_token_ids=suppressed,
+            suppression="after_log_softmax",  # VerifierGraph's order
             max_source_len=int(max_source),
             max_target_len=int(max_target),
             top_k=top_k,

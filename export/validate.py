@@ -56,8 +56,11 @@ def _random_source(rng: np.random.Generator, batch: int, vocab: int, pad_id: int
 
 
 @torch.no_grad()
-def _reference_pass(model: torch.nn.Module, inputs: list, bias: torch.Tensor) -> tuple[list, list]:
-    """Encoder hidden states and decoder log-probs of the model for every (kind, ...) input."""
+def _reference_pass(model: torch.nn.Module, inputs: list, bias: torch.Tensor, suppress_after: bool = True
+                    ) -> tuple[list, list]:
+    """Encoder hidden states and decoder log-probs of the model for every (kind, ...) input;
+    ``suppress_after``: the banned ids are masked after the log-softmax (transformers' order,
+    Manifest.suppression), else before it."""
     dtype = next(model.parameters()).dtype
     encoder = model.get_encoder()
     outputs = []
@@ -68,7 +71,11 @@ def _reference_pass(model: torch.nn.Module, inputs: list, bias: torch.Tensor) ->
         else:
             logits = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
                            decoder_input_ids=torch.from_numpy(decoder_ids)).logits[0, -new:]
-            outputs.append(torch.log_softmax(logits + bias.to(dtype), dim=-1).double().numpy())
+            if suppress_after:
+                log_probs = torch.log_softmax(logits, dim=-1) + bias.to(dtype)
+            else:
+                log_probs = torch.log_softmax(logits + bias.to(dtype), dim=-1)
+            outputs.append(log_probs.double().numpy())
     return outputs
 
 
@@ -79,8 +86,8 @@ def _noise(fp32: np.ndarray, fp64: np.ndarray) -> np.ndarray:
 
 
 @torch.no_grad()
-def reference_cases(model: torch.nn.Module, vocab: int, pad_id: int, suppress: tuple[int, ...], seed: int = 0
-                    ) -> tuple[list[EncoderCase], list[VerifierCase]]:
+def reference_cases(model: torch.nn.Module, vocab: int, pad_id: int, suppress: tuple[int, ...], seed: int = 0,
+                    suppress_after: bool = True) -> tuple[list[EncoderCase], list[VerifierCase]]:
     """transformers' own outputs for every validation shape, with torch's own fp32 error.
 
     The model runs once in float32 (the reference) and once in float64; their difference is
@@ -110,8 +117,8 @@ def reference_cases(model: torch.nn.Module, vocab: int, pad_id: int, suppress: t
                     decoder_ids = np.concatenate([prefix[row, : kept[row]], new_ids[row]])[None]
                     inputs.append(("decoder", ids[row : row + 1], mask[row : row + 1], decoder_ids, new))
                 plan.append(("verifier", prefix, kept, new_ids))
-    fp32 = _reference_pass(model.float(), inputs, bias)
-    fp64 = _reference_pass(model.double(), inputs, bias)
+    fp32 = _reference_pass(model.float(), inputs, bias, suppress_after)
+    fp64 = _reference_pass(model.double(), inputs, bias, suppress_after)
     model.float()
 
     encoder_cases: list[EncoderCase] = []

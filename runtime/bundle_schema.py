@@ -282,6 +282,9 @@ QUANTIZATION = obj({
     "draft_agreement": optional(number(0.0, 1.0)),
 }, optional_keys=frozenset({"encoder"}))
 
+# where the verifier masks suppressed ids (Manifest.suppression)
+SUPPRESSION_ORDERS = ("before_log_softmax", "after_log_softmax")
+
 # field -> rule, in an order where every field a rule refers to (vocab_size) comes first
 FIELDS: dict[str, Rule] = {
     "format_version": integer(1),  # its value is checked by Manifest.from_json, with its own message
@@ -318,10 +321,11 @@ FIELDS: dict[str, Rule] = {
     "shortlist": optional(obj({"file": file_name, "first": integer(0, "vocab_size"), "shared": boolean})),
     # Marian's max-length-factor: a row's output cap is ceil(factor x its source length)
     "max_length_factor": optional(number(0, MAX_SEQUENCE_LEN, above=True)),
+    "suppression": optional(one_of(SUPPRESSION_ORDERS)),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
-                             "quantization", "cache_kind", "shortlist", "max_length_factor"})
+                             "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from .decoding.arrivals import Arrivals
 from .decoding.common import DecodeLimits
 from .decoding.loop import DraftSource, Finished
+from .errors import InputError
 from .generator import GenerationResult, Generator, _check_batch_size
 from .options import DecodeOptions, Mode
 
@@ -38,14 +39,18 @@ class RowDecoder:
         """The batched decode loop over ``work`` (which may keep growing until it is closed):
         yields each row as it finishes; :meth:`result` turns it into a GenerationResult. A server
         runs one per decoding configuration in a thread of its own, with a queue it never
-        closes. ``linger``: seconds an idle loop waits to gather a batch after the first
+        closes; ``batch_size`` counts rows, and a beam search's source takes ``num_beams`` of
+        them. ``linger``: seconds an idle loop waits to gather a batch after the first
         source. ``on_call(rows)``: called before each verifier call with its number of rows."""
         generator = self.generator
-        drafts, verification = generator._strategy(generator.resolve_options(options))
+        strategy = generator._strategy(generator.resolve_options(options))
         _check_batch_size(batch_size)
+        if strategy.rows_per_text > batch_size:
+            raise InputError(f"num_beams {strategy.rows_per_text} takes more rows than the {batch_size} of this "
+                             "decode loop; lower num_beams or raise the batch size.")
         if on_call is not None:
-            drafts = _Counted(drafts, on_call)
-        return generator._decode(work, generator._limits(None), drafts, verification, batch_size, linger)
+            strategy = strategy._replace(drafts=_Counted(strategy.drafts, on_call))
+        return generator._decode(work, generator._limits(None), strategy, batch_size, linger)
 
     def result(self, done: Finished, source: str | None = None) -> GenerationResult:
         """A finished row as a GenerationResult (``source``: its text, to restore <unk>); its

@@ -12,11 +12,13 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .decoding.arrivals import Arrivals, Closed, Work
+from .decoding.beam import BeamRules
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import DrafterDraft
-from .decoding.iad import BlockOptions, SourceDraft
+from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.sizing import AcceptancePrior, CallCost
 from .decoding.verifier import SLACK, Verifier
@@ -25,7 +27,8 @@ from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_pre
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
 from .tuning import Tuning, tuning_for
 
-__all__ = ["DecodeOptions", "DecodeStats", "GAD_PLUS_BETA", "GAD_PLUS_TAU", "GenerationResult", "Generator", "MODES",
+__all__ = ["DecodeOptions", "DecodeStats", "GAD_PLUS_BETA", "GAD_PLUS_TAU", "GenerationResult", "Generator",
+           "Hypothesis", "MODES",
            "Mode", "PRECISION_DEVICES", "PRECISION_LIMITS", "check_precision", "drafter_graph"]
 
 _END = object()  # the end of a stream's results
@@ -36,6 +39,19 @@ class _Failed:
     """An exception from a stream's reader or decoder thread, to raise in the consumer's."""
 
     error: BaseException
+
+
+class Strategy(NamedTuple):
+    """How the loop decodes for resolved options: where drafts come from, which of them pass,
+    and (beam search) how a text's rows select their hypotheses."""
+
+    drafts: DraftSource
+    verification: Verification
+    beams: BeamRules | None = None
+
+    @property
+    def rows_per_text(self) -> int:
+        return 1 if self.beams is None else self.beams.num_beams
 
 
 def _check_tuning(tuning: object) -> None:
@@ -78,10 +94,23 @@ class DecodeStats:
 
 
 @dataclass(frozen=True)
+class Hypothesis:
+    """One of a beam search's returned hypotheses."""
+
+    text: str
+    ids: tuple[int, ...]  # generated ids after the decoder start token (EOS included if produced)
+    score: float  # transformers' sequences_scores: log-prob sum / length ** length_penalty
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     text: str
     ids: tuple[int, ...]  # generated ids after the decoder start token (EOS included if produced)
     stats: DecodeStats
+    # beam search: the best hypothesis's sequence score, and the num_return_sequences best
+    # hypotheses, best first (the first is text/ids); greedy: None and ()
+    score: float | None = None
+    sequences: tuple[Hypothesis, ...] = ()
 
 
 def _as_text(item: object, index: int) -> str:
@@ -188,7 +217,7 @@ class Generator:
         """Decode a few short sources once with ``options`` (or a mode) so that onnxruntime's first-call work
         (memory arenas, CUDA kernel selection, cuBLAS handles) is not counted in the next
         decode's time. Returns the seconds it took; the graphs' time counters are restored."""
-        drafts, verification = self._strategy(self.resolve_options(options))
+        strategy = self._strategy(self.resolve_options(options))
         started = time.perf_counter()
         before = {name: session.seconds for name, session in self._sessions.items()}
         m = self.manifest
@@ -196,9 +225,9 @@ class Generator:
         words = [i for i in range(m.vocab_size) if i not in special][: max(1, min(8, m.max_source_len - 1))]
         source = (words + [m.eos_token_id])[: m.max_source_len]
         limits = self._limits(min(max_new_tokens, m.max_target_len - 1))
-        rows = max(1, min(int(batch_size), 2))
-        for _ in self._decode(Arrivals.of([list(source) for _ in range(rows)]), limits, drafts, verification, rows,
-                              known=True):
+        texts = max(1, min(int(batch_size), 2))
+        for _ in self._decode(Arrivals.of([list(source) for _ in range(texts)]), limits, strategy,
+                              texts * strategy.rows_per_text, known=True):
             pass
         for name, session in self._sessions.items():
             session.seconds = before[name]
@@ -264,7 +293,9 @@ class Generator:
     def generate(self, texts: Iterable[str], options: DecodeOptions | Mode | str | None = None,
                  max_new_tokens: int | None = None, batch_size: int = 16, *, mode: Mode | str | None = None,
                  block: BlockOptions | None = None, beta: int | None = None, tau: float | None = None,
-                 draft_k: int | None = None) -> list[GenerationResult]:
+                 draft_k: int | None = None, num_beams: int | None = None, length_penalty: float | None = None,
+                 early_stopping: bool | str | None = None, num_return_sequences: int | None = None
+                 ) -> list[GenerationResult]:
         """Decode ``texts`` (any iterable of strings); results come back in order.
 
         ``options``: a :class:`DecodeOptions` (default: greedy), or just a mode. The keywords
@@ -276,9 +307,16 @@ class Generator:
         at once. ``max_new_tokens``: tokens to generate at most (default: the bundle's limit).
         A text that cannot be decoded (empty, too long) raises InputError naming its index,
         before anything is decoded (`check` tells in advance).
+
+        ``num_beams`` (with ``length_penalty``, ``early_stopping``, ``num_return_sequences``):
+        beam search, equal to transformers' ``generate(num_beams=...)``; each result carries its
+        ``score`` and its ``sequences`` (the best ``num_return_sequences``, best first), and a
+        text takes ``num_beams`` rows, so a batch holds ``batch_size`` texts in
+        ``batch_size x num_beams`` rows.
         """
-        drafts, verification = self._strategy(self.resolve_options(
-            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k))
+        strategy = self._strategy(self.resolve_options(
+            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
+            length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
         _check_batch_size(batch_size)
         limits = self._limits(max_new_tokens)
         if not isinstance(texts, (str, bytes)):
@@ -288,15 +326,16 @@ class Generator:
                 raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
         encoded = self.encode(texts)
         results: list[GenerationResult | None] = [None] * len(encoded)
-        for done in self._decode(Arrivals.of(encoded), limits, drafts, verification, batch_size, known=True):
+        for done in self._decode(Arrivals.of(encoded), limits, strategy, self._rows(batch_size, strategy), known=True):
             results[done.index] = self._result(done, texts[done.index])
         return results  # type: ignore[return-value]
 
     def stream(self, texts: Iterable[str | bytes], options: DecodeOptions | Mode | str | None = None,
                max_new_tokens: int | None = None, batch_size: int = 16, lookahead: int | None = None, *,
                mode: Mode | str | None = None, block: BlockOptions | None = None, beta: int | None = None,
-               tau: float | None = None, draft_k: int | None = None
-               ) -> Iterator[tuple[int, GenerationResult | InputError]]:
+               tau: float | None = None, draft_k: int | None = None, num_beams: int | None = None,
+               length_penalty: float | None = None, early_stopping: bool | str | None = None,
+               num_return_sequences: int | None = None) -> Iterator[tuple[int, GenerationResult | InputError]]:
         """Decode ``texts`` while they are still arriving; yields ``(index, result)`` as each
         text finishes, which is not input order.
 
@@ -307,11 +346,14 @@ class Generator:
         not UTF-8) yields its ``InputError`` in place of a result and the others go on; the
         same options as :meth:`generate` are refused before anything is read. An error raised
         by the iterable itself is re-raised here after the texts before it are done. Stopping
-        the iteration early (``break``, an exception) stops reading and decoding.
+        the iteration early (``break``, an exception) stops reading and decoding. With beam
+        search a text's result comes when all its hypotheses are done, as in :meth:`generate`.
         """
-        drafts, verification = self._strategy(self.resolve_options(
-            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k))
+        strategy = self._strategy(self.resolve_options(
+            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
+            length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
         _check_batch_size(batch_size)
+        rows = self._rows(batch_size, strategy)
         if lookahead is not None and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1):
             raise InputError(f"lookahead must be an integer of at least 1, got {lookahead!r}.")
         limits = self._limits(max_new_tokens)
@@ -321,10 +363,10 @@ class Generator:
             items = iter(texts)
         except TypeError:
             raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
-        return self._stream(items, limits, drafts, verification, batch_size, lookahead or 4 * batch_size)
+        return self._stream(items, limits, strategy, rows, lookahead or 4 * batch_size)
 
-    def _stream(self, items: Iterator, limits: DecodeLimits, drafts: DraftSource, verification: Verification,
-                batch_size: int, window: int) -> Iterator[tuple[int, GenerationResult | InputError]]:
+    def _stream(self, items: Iterator, limits: DecodeLimits, strategy: Strategy, rows: int, window: int
+                ) -> Iterator[tuple[int, GenerationResult | InputError]]:
         work = Arrivals(lookahead=window, capacity=window)
         sources: dict[int, str] = {}  # the texts being decoded, for restoring <unk> in their results
         out: queue.Queue = queue.Queue()  # (index, result | InputError), or _Failed, or _END
@@ -348,7 +390,7 @@ class Generator:
 
         def run() -> None:
             try:
-                for done in self._decode(work, limits, drafts, verification, batch_size):
+                for done in self._decode(work, limits, strategy, rows):
                     out.put((done.index, self._result(done, sources.pop(done.index))))
             except BaseException as exc:
                 out.put(_Failed(exc))
@@ -378,14 +420,17 @@ class Generator:
     def generate_ids(self, source_ids: Sequence[int], options: DecodeOptions | Mode | str | None = None,
                      max_new_tokens: int | None = None, *, mode: Mode | str | None = None,
                      block: BlockOptions | None = None, beta: int | None = None, tau: float | None = None,
-                     draft_k: int | None = None) -> GenerationResult:
+                     draft_k: int | None = None, num_beams: int | None = None, length_penalty: float | None = None,
+                     early_stopping: bool | str | None = None, num_return_sequences: int | None = None
+                     ) -> GenerationResult:
         """Decode one already-tokenized source (ids with their special tokens); ``options`` as
         for :meth:`generate`."""
-        drafts, verification = self._strategy(self.resolve_options(
-            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k))
+        strategy = self._strategy(self.resolve_options(
+            options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
+            length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
         ids = self._checked_ids(source_ids)
         limits = self._limits(max_new_tokens)
-        (done,) = self._decode(Arrivals.of([ids]), limits, drafts, verification, 1, known=True)
+        (done,) = self._decode(Arrivals.of([ids]), limits, strategy, self._rows(1, strategy), known=True)
         return self._result(done)
 
     def _checked_ids(self, source_ids: Sequence[int]) -> list[int]:
@@ -404,21 +449,37 @@ class Generator:
             raise InputError(f"source_ids holds {bad[0]}, outside this bundle's vocabulary [0, {vocab}).")
         return ids
 
-    def _decode(self, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
-                verification: Verification, batch_size: int, linger: float = 0.0, known: bool = False):
-        """``known``: ``work`` holds every text from the start (``Arrivals.of``), so it is taken
+    def _rows(self, batch_size: int, strategy: Strategy) -> int:
+        """The rows ``batch_size`` texts take (``num_beams`` each with beam search); InputError
+        when a verifier call cannot take that many."""
+        rows = batch_size * strategy.rows_per_text
+        limit = self.option_limits.max_rows
+        if strategy.beams is not None and limit is not None and rows > limit:
+            raise InputError(f"batch_size {batch_size} x num_beams {strategy.beams.num_beams} = {rows} rows, more "
+                             f"than the {limit} a verifier call of {str(self.root)!r} may take; lower batch_size.")
+        return rows
+
+    def _decode(self, work: Arrivals, limits: DecodeLimits, strategy: Strategy, rows: int, linger: float = 0.0,
+                known: bool = False):
+        """Decode ``work`` in at most ``rows`` rows at once (a beam text takes ``num_beams``).
+        ``known``: ``work`` holds every text from the start (``Arrivals.of``), so it is taken
         shortest first and a batch's rows already have similar lengths; cohorts would only
         split its calls. Otherwise texts come in arrival order and the device's length
         classes apply."""
         classes = () if known else self.tuning.length_classes
-        return decode(self.verifier, work, limits, drafts, verification, batch_size, self.manifest.pad_token_id,
-                      self.io_binding, linger=linger, classes=classes, width_quantile=self.tuning.width_quantile)
+        return decode(self.verifier, work, limits, strategy.drafts, strategy.verification, rows,
+                      self.manifest.pad_token_id, self.io_binding, linger=linger, classes=classes,
+                      width_quantile=self.tuning.width_quantile, beams=strategy.beams)
 
     @property
     def option_limits(self) -> OptionLimits:
         """What this bundle allows decoding options to be (its top-k, its drafter's k)."""
+        limit = getattr(self.verifier.verifier, "max_dim", None)  # a TensorRT engine's profile
         return OptionLimits(top_k=self.manifest.top_k, drafter_k=None if self.drafter is None else self.drafter.k,
-                            bundle=str(self.root))
+                            bundle=str(self.root), shortlist=self.verifier.shortlist is not None,
+                            max_rows=None if limit is None else limit("input_ids", 0),
+                            normalized=not self.manifest.suppressed_token_ids
+                            or self.manifest.suppression == "after_log_softmax")
 
     def resolve_options(self, options: DecodeOptions | Mode | str | None = None, **fields: object) -> DecodeOptions:
         """``options`` (or a mode and keyword fields, as :meth:`generate` takes them) checked
@@ -430,21 +491,23 @@ class Generator:
         returns the resolved options (same as :meth:`resolve_options`)."""
         return self.resolve_options(options, **fields)
 
-    def _strategy(self, options: DecodeOptions) -> tuple[DraftSource, Verification]:
-        """The draft source and acceptance rule for resolved ``options``."""
+    def _strategy(self, options: DecodeOptions) -> Strategy:
+        """The draft source, acceptance rule and beam rules for resolved ``options``."""
         mode = options.mode
         if mode is Mode.GREEDY:
-            return NoDraft(), GREEDY
+            return Strategy(NoDraft(), GREEDY, options.beams)
+        if mode is Mode.IAD and options.beams is not None:  # speculative beam search
+            return Strategy(HypothesisSourceDraft(self._block_options(options.block).max_block), GREEDY, options.beams)
         if mode is Mode.IAD:
-            return SourceDraft(self._block_options(options.block), self.draft_priors[mode]), GREEDY
+            return Strategy(SourceDraft(self._block_options(options.block), self.draft_priors[mode]), GREEDY)
         assert self.drafter is not None  # resolve() refused a drafting mode without one
         tuning = self.tuning
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,
                               costs=self.gad_costs, prior=self.draft_priors[mode], decay=tuning.gad_decay,
                               max_rest=tuning.max_rest, min_repeat=tuning.min_repeat)
         if mode is Mode.GAD:
-            return drafts, GREEDY
-        return drafts, Verification(beta=int(options.beta), tau=float(options.tau))
+            return Strategy(drafts, GREEDY)
+        return Strategy(drafts, Verification(beta=int(options.beta), tau=float(options.tau)))
 
     def _prepare(self, item: object, index: int = 0) -> tuple[str, list[int]]:
         """``item`` (a string, or UTF-8 bytes) as a text and its token ids, or the InputError that
@@ -468,8 +531,7 @@ class Generator:
         trace = done.trace
         ids = tuple(trace.tokens[1:])
         started = time.perf_counter()
-        # characters the vocabulary lacks come back from the source instead of being dropped
-        text = self.codec.decode(list(ids)) if source is None else self.codec.decode_restoring(list(ids), source)
+        text = self._text(ids, source)
         seconds = done.seconds
         stats = DecodeStats(
             iterations=len(trace.accepted),
@@ -481,4 +543,13 @@ class Generator:
             batch_size=max(trace.rows, default=1),  # the rows decoded together, not the configured maximum
             drafter_seconds=seconds["drafter"],
         )
-        return GenerationResult(text=text, ids=ids, stats=stats)
+        if not done.hypotheses:
+            return GenerationResult(text=text, ids=ids, stats=stats)
+        sequences = tuple(Hypothesis(text if index == 0 else self._text(hypothesis.tokens[1:], source),
+                                     tuple(hypothesis.tokens[1:]), hypothesis.score)
+                          for index, hypothesis in enumerate(done.hypotheses))
+        return GenerationResult(text=text, ids=ids, stats=stats, score=sequences[0].score, sequences=sequences)
+
+    def _text(self, ids: Sequence[int], source: str | None) -> str:
+        # characters the vocabulary lacks come back from the source instead of being dropped
+        return self.codec.decode(list(ids)) if source is None else self.codec.decode_restoring(list(ids), source)

@@ -149,6 +149,10 @@ class Manifest:
     # ceil(factor x source tokens, EOS included) generated tokens (decoding/common.py
     # source_length_cap), within max_target_len. None: no such cap (other families, older bundles)
     max_length_factor: float | None = None
+    # where the verifier applies suppressed_token_ids: "after_log_softmax" (transformers' order:
+    # log-probs normalized over every id, as beam search's scores need) or "before_log_softmax"
+    # (bundles from before the field, which is None there; greedy's outputs are the same)
+    suppression: str | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
+from .decoding.beam import EARLY_STOPPING, BeamRules
 from .decoding.sizing import BlockOptions, is_finite_real, is_integer
 from .errors import BundleError, InputError
 
@@ -60,7 +61,11 @@ APPLIES_TO: dict[str, tuple[Mode, ...]] = {
     "beta": (Mode.GAD_PLUS,),
     "tau": (Mode.GAD_PLUS,),
     "draft_k": (Mode.GAD, Mode.GAD_PLUS),
+    # beam search's selection replaces the argmax; with IAD each hypothesis drafts its source
+    "num_beams": (Mode.GREEDY, Mode.IAD),
 }
+# options of beam search only: set with num_beams > 1, or refused
+BEAM_OPTIONS = ("length_penalty", "early_stopping", "num_return_sequences")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,11 @@ class OptionLimits:
     top_k: int
     drafter_k: int | None
     bundle: str = "the bundle"  # for messages
+    shortlist: bool = False  # the bundle decodes each sentence over its own shortlist
+    max_rows: int | None = None  # the most rows a verifier call may take (a TensorRT profile's)
+    # the verifier's log-probs are normalized over every id, banned ones included (transformers'
+    # order, Manifest.suppression): what beam scores are sums of
+    normalized: bool = True
 
 
 
@@ -82,6 +92,11 @@ class DecodeOptions:
     (default 3; 1 is greedy) within ``tau`` log-prob of the best (default 1.0).
     ``draft_k``: the most GAD draft tokens a verifier call checks, 1 to the drafter's k
     (default: its k); each row checks fewer while its drafts are being rejected.
+    ``num_beams``: beam search with that many hypotheses per text (None or 1: greedy), with
+    transformers' rules (``decoding/beam.py``): ``length_penalty`` (default 1.0),
+    ``early_stopping`` (True, False or "never"; default False) and ``num_return_sequences``
+    (1 to ``num_beams``; default 1) as ``generate`` takes them. N beams need a verifier top-k
+    of at least 2N.
 
     >>> DecodeOptions("gad++", beta=2).mode
     <Mode.GAD_PLUS: 'gad++'>
@@ -92,6 +107,10 @@ class DecodeOptions:
     beta: int | None = None
     tau: float | None = None
     draft_k: int | None = None
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
+    num_return_sequences: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode.parse(self.mode))
@@ -108,6 +127,38 @@ class DecodeOptions:
             raise InputError(f"tau must be a finite number >= 0, got {self.tau!r}.")
         if self.draft_k is not None and (not is_integer(self.draft_k) or self.draft_k < 1):
             raise InputError(f"draft_k must be an integer of at least 1, got {self.draft_k!r}.")
+        self._check_beams()
+
+    def _check_beams(self) -> None:
+        if self.num_beams is not None and (not is_integer(self.num_beams) or self.num_beams < 1):
+            raise InputError(f"num_beams must be an integer of at least 1, got {self.num_beams!r}.")
+        if self.num_beams is not None and self.num_beams == 1:  # one beam is greedy search: one key for both
+            object.__setattr__(self, "num_beams", None)
+        given = [name for name in BEAM_OPTIONS if getattr(self, name) is not None]
+        if given and self.num_beams is None:
+            raise InputError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to beam search only; "
+                             "set num_beams to 2 or more.")
+        if self.length_penalty is not None and not is_finite_real(self.length_penalty):
+            raise InputError(f"length_penalty must be a finite number, got {self.length_penalty!r}.")
+        if self.early_stopping is not None and not any(
+                self.early_stopping is value or (isinstance(value, str) and self.early_stopping == value)
+                for value in EARLY_STOPPING):
+            raise InputError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}.")
+        count = self.num_return_sequences
+        if count is not None and (not is_integer(count) or count < 1):
+            raise InputError(f"num_return_sequences must be an integer of at least 1, got {count!r}.")
+        if count is not None and count > self.num_beams:  # type: ignore[operator]
+            raise InputError(f"num_return_sequences ({count}) must be at most num_beams ({self.num_beams}).")
+
+    @property
+    def beams(self) -> BeamRules | None:
+        """The beam search these options ask for (resolved options), or None: one row a text."""
+        if self.num_beams is None:
+            return None
+        return BeamRules(int(self.num_beams),
+                         1.0 if self.length_penalty is None else float(self.length_penalty),
+                         False if self.early_stopping is None else self.early_stopping,
+                         1 if self.num_return_sequences is None else int(self.num_return_sequences))
 
     @classmethod
     def of(cls, options: DecodeOptions | Mode | str | None = None, **fields: object) -> DecodeOptions:
@@ -135,6 +186,7 @@ class DecodeOptions:
             if self.draft_k is not None and self.draft_k > limits.drafter_k:
                 raise InputError(f"draft_k must be an integer between 1 and the drafter's k ({limits.drafter_k}), "
                                  f"got {self.draft_k!r}.")
+        self._check_beams_against(limits)
         if self.mode is not Mode.GAD_PLUS:
             resolved = self
         else:
@@ -145,4 +197,30 @@ class DecodeOptions:
             resolved = dataclasses.replace(self, beta=beta, tau=float(GAD_PLUS_TAU if self.tau is None else self.tau))
         if self.mode.needs_drafter and self.draft_k is None:
             resolved = dataclasses.replace(resolved, draft_k=limits.drafter_k)
+        if self.num_beams is not None:  # the defaults filled in: equal requests compare equal
+            rules = self.beams
+            assert rules is not None
+            resolved = dataclasses.replace(resolved, length_penalty=rules.length_penalty,
+                                           early_stopping=rules.early_stopping,
+                                           num_return_sequences=rules.num_return_sequences)
         return resolved
+
+    def _check_beams_against(self, limits: OptionLimits) -> None:
+        beams = self.num_beams
+        if beams is None:
+            return
+        if 2 * beams > limits.top_k:
+            raise InputError(f"num_beams {beams} needs the verifier's top-{2 * beams} candidates (beam search keeps "
+                             f"2 x num_beams continuations a step), and {limits.bundle!r} has top-k {limits.top_k}; "
+                             f"use at most {limits.top_k // 2} beams, or re-export with --top-k {2 * beams}.")
+        if limits.shortlist:
+            raise InputError(f"beam search over a lexical shortlist is not supported ({limits.bundle!r} has one): "
+                             "its log-probs are normalized over each sentence's shortlist, not transformers' "
+                             "vocabulary; decode with the shortlist off (--no-shortlist, shortlist=False).")
+        if not limits.normalized:
+            raise InputError(f"{limits.bundle!r} masks its banned ids before the log-softmax (an older export, or "
+                             "Marian's own graphs), so its log-probs are not transformers' and beam scores would "
+                             "differ; re-export it with this aggdec for beam search.")
+        if limits.max_rows is not None and beams > limits.max_rows:
+            raise InputError(f"num_beams {beams} exceeds the {limits.max_rows} rows a verifier call of "
+                             f"{limits.bundle!r} may take.")

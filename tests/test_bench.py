@@ -442,3 +442,34 @@ def test_quick_defaults_to_aggdecs_exact_modes_and_two_peers():
     assert set(QUICK_SYSTEMS) == {"aggdec-greedy", "aggdec-iad", "aggdec-gad", "hf-greedy", "ct2-fp32"}
     assert _systems(BenchOptions()) == tuple(spec.name for spec in SYSTEMS)
     assert _systems(BenchOptions(quick=True, systems=("aggdec-iad",))) == ("aggdec-iad",)
+
+
+def test_beam_systems_are_compared_with_transformers_beam_of_their_width():
+    """aggdec's beam systems must equal transformers' beam 4 (a difference is a BUG note and exit
+    status 1); CTranslate2's beam is reported against it, never flagged."""
+    from aggdec.bench.analysis import not_transformers_beam, summarize
+    from aggdec.bench.report import _batch_one, _batch_one_table
+    from aggdec.bench.runner import Measured, WorkerInfo
+    from aggdec.sentences import Example
+
+    examples = [Example("a b c", "a b c"), Example("d e", "d x")]
+
+    def outputs(*ids: tuple[int, ...]) -> list[dict]:
+        stats = {"iterations": 2, "drafted": 0, "accepted": 2, "encoder_seconds": 0.001, "verifier_seconds": 0.002,
+                 "drafter_seconds": 0.0, "total_seconds": 0.004, "batch_size": 1}
+        return [{"ids": list(i), "text": text, "stats": stats} for i, text in zip(ids, ("a b c", "d x"))]
+
+    beam = ((1, 2, 3), (4, 5))
+    measured = [Measured("aggdec-greedy", "cpu", 1, outputs((1, 2, 3), (4, 6)), [0.02, 0.02]),
+                Measured("hf-beam4", "cpu", 1, outputs(*beam), [0.1, 0.1]),
+                Measured("aggdec-beam4", "cpu", 1, outputs(*beam), [0.03, 0.03]),
+                Measured("aggdec-iad-beam4", "cpu", 1, outputs((1, 2, 3), (4, 7)), [0.03, 0.03]),
+                Measured("ct2-beam4", "cpu", 1, outputs((1, 2, 3), (4, 8)), [0.02, 0.02])]
+    infos = {(m.system, "cpu"): WorkerInfo(0.1, 100.0, runtime={}) for m in measured}
+    rows = {r["system"]: r for r in summarize(measured, examples, infos)["rows"]}
+    assert rows["aggdec-beam4"]["exact_match_vs_beam_reference"] == 1.0
+    assert (rows["ct2-beam4"]["exact_match_vs_beam_reference"], rows["ct2-beam4"]["beam_reference"]) == (0.5, "hf-beam4")
+    assert rows["aggdec-greedy"]["exact_match_vs_beam_reference"] is None
+    assert [r["system"] for r in not_transformers_beam(list(rows.values()))] == ["aggdec-iad-beam4"]
+    table = "\n".join(_batch_one_table(_batch_one(list(rows.values()), "cpu"), "cpu"))
+    assert "aggdec beam 4 = transformers beam 4: 100.0%" in table

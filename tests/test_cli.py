@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import json
 import subprocess
 import sys
 
@@ -153,3 +154,46 @@ def test_stats_keep_load_and_warm_up_out_of_the_decoding_time(cli_bundle):
     assert "decoding " in line and "not counted: load " in line and "warm-up " in line
     warm = float(line.split("warm-up ")[1].rstrip("s"))
     assert warm > 0  # the sessions really ran before the timed part
+
+
+def test_generate_with_beams_in_jsonl_equals_the_api(cli_bundle, tmp_path):
+    """Two beams: the bundle has top-k 4."""
+    from aggdec.runtime.generator import Generator
+
+    texts = ["w1 w2 w3", "w4 w5", "w6"]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(t + "\n" for t in texts))
+    result = aggdec("generate", str(cli_bundle), "--input", str(source), "--num-beams", "2", "--length-penalty",
+                    "0.6", "--early-stopping", "never", "--num-return-sequences", "2", "--format", "jsonl",
+                    "--max-new-tokens", "10")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    want = Generator(cli_bundle).generate(texts, num_beams=2, length_penalty=0.6, early_stopping="never",
+                                          num_return_sequences=2, max_new_tokens=10)
+    assert [r["ids"] for r in records] == [list(w.ids) for w in want]
+    assert [[(s["ids"], s["score"]) for s in r["sequences"]] for r in records] == \
+        [[(list(h.ids), h.score) for h in w.sequences] for w in want]
+    assert [r["score"] for r in records] == [w.score for w in want]
+    text = aggdec("generate", str(cli_bundle), "--input", str(source), "--num-beams", "2", "--max-new-tokens", "10")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines() == [w.text for w in Generator(cli_bundle).generate(texts, num_beams=2,
+                                                                                         max_new_tokens=10)]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--num-beams", "2", "--num-return-sequences", "3"], "num_return_sequences (3) must be at most num_beams (2)"),
+    (["--length-penalty", "2"], "length_penalty applies to beam search only"),
+    (["--num-beams", "2", "--num-return-sequences", "2"], "needs --format jsonl"),
+    (["--num-beams", "3"], "re-export with --top-k 6"),  # the bundle has top-k 4
+])
+def test_bad_beam_arguments_are_one_error_line(cli_bundle, args, needle):
+    assert_one_clean_error(aggdec("generate", str(cli_bundle), *args, stdin="w1\n"), needle)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--num-beams", "0"], "argument --num-beams: must be at least 1, got 0"),
+    (["--num-beams", "2", "--early-stopping", "maybe"], "argument --early-stopping: expected one of true, false, never"),
+])
+def test_malformed_beam_arguments_get_argparses_usage_error(cli_bundle, args, needle):
+    result = aggdec("generate", str(cli_bundle), *args, stdin="w1\n")
+    assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr

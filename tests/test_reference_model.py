@@ -61,3 +61,17 @@ def test_the_larger_reference_model_is_lossless_with_rare_characters(tmp_path):
     assert [r.ids for r in generator.generate(sources, mode="iad", max_new_tokens=MAX_NEW, batch_size=8)] == greedy
     if drafter is not None:
         assert [r.ids for r in generator.generate(sources, mode="gad", max_new_tokens=MAX_NEW)] == greedy
+
+
+def test_beam_search_equals_transformers_on_real_sentences(reference_bundle):
+    """Beam 4 (transformers' defaults otherwise) on real sentences, batch 1 and 8: the same
+    hypotheses and scores as transformers' ``generate(num_beams=4)``."""
+    from tests.runtime.test_beam import SCORE_TOLERANCE, assert_same, beam_outputs, transformers_beam
+
+    sources = [line.split("\t")[0] for line in SAMPLE.read_text(encoding="utf-8").splitlines()][:16]
+    expected = transformers_beam(MODEL, sources, MAX_NEW, 4, num_return_sequences=4)
+    generator = Generator(reference_bundle)
+    for batch_size in (1, 8):
+        got = generator.generate(sources, max_new_tokens=MAX_NEW, num_beams=4, num_return_sequences=4,
+                                 batch_size=batch_size)
+        assert_same(beam_outputs(got), expected, batch_size, SCORE_TOLERANCE["marian"])

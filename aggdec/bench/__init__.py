@@ -129,7 +129,7 @@ def run_bench(options: BenchOptions) -> int:
     """Run the benchmark and write bench.json, bench.md and the plots under ``options.out``.
     Returns 1 when an output that is promised to equal greedy does not (a bug), else 0."""
     from aggdec import Generator
-    from aggdec.bench.analysis import not_lossless, summarize
+    from aggdec.bench.analysis import not_lossless, not_transformers_beam, summarize
     from aggdec.bench.report import environment, headline, markdown, plots, write_json
     from aggdec.sentences import load_examples
     from aggdec.bench.runner import Bench, RunPlan
@@ -184,6 +184,10 @@ def run_bench(options: BenchOptions) -> int:
     for r in broken:
         bench.note(f"BUG: {r['system']} on {r['device']} at batch {r['batch_size']} differs from "
                    f"{r['greedy_reference']} in {r['differing_from_greedy']} sentence(s)")
+    for r in not_transformers_beam(summary["rows"]):
+        broken.append(r)
+        bench.note(f"BUG: {r['system']} on {r['device']} at batch {r['batch_size']} differs from "
+                   f"{r['beam_reference']} in {r['differing_from_beam_reference']} sentence(s)")
     report = {
         "config": {"command": options.command, "data": options.data, "task": options.task, "sentences": len(examples),
                    "round_trip": str(options.round_trip.resolve()) if options.round_trip else None,

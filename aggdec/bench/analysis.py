@@ -98,6 +98,8 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
         reference = by_key.get((reference_of(m.system), m.device, 1))
         exact, differing = _equal(m, reference)
         exact_fp32, differing_fp32 = _equal(m, by_key.get((REFERENCE, m.device, 1)))
+        beam_reference = BY_NAME[m.system].beam_reference
+        exact_beam, differing_beam = _equal(m, by_key.get((beam_reference, m.device, 1)))
         same_batch_greedy = by_key.get((REFERENCE, m.device, m.batch_size))
         ct2 = by_key.get(("ct2-fp32", m.device, m.batch_size))
         beam = by_key.get(("hf-beam5", m.device, m.batch_size))
@@ -123,6 +125,10 @@ def summarize(measured: list[Measured], examples: list[Example], infos: dict[tup
             "bundle_precision": info.runtime.get("bundle_precision") if info else None,
             "exact_match_vs_fp32_greedy": exact_fp32,
             "differing_from_fp32_greedy": differing_fp32,
+            # beam systems: against transformers' beam search of the same width (null if it did not run)
+            "beam_reference": beam_reference,
+            "exact_match_vs_beam_reference": exact_beam,
+            "differing_from_beam_reference": differing_beam,
             "load_seconds": round(info.load_seconds, 3) if info else None,
             "prepare_seconds": round(info.prepare_seconds, 3) if info and info.prepare_seconds else None,
             "rss_after_load_mib": round(info.rss_after_load_mib, 1) if info else None,
@@ -153,6 +159,11 @@ def not_lossless(rows: list[dict]) -> list[dict]:
     """The rows of exact aggdec systems that differ from their precision's greedy: a bug."""
     return [r for r in rows if BY_NAME[r["system"]].kind == "aggdec" and BY_NAME[r["system"]].exact
             and r["differing_from_greedy"]]
+
+
+def not_transformers_beam(rows: list[dict]) -> list[dict]:
+    """The rows of aggdec beam systems that differ from transformers' beam search: a bug."""
+    return [r for r in rows if BY_NAME[r["system"]].kind == "aggdec" and r.get("differing_from_beam_reference")]
 
 
 def precisions(rows: list[dict]) -> list[dict]:

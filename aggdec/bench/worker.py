@@ -212,10 +212,12 @@ class CTranslate2System:
                                                  intra_threads=cfg["threads"], inter_threads=1)
         self.tok = _Tokenized(Path(cfg["model"]))
         self.max_new_tokens = cfg["max_new_tokens"]
+        self.beam_size = int(cfg["options"].get("beam_size", 1))
 
     def run(self, texts: list[str]) -> list[dict]:
         tokens = [e.tokens for e in self.tok.tokenizer.encode_batch(texts, add_special_tokens=True)]
-        results = self.translator.translate_batch(tokens, beam_size=1, max_decoding_length=self.max_new_tokens,
+        results = self.translator.translate_batch(tokens, beam_size=self.beam_size,
+                                                  max_decoding_length=self.max_new_tokens,
                                                   return_end_token=True)
         to_id = self.tok.tokenizer.token_to_id
         return [self.tok.output([to_id(t) for t in r.hypotheses[0]]) for r in results]

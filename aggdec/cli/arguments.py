@@ -31,3 +31,24 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
     return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+EARLY_STOPPING_CHOICES = {"true": True, "false": False, "never": "never"}
+
+
+def early_stopping(text: str) -> bool | str:
+    """transformers' early_stopping as a command line gives it: true, false or never."""
+    try:
+        return EARLY_STOPPING_CHOICES[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(EARLY_STOPPING_CHOICES)}, got {text!r}") from None

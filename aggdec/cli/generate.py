@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, TextIO
 from aggdec.runtime.errors import InputError
 from aggdec.runtime.options import MODES, DecodeOptions
 
-from .arguments import finite_non_negative, positive_int
+from .arguments import early_stopping, finite_float, finite_non_negative, positive_int
 
 
 def register(commands) -> argparse.ArgumentParser:
@@ -33,6 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gad: tokens drafted per iteration (default: the drafter's k)")
     parser.add_argument("--fp32-drafter", action="store_true",
                         help="gad: on the CPU, run the float drafter instead of the bundle's int8 copy (same output)")
+    parser.add_argument("--num-beams", type=positive_int,
+                        help="beam search with N hypotheses per input, equal to transformers' (default: greedy); "
+                             "each input takes N rows of --batch-size's inputs")
+    parser.add_argument("--length-penalty", type=finite_float,
+                        help="beam search: a finished hypothesis scores log-prob / length ** X (1.0)")
+    parser.add_argument("--early-stopping", type=early_stopping, metavar="{true,false,never}",
+                        help="beam search: when an input is done, transformers' rule (false)")
+    parser.add_argument("--num-return-sequences", type=positive_int,
+                        help="beam search: the M best hypotheses (at most --num-beams), in --format jsonl (1)")
     parser.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")
     parser.add_argument("--max-new-tokens", type=positive_int,
                         help="tokens to generate at most (default: the bundle's limit)")
@@ -106,6 +115,9 @@ def _render(form: str, number: int, result, error: str | None) -> str:
     record = {"line": number, "text": None if result is None else result.text,
               "ids": None if result is None else list(result.ids), "error": error,
               "stats": None if result is None else dataclasses.asdict(result.stats)}
+    if result is not None and result.sequences:  # beam search: the score, and every returned hypothesis
+        record["score"] = result.score
+        record["sequences"] = [{"text": h.text, "ids": list(h.ids), "score": h.score} for h in result.sequences]
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
@@ -182,7 +194,12 @@ def run(args: argparse.Namespace) -> int:
                           io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
                           engines=args.engines, int8_drafter=False if args.fp32_drafter else None,
                           shortlist=not args.no_shortlist)
-    options = generator.resolve_options(DecodeOptions(args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k))
+    options = generator.resolve_options(DecodeOptions(
+        args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k, num_beams=args.num_beams,
+        length_penalty=args.length_penalty, early_stopping=args.early_stopping,
+        num_return_sequences=args.num_return_sequences))
+    if (options.num_return_sequences or 1) > 1 and args.format == "text":
+        raise InputError("--num-return-sequences above 1 needs --format jsonl (text output is one line per input).")
     load = time.perf_counter() - loading
     # onnxruntime's first calls allocate arenas and pick kernels (on CUDA, tenths of a second):
     # done here on a short made-up input, so that neither the first lines nor --stats pay for it

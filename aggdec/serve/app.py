@@ -26,13 +26,13 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aggdec import __version__
@@ -98,6 +98,17 @@ class GenerateRequest(BaseModel):
                                                             "(default 1.0).")
     draft_k: StrictInt | None = Field(None, ge=1, description="gad and gad++ only: the most draft tokens a verifier "
                                       "call checks, at most the drafter's k (default: its k).")
+    num_beams: StrictInt | None = Field(None, ge=1, description="Beam search with this many hypotheses per text, "
+                                        "equal to transformers' (default: greedy). A text takes num_beams rows of "
+                                        "the server's batch; at most half the bundle's top-k.")
+    length_penalty: StrictFloat | StrictInt | None = Field(None, allow_inf_nan=False, description="beam search only: "
+                                                           "a finished hypothesis scores log-prob / length ** this "
+                                                           "(default 1.0).")
+    early_stopping: StrictBool | Literal["never"] | None = Field(None, description="beam search only: "
+                                                                  "transformers' rule for when a text is done "
+                                                                  "(true, false or \"never\"; default false).")
+    num_return_sequences: StrictInt | None = Field(None, ge=1, description="beam search only: the best hypotheses "
+                                                   "returned per text, at most num_beams (default 1).")
 
 
 class ItemError(BaseModel):
@@ -116,11 +127,20 @@ class Stats(BaseModel):
     batch_size: int
 
 
+class Hypothesis(BaseModel):
+    text: str
+    ids: list[int]
+    score: float = Field(description="transformers' sequences_scores: log-prob sum / length ** length_penalty")
+
+
 class Output(BaseModel):
     text: str | None = Field(description="the output text; null when `error` is set")
     ids: list[int] | None = Field(description="generated token ids after the decoder start token")
     stats: Stats | None
     error: ItemError | None = None
+    score: float | None = Field(None, description="beam search: the best hypothesis's sequence score")
+    sequences: list[Hypothesis] | None = Field(None, description="beam search: the num_return_sequences best "
+                                             "hypotheses, best first (the first is text/ids)")
 
 
 class GenerateResponse(BaseModel):
@@ -151,10 +171,14 @@ def _sent_as_json(request: Request) -> bool:
 
 def _output(result) -> dict[str, Any]:
     s = result.stats
-    return {"text": result.text, "ids": list(result.ids), "error": None, "stats": {
+    output = {"text": result.text, "ids": list(result.ids), "error": None, "stats": {
         "iterations": s.iterations, "drafted": list(s.drafted), "accepted": list(s.accepted),
         "encoder_seconds": s.encoder_seconds, "verifier_seconds": s.verifier_seconds,
         "drafter_seconds": s.drafter_seconds, "total_seconds": s.total_seconds, "batch_size": s.batch_size}}
+    if result.sequences:  # beam search
+        output["score"] = result.score
+        output["sequences"] = [{"text": h.text, "ids": list(h.ids), "score": h.score} for h in result.sequences]
+    return output
 
 
 def _failed(kind: str, message: str) -> dict[str, Any]:
@@ -337,7 +361,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
             return _error(413, "too_large", f"{len(body.texts)} texts in one request; at most {settings.max_texts}.",
                           metrics)
         try:
-            config = engine.config(body.mode, body.beta, body.tau, body.draft_k)
+            config = engine.config(body.mode, body.beta, body.tau, body.draft_k, body.num_beams, body.length_penalty,
+                                   body.early_stopping, body.num_return_sequences)
             handles = engine.submit(body.texts, config, body.max_new_tokens)
         except Overloaded as exc:
             return _error(429, "overloaded", str(exc), metrics, headers={"Retry-After": str(exc.retry_after)})

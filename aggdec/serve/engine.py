@@ -196,12 +196,19 @@ class Engine:
     # ------------------------------------------------------------------ configuration
 
     def config(self, mode: Mode | str | None = None, beta: int | None = None, tau: float | None = None,
-               draft_k: int | None = None) -> DecodeOptions:
+               draft_k: int | None = None, num_beams: int | None = None, length_penalty: float | None = None,
+               early_stopping: bool | str | None = None, num_return_sequences: int | None = None) -> DecodeOptions:
         """The lane configuration for a request's options, resolved once against the bundle:
         InputError / BundleError if it cannot decode with them (unknown mode, beta/tau outside
-        GAD++, draft_k above the drafter's k, GAD without a drafter)."""
-        return self.generator.resolve_options(self.default_mode if mode is None else mode, beta=beta, tau=tau,
-                                              draft_k=draft_k)
+        GAD++, draft_k above the drafter's k, GAD without a drafter, more beams than the
+        bundle's top-k allows or than a batch has rows: a text with beams takes num_beams rows)."""
+        config = self.generator.resolve_options(
+            self.default_mode if mode is None else mode, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
+            length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences)
+        if (config.num_beams or 1) > self.max_batch:
+            raise InputError(f"num_beams {config.num_beams} takes more rows than the server's batch of "
+                             f"{self.max_batch}; ask for at most {self.max_batch} beams.")
+        return config
 
     def limits(self, max_new_tokens: int | None):
         return None if max_new_tokens is None else self.rows.limits(max_new_tokens)

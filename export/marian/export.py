@@ -220,7 +220,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         raise ExportError(f"the drafter embeds {drafter.config.max_positions} positions, fewer than "
                           f"--max-target-len {max_target} plus its {drafter.config.k} slots; lower --max-target-len.")
     say(progress, "[2/5] computing float references")
-    encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed)
+    # Marian's graphs mask <unk> before their log-softmax (Manifest.suppression "before_log_softmax")
+    encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed, suppress_after=False)
     draft_cases = drafter_cases(drafter, model, vocab, eos, eos) if drafter is not None else []
     tmp = None
     try:
@@ -282,7 +283,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             num_heads=heads, head_dim=head_dim,
             decoder_start_token_id=eos,  # position 0 is Marian's zero start embedding whatever the id
             eos_token_id=eos, pad_token_id=eos, forced_bos_token_id=None, forced_eos_token_id=None,
-            suppressed_token_ids=suppressed, max_source_len=max_source, max_target_len=max_target, top_k=top_k,
+            suppressed_token_ids=suppressed, suppression="before_log_softmax", max_source_len=max_source,
+            max_target_len=max_target, top_k=top_k,
             dtype="float32", opset=opset, graphs=graphs, files=files,
             exporter={"torch": torch.__version__, "onnxruntime": ort.__version__,
                       "marian_weights": folder.weights.name,

@@ -242,6 +242,22 @@ class SlotBuffers:
             view[first:, length:] = 0.0
         return range(first, self.rows)
 
+    def copy_rows(self, sources: list[int], targets: list[int]) -> None:
+        """Copy the decoder's own cache (every layer's keys and values, or states) of rows
+        ``sources`` onto rows ``targets``, all read before any is written; only those rows move.
+        The cross-attention rows, mask and encoder output are left alone: a beam search copies
+        between rows of one source, where they are the same. The layout does not change, so a
+        binding stays valid. On CUDA this goes through the host like every other edit here
+        (:meth:`_Flat.edit`): correct, but a copy of the whole buffer each way, per step.
+        NOT RUN on a GPU."""
+        if not targets:
+            return
+        shape = self.self_shape()
+        for flat in self._self:
+            with flat.edit() as data:
+                view = data[: int(np.prod(shape))].reshape(shape)
+                view[targets] = view[sources]  # fancy indexing reads a copy first
+
     def remove_row(self, slot: int) -> int | None:
         """Drop ``slot``; the last row moves into it. Returns the slot that moved (None if none did)."""
         last = self.rows - 1

@@ -95,3 +95,39 @@ def _source_match(output: np.ndarray, source: np.ndarray, at: int | None) -> int
     while length < most and output[-1 - length] == source[at - length] != _SENTINEL:
         length += 1
     return length
+
+
+class HypothesisSourceDraft:
+    """IAD's draft source for beam search: each row's hypothesis, aligned afresh with its source
+    at every call, drafts the source tokens after the aligned position.
+
+    A beam row's hypothesis changes from call to call (a step may give the row another
+    hypothesis), so no per-row alignment carries over. A draft is at most ``max_block`` tokens,
+    and at most twice the steps the group's last call replayed, less one: every row of the
+    group pays for the widest block, and most calls replay one step (the N selected
+    hypotheses rarely all stay on drafted paths). Drafts change how many beam steps a call
+    replays, never the output (loop._select_beams)."""
+
+    seconds = 0.0  # no graph of its own
+    memory = None
+
+    def __init__(self, max_block: int) -> None:
+        self.max_block = max_block
+
+    def start(self, row: Row) -> None:
+        row.state = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])
+
+    def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
+        drafts = []
+        for row, room in zip(rows, rooms):
+            source: np.ndarray = row.state
+            output = np.asarray([_SENTINEL, *row.trace.tokens[1:]], dtype=np.int64)
+            at = align(output, source)
+            replayed = row.group.trace.accepted if row.group is not None and row.group.trace is not None else []
+            longest = self.max_block if not replayed else min(self.max_block, 2 * replayed[-1] - 1)
+            k = 0 if at is None else min(len(source) - at - 1, room, longest)
+            drafts.append(source[at + 1 : at + 1 + k] if k > 0 else source[:0])  # type: ignore[operator]
+        return drafts
+
+    def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
+        pass

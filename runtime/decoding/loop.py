@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .arrivals import Arrivals, Work
+from .beam import BeamGroup, BeamRules, Hypothesis
 from .common import DecodeLimits, RowTrace, Verification
 from .verifier import Batch, Verifier
 
@@ -43,6 +44,9 @@ class Row:
     trace: RowTrace
     limits: DecodeLimits
     state: Any = None  # the draft source's per-row state
+    # a beam request's rows share its group; ``beam``: the hypothesis this row holds (its rank)
+    group: BeamGroup | None = None
+    beam: int = 0
     # this row's share of each cost: a call's time is split evenly among the rows it served
     seconds: dict[str, float] = field(default_factory=lambda: {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0,
                                                                "total": 0.0})
@@ -90,6 +94,8 @@ class Finished:
     index: int
     trace: RowTrace
     seconds: dict[str, float]
+    # beam search: the finished hypotheses returned, best first (``trace.tokens`` is the first)
+    hypotheses: tuple[Hypothesis, ...] = ()
 
 
 @dataclass
@@ -116,8 +122,8 @@ def next_cohort(cohorts: Sequence[Cohort]) -> Cohort:
 
 def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
            verification: Verification, slots: int, pad_id: int, bound: bool,
-           linger: float = 0.0, classes: Sequence[int] = (), width_quantile: float = WIDTH_QUANTILE
-           ) -> Iterator[Finished]:
+           linger: float = 0.0, classes: Sequence[int] = (), width_quantile: float = WIDTH_QUANTILE,
+           beams: BeamRules | None = None) -> Iterator[Finished]:
     """Decode the sources of ``work`` as they arrive, at most ``slots`` rows at once; yields
     rows as they finish, and returns once ``work`` is closed and done. A row's own limits
     (``Work.limits``) replace ``limits``, each capped by its own source's length where the
@@ -128,25 +134,31 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
     with a batch of its own; one cohort takes each verifier call (:func:`next_cohort`). A call
     attends over its longest row's cache and source for every row, so a long text among short
     ones multiplies their cost. An offline run avoids that by sorting its texts; a server gets
-    them in arrival order. Empty: one batch."""
-    arrived = work.take(slots, wait=True, linger=linger)
+    them in arrival order. Empty: one batch.
+
+    ``beams``: beam search; each source takes ``num_beams`` rows (``slots`` counts rows), which
+    join together and leave together (:class:`BeamGroup`). None: each source is one row."""
+    per_source = 1 if beams is None else beams.num_beams
+    if per_source > slots:
+        raise ValueError(f"{per_source} beams do not fit in {slots} rows")
+    arrived = work.take(slots // per_source, wait=True, linger=linger)
     if not arrived:
         return
     # a closed queue's size is known: no more buffer rows than it can ever fill
-    size = min(slots, len(arrived) + len(work)) if work.closed else slots
+    size = min(slots, (len(arrived) + len(work)) * per_source) if work.closed else slots
     cohorts: dict[int, Cohort] = {}
     clock = 0.0  # the seconds of the cohort that took the last call: where a cohort that was empty starts
     while True:
         live = sum(len(cohort.rows) for cohort in cohorts.values())
-        free = slots - live
+        free = (slots - live) // per_source  # sources that fit
         if not arrived and free and len(work) and (
-                free >= max(1, slots // 4) or (work.closed and len(work) <= free)):
+                free >= max(1, slots // per_source // 4) or (work.closed and len(work) <= free)):
             # refill in groups: a quarter of the slots, or whatever is left
             arrived = work.take(free, wait=False)
         if not live and not arrived:
             if work.finished:
                 return
-            arrived = work.take(slots, wait=True, linger=linger)
+            arrived = work.take(slots // per_source, wait=True, linger=linger)
             continue
         if arrived:
             joining: dict[int, list[Work]] = {}
@@ -158,7 +170,7 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
                     cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory))
                 if not cohort.rows:  # no credit and no debt from before it was empty
                     cohort.seconds = clock
-                _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id)
+                _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id, beams)
             arrived = []
         cohort = next_cohort(list(cohorts.values()))
         clock = cohort.seconds
@@ -180,7 +192,7 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     rooms = [max(0, min(row.trace.draft_room(row.limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
     proposed = drafts.propose(batch, rows, rooms)
     widths = [len(pend) + len(draft) for pend, draft in zip(pendings, proposed)]
-    if len(rows) > 1 and width_quantile < 1.0:
+    if len(rows) > 1 and width_quantile < 1.0 and max(widths) > min(widths):  # equal widths: nothing to cut
         # Blocks are padded to the widest: one row's long draft would make every row pay for
         # it. The width is capped at a quantile of the rows' wishes; longer drafts are cut
         # (a shorter draft changes speed, never the output).
@@ -195,18 +207,15 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     top_logprobs, top_ids = batch.verify(tokens)
 
     kept = np.zeros(len(rows), dtype=np.int64)
+    groups: dict[int, list[int]] = {}  # a beam group's slots, by the group's id
     for slot, (row, pend, draft) in enumerate(zip(rows, pendings, proposed)):
-        first = len(pend) - 1  # the position scoring draft[0]: after the last pending token
-        end = first + len(draft) + 1
-        accepted = verification.accepted(draft, top_ids[slot, first:end], top_logprobs[slot, first:end])
-        kept[slot] = len(pend) + accepted
-        appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[slot, first + accepted, 0])],
-                                    row.limits)
-        row.trace.drafted.append(len(draft))
-        row.trace.accepted.append(appended)
-        row.trace.rows.append(len(rows))
-        drafts.observe(row, len(draft), accepted, appended)
+        if row.group is not None:  # its cache length is set by its group's selection
+            groups.setdefault(id(row.group), []).append(slot)
+            continue
+        kept[slot] = _verify_row(row, pend, draft, top_ids[slot], top_logprobs[slot], verification, drafts, len(rows))
     batch.keep(kept)
+    for slots in groups.values():
+        _select_beams(batch, rows, slots, pendings, proposed, top_ids, top_logprobs)
 
     elapsed = time.perf_counter() - started
     cohort.seconds += elapsed
@@ -220,38 +229,142 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         return
     cancelled = work.cancelled()
     before = len(rows)
+    finished: dict[int, Finished] = {}  # by the caller's index: a beam group's rows leave together
+    for row in reversed(rows):  # the order rows were always yielded in: from the last slot
+        if row.index not in cancelled and row.index not in finished and _done(row):
+            finished[row.index] = _finished(row, [other for other in rows if other.index == row.index])
     for slot in reversed(range(len(rows))):  # from the end: a moved row is never one still to check
         row = rows[slot]
-        if row.index in cancelled:
-            work.forget(row.index)
-        elif row.trace.done:
+        if row.index in cancelled or row.index in finished:
             work.forget(row.index)  # before the yield: a cancel from now on has nothing to drop
-            yield Finished(row.index, row.trace, row.seconds)
         else:
             continue
         if batch.remove(slot) is not None:
             rows[slot] = rows[-1]
         rows.pop()
+    yield from finished.values()
     if len(rows) < before:
         batch.shrink()
 
 
+def _verify_row(row: Row, pend: list[int], draft: np.ndarray, top_ids: np.ndarray, top_logprobs: np.ndarray,
+                verification: Verification, drafts: DraftSource, batch_rows: int) -> int:
+    """An independent row's selection: keep its draft's verified prefix and the verifier's own
+    token after it. Returns the block positions the row keeps in its cache."""
+    first = len(pend) - 1  # the position scoring draft[0]: after the last pending token
+    end = first + len(draft) + 1
+    accepted = verification.accepted(draft, top_ids[first:end], top_logprobs[first:end])
+    appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[first + accepted, 0])], row.limits)
+    row.trace.drafted.append(len(draft))
+    row.trace.accepted.append(appended)
+    row.trace.rows.append(batch_rows)
+    drafts.observe(row, len(draft), accepted, appended)
+    return len(pend) + accepted
+
+
+def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: list[list[int]],
+                  drafts: list[np.ndarray], top_ids: np.ndarray, top_logprobs: np.ndarray) -> None:
+    """A beam group's selection after a verifier call: beam steps replayed over the block's
+    scores, then each row takes one of the resulting hypotheses.
+
+    Each row's block was its pending tokens and a draft (none in plain beam search). A
+    hypothesis lies on its row's drafted path after t steps when its last t tokens are the
+    draft's first t: the block then holds its next scores, at the position after them. Steps
+    are replayed (:meth:`BeamGroup.step`, with exactly the candidates a plain step would have)
+    while every hypothesis a step selects lies on a drafted path; the first step that selects
+    one off every path is still exact (its own candidates were in the block) and ends the call.
+
+    A hypothesis stays in its parent's row where it can; the others' rows get their parent
+    row's cache by a row copy (only the rows that change). A row keeps its cache up to its
+    hypothesis's last token but one; that token is pending for the next call."""
+    group = rows[slots[0]].group
+    assert group is not None and group.trace is not None
+    ranked = sorted(slots, key=lambda slot: rows[slot].beam)  # the group's rows in hypothesis order
+    base = [int(batch.lengths[slot]) for slot in ranked]  # cached positions before this call
+    # where each running hypothesis is: (its row's rank, steps along that row's draft)
+    where = [(rank, 0) for rank in range(len(ranked))]
+    steps = 0
+    while True:
+        positions = [(ranked[r], len(pendings[ranked[r]]) - 1 + t) for r, t in where]
+        logprobs = np.stack([top_logprobs[slot, position] for slot, position in positions])
+        ids = np.stack([top_ids[slot, position] for slot, position in positions])
+        selected = group.step(logprobs, ids)
+        steps += 1
+        if group.done:
+            break
+        after = []
+        for choice in selected:
+            r, t = where[choice.parent]
+            draft = drafts[ranked[r]]
+            after.append((r, t, t < len(draft) and choice.token == int(draft[t])))
+        if not all(on_path for _, _, on_path in after):
+            break
+        where = [(r, t + 1) for r, t, _ in after]
+    draft_tokens = sum(len(drafts[slot]) for slot in ranked)
+    group.trace.drafted.append(draft_tokens)
+    group.trace.accepted.append(steps)
+    group.trace.rows.append(len(rows))
+    if group.done:
+        return
+    # each new hypothesis: the row whose cache it continues and how much of that cache is its own
+    claimed: dict[int, int] = {}  # slot -> the rank of the hypothesis it now holds
+    homeless: list[int] = []
+    for rank, (r, _, _) in enumerate(after):
+        if ranked[r] in claimed:
+            homeless.append(rank)
+        else:
+            claimed[ranked[r]] = rank
+    free = [slot for slot in ranked if slot not in claimed]
+    sources, targets = [], []
+    for rank, slot in zip(homeless, free):
+        sources.append(ranked[after[rank][0]])
+        targets.append(slot)
+        claimed[slot] = rank
+    if targets:
+        batch.copy_rows(sources, targets)
+    for slot, rank in claimed.items():
+        r, t, _ = after[rank]
+        batch.lengths[slot] = base[r] + len(pendings[ranked[r]]) + t
+        rows[slot].beam = rank
+        rows[slot].trace.tokens = list(group.running[rank])
+
+
+def _done(row: Row) -> bool:
+    return row.trace.done if row.group is None else row.group.done
+
+
+def _finished(row: Row, rows: list[Row]) -> Finished:
+    """The result of the request ``row`` decodes (``rows``: all of its rows: a beam group's N)."""
+    if row.group is None:
+        return Finished(row.index, row.trace, row.seconds)
+    group = row.group
+    assert group.trace is not None
+    hypotheses = tuple(group.results())
+    group.trace.tokens = list(hypotheses[0].tokens)
+    group.trace.done = True
+    seconds = {name: sum(other.seconds[name] for other in rows) for name in row.seconds}
+    return Finished(row.index, group.trace, seconds, hypotheses)
+
+
 def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLimits, drafts: DraftSource,
-           pad_id: int) -> None:
+           pad_id: int, beams: BeamRules | None = None) -> None:
     """Encode the arrived sources and give each a free slot (shortest first: the encoder calls
-    group similar lengths)."""
+    group similar lengths); with ``beams``, ``num_beams`` slots, its encoding replicated."""
     arrived = sorted(arrived, key=lambda work: len(work.source))
+    copies = 1 if beams is None else beams.num_beams
     before = batch.encoder_seconds
     started = time.perf_counter()
-    batch.admit([work.source for work in arrived], pad_id)
-    share = (batch.encoder_seconds - before) / len(arrived)
-    wall = (time.perf_counter() - started) / len(arrived)
+    batch.admit([work.source for work in arrived], pad_id, copies)
+    share = (batch.encoder_seconds - before) / len(arrived) / copies
+    wall = (time.perf_counter() - started) / len(arrived) / copies
     for work in arrived:
         # a per-source cap (Marian's max-length-factor) is set here, from the row's own source
         row_limits = (work.limits or limits).for_source(len(work.source))
-        row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
-                  limits=row_limits)
-        row.seconds["encoder"] += share
-        row.seconds["total"] += wall
-        drafts.start(row)
-        rows.append(row)
+        group = None if beams is None else BeamGroup(beams, row_limits)
+        for beam in range(copies):
+            row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
+                      limits=row_limits, group=group, beam=beam)
+            row.seconds["encoder"] += share
+            row.seconds["total"] += wall
+            drafts.start(row)
+            rows.append(row)

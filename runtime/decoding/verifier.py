@@ -99,8 +99,9 @@ class Batch:
     def slots(self) -> int:
         return self.buffers.slots
 
-    def admit(self, sources: list[list[int]], pad_id: int) -> range:
-        """Encode ``sources`` into the next free slots, in order; returns their slots.
+    def admit(self, sources: list[list[int]], pad_id: int, copies: int = 1) -> range:
+        """Encode ``sources`` into the next free slots, in order, ``copies`` consecutive rows
+        each (a beam search's hypotheses: encoded once, the rows replicated); returns their slots.
 
         One encoder call per run of similar lengths (:func:`length_groups`): a call pads every
         source to its longest, and encoder time grows with padded tokens, so one long source
@@ -114,11 +115,11 @@ class Batch:
         else:
             groups = length_groups([len(ids) for ids in sources], self._verifier.encoder_call_tokens)
         for group in groups:
-            self._encode([sources[i] for i in group], pad_id)
+            self._encode([sources[i] for i in group], pad_id, copies)
         shortlist = self._verifier.shortlist
         if shortlist is not None:  # per sentence, never the union over the batch
-            for slot, source in zip(range(first, self.rows), sources):
-                self._allowed[slot] = shortlist.for_source(source)
+            for slot in range(first, self.rows):
+                self._allowed[slot] = shortlist.for_source(sources[(slot - first) // copies])
         return range(first, self.rows)
 
     def output_ids(self) -> np.ndarray:
@@ -134,7 +135,7 @@ class Batch:
             self._output_layout = self.buffers.layout
         return self._output_ids
 
-    def _encode(self, sources: list[list[int]], pad_id: int) -> None:
+    def _encode(self, sources: list[list[int]], pad_id: int, copies: int = 1) -> None:
         width = max(len(ids) for ids in sources)
         input_ids = np.full((len(sources), width), pad_id, dtype=np.int64)
         mask = np.zeros((len(sources), width), dtype=np.int64)
@@ -147,7 +148,12 @@ class Batch:
         hidden = self._memory(out["encoder_hidden_states"], mask) if self._memory is not None else None
         self.encoder_seconds += time.perf_counter() - started
         layers = self._verifier.manifest.decoder_layers
-        slots = self.buffers.add_rows([out[name] for name in cross_names(layers)], mask, hidden)
+        cross = [out[name] for name in cross_names(layers)]
+        if copies > 1:
+            cross = [np.repeat(values, copies, axis=0) for values in cross]
+            mask = np.repeat(mask, copies, axis=0)
+            hidden = None if hidden is None else np.repeat(hidden, copies, axis=0)
+        slots = self.buffers.add_rows(cross, mask, hidden)
         self.lengths[slots.start : slots.stop] = 0
 
     def block_limit(self) -> int:
@@ -228,6 +234,12 @@ class Batch:
     def keep(self, counts: np.ndarray) -> None:
         """Each row keeps the first ``counts[row]`` tokens of the block just verified."""
         self.lengths[: self.rows] += counts
+
+    def copy_rows(self, sources: list[int], targets: list[int]) -> None:
+        """Row ``targets[i]`` continues from row ``sources[i]``'s cache (a beam search's
+        reordering; rows of one source, so only the decoder's own cache differs)."""
+        self.buffers.copy_rows(sources, targets)
+        self.lengths[targets] = self.lengths[sources]
 
     def remove(self, slot: int) -> int | None:
         """Free ``slot``; the last row moves into it. Returns the slot that moved, if one did."""

@@ -70,7 +70,7 @@ def test_trained_drafter_is_accepted_several_tokens_per_iteration(trained_drafte
 def test_report_matches_what_the_runtime_accepts(tmp_path, editing_marian_dir, trained_drafter_dir):  # noqa: F811
     """The report simulates greedy GAD against the distilled targets; the exported bundle must agree."""
     from aggdec.export import export_bundle
-    from aggdec.runtime.generator import Generator
+    from aggdec.runtime.generator import Generator, Strategy
 
     from aggdec.runtime.decoding.arrivals import Arrivals
     from aggdec.runtime.decoding.common import GREEDY
@@ -85,7 +85,8 @@ def test_report_matches_what_the_runtime_accepts(tmp_path, editing_marian_dir, t
     # change the counts, never the outputs)
     generator = Generator(tmp_path / "bundle", threads=1, int8_drafter=False)
     drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False, repeats=False)
-    done = list(generator._decode(Arrivals.of(generator.encode(heldout)), generator._limits(None), drafts, GREEDY, 16))
+    done = list(generator._decode(Arrivals.of(generator.encode(heldout)), generator._limits(None),
+                                  Strategy(drafts, GREEDY), 16))
     accepted = sum(sum(d.trace.accepted) for d in done)
     iterations = sum(len(d.trace.accepted) for d in done)
     assert (accepted, iterations) == (report["target_tokens"], report["iterations"])

@@ -131,10 +131,11 @@ def fixed_k_rate(generator: Generator, texts: list[str], verification: Verificat
     """Tokens per verifier call of GAD(++) with a fixed draft length (the drafter's k)."""
     from aggdec.runtime.decoding.arrivals import Arrivals
     from aggdec.runtime.decoding.gad import DrafterDraft
+    from aggdec.runtime.generator import Strategy
 
     drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False)
-    done = list(generator._decode(Arrivals.of(generator.encode(texts)), generator._limits(max_new), drafts,
-                                  verification, len(texts)))
+    done = list(generator._decode(Arrivals.of(generator.encode(texts)), generator._limits(max_new),
+                                  Strategy(drafts, verification), len(texts)))
     return sum(d.trace.generated for d in done) / sum(len(d.trace.accepted) for d in done)
 
 

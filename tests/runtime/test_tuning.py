@@ -65,7 +65,7 @@ def test_the_generator_uses_its_tuning_and_no_module_state(gad_bundle):  # noqa:
     assert generator.tuning is tuned and generator.verifier.encoder_call_tokens == 3
     block = generator._block_options(None)
     assert (block.max_block, block.cost_ratio, block.max_rest, block.min_repeat) == (5, 0.2, 7, 2)
-    drafts, _ = generator._strategy(generator.resolve_options("gad"))
+    drafts = generator._strategy(generator.resolve_options("gad")).drafts
     assert (drafts.options.decay, drafts.options.max_rest, drafts.options.min_repeat) == (DECAY, 7, 2)
     assert Generator(gad_bundle("marian")).tuning == tuning_for("cpu")  # nothing leaked into the defaults
     fixed = Generator(gad_bundle("marian"), tuning=tuning_for("cpu").replace(shared_prior=False))

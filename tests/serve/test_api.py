@@ -277,3 +277,44 @@ def test_draft_k_over_http_is_checked_against_the_drafter(gad_bundle):  # noqa: 
         assert f"drafter's k ({K}), got {K + 1}" in refused.json()["error"]["message"]
         wrong_mode = running.generate(TEXTS, mode="iad", draft_k=2)
         assert wrong_mode.status_code == 422 and "draft_k applies to modes" in wrong_mode.json()["error"]["message"]
+
+
+def test_beam_search_over_http_equals_the_generator_and_takes_num_beams_rows(server, generator):
+    options = dict(num_beams=3, length_penalty=0.6, early_stopping="never", num_return_sequences=2)
+    want = generator.generate(TEXTS, max_new_tokens=MAX_NEW, **options)
+    response = server.generate(TEXTS, mode="greedy", max_new_tokens=MAX_NEW, **options)
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    assert [item["ids"] for item in outputs] == [list(w.ids) for w in want]
+    assert [item["score"] for item in outputs] == [w.score for w in want]
+    assert [[(s["ids"], s["score"]) for s in item["sequences"]] for item in outputs] == \
+        [[(list(h.ids), h.score) for h in w.sequences] for w in want]
+    # the server's batch is 4 rows: one text of 3 beams at a time
+    assert all(item["stats"]["batch_size"] == 3 for item in outputs)
+    plain = server.generate(TEXTS[:1], mode="greedy", max_new_tokens=MAX_NEW).json()["outputs"][0]
+    assert plain.get("sequences") is None and plain.get("score") is None
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(num_beams=5), "re-export with --top-k 10"),
+    (dict(num_beams=0), "greater than or equal to 1"),
+    (dict(num_beams=2, num_return_sequences=3), "num_return_sequences (3) must be at most num_beams (2)"),
+    (dict(num_beams=2, early_stopping="sometimes"), "early_stopping"),
+    (dict(length_penalty=2.0), "length_penalty applies to beam search only"),
+])
+def test_bad_beam_options_over_http_get_422(server, options, needle):
+    response = server.generate(["w1"], mode="greedy", **options)
+    assert response.status_code == 422, response.text
+    assert needle in response.text
+    assert server.generate(["w1"], mode="greedy").status_code == 200
+
+
+def test_more_beams_than_the_servers_rows_get_422(generator):
+    with Running(generator, max_batch=2, max_wait_ms=2, max_queue=8, max_texts=4, max_body_bytes=4096) as running:
+        response = running.generate(["w1"], mode="greedy", num_beams=3)
+        assert response.status_code == 422, response.text
+        assert "num_beams 3 takes more rows than the server's batch of 2" in response.text
+        ok = running.generate(["w1", "w2 w3"], mode="greedy", num_beams=2, max_new_tokens=MAX_NEW)
+        assert ok.status_code == 200
+        assert [item["ids"] for item in ok.json()["outputs"]] == \
+            [list(r.ids) for r in generator.generate(["w1", "w2 w3"], num_beams=2, max_new_tokens=MAX_NEW)]

@@ -1,0 +1,304 @@
+"""Beam search == transformers' ``generate(num_beams=N, do_sample=False)``: tokens and scores.
+
+Per family on random tiny models (the fixtures of test_lossless): beam 2 and 4 (5 on a bundle
+exported with --top-k 10), batch 1 and 8, IO binding on and off, length penalty 0.6/1.0/2.0,
+early stopping True/False/"never", num_return_sequences up to N, and rows that join mid-decode
+(fewer rows than texts). transformers decodes one text at a time, as in test_lossless.
+
+Scores: aggdec's per-token log-probs come from onnxruntime's kernels, transformers' from
+torch's, and the two float32 computations round differently (SCORE_TOLERANCE). Tokens must
+agree exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aggdec.runtime.errors import InputError
+from aggdec.runtime.generator import Generator
+from tests.runtime.test_lossless import random_texts
+from tests.support.tiny import FAMILIES
+
+MAX_NEW = 16
+# How far aggdec's sequence scores may be from transformers': float32 rounding, by family.
+# Marian/BART/mBART: onnxruntime's and torch's log-probs of the same sequence differ by about
+# 1e-6 a position (measured: at most 6e-6 over every top-8 candidate), so a score (a sum over
+# at most MAX_NEW positions, divided by a length) moves by well under 1e-4. The tiny random
+# T5/mT5 are ill-conditioned: transformers' own float32 log-probs differ from its float64 ones
+# by up to 1.6e-2 at some positions (no attention scaling, large activations), and onnxruntime's
+# by as much; there a score may move by up to 1e-3 (measured: 1.2e-4). A wrong rule (a length,
+# the penalty, a missed candidate) moves a score by a token's log-prob or a length factor: far
+# more than either. Tokens are compared exactly everywhere.
+SCORE_TOLERANCE = {"marian": 1e-4, "bart": 1e-4, "mbart": 1e-4, "t5": 1e-3, "mt5": 1e-3}
+
+
+def transformers_beam(checkpoint_dir, texts, max_new_tokens, num_beams, length_penalty=1.0, early_stopping=False,
+                      num_return_sequences=1):
+    """transformers' beam search, one text at a time: per text, a list of (ids after the start
+    token, sequence score), best first."""
+    import torch
+    from transformers import AutoTokenizer
+
+    model = _model(checkpoint_dir)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
+    outputs = []
+    for text in texts:
+        with torch.no_grad():
+            out = model.generate(**tokenizer([text], return_tensors="pt"), do_sample=False, num_beams=num_beams,
+                                 max_new_tokens=max_new_tokens, length_penalty=length_penalty,
+                                 early_stopping=early_stopping, num_return_sequences=num_return_sequences,
+                                 return_dict_in_generate=True, output_scores=True)
+        lengths = (out.beam_indices != -1).sum(dim=1).tolist()  # generated tokens of each sequence
+        outputs.append([(tuple(seq[1 : 1 + length]), float(score)) for seq, length, score in
+                        zip(out.sequences.tolist(), lengths, out.sequences_scores.tolist())])
+    return outputs
+
+
+_MODELS: dict = {}
+
+
+def _model(checkpoint_dir):
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    if checkpoint_dir not in _MODELS:
+        _MODELS[checkpoint_dir] = AutoModelForSeq2SeqLM.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
+    return _MODELS[checkpoint_dir]
+
+
+def beam_outputs(results):
+    return [[(h.ids, h.score) for h in result.sequences] for result in results]
+
+
+def assert_same(got, expected, context, tolerance):
+    assert len(got) == len(expected), context
+    for index, (mine, theirs) in enumerate(zip(got, expected)):
+        assert [ids for ids, _ in mine] == [ids for ids, _ in theirs], (context, index)
+        for (_, a), (_, b) in zip(mine, theirs):
+            assert a == pytest.approx(b, rel=tolerance, abs=tolerance), (context, index, a, b)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_beam_equals_transformers(family, num_beams, random_checkpoint, bundle):
+    texts = random_texts(seed=11 + FAMILIES.index(family), count=10)
+    checkpoint = random_checkpoint(family)
+    generator = Generator(bundle(family))
+    expected = transformers_beam(checkpoint, texts, MAX_NEW, num_beams, num_return_sequences=num_beams)
+    for batch_size in (1, 8):
+        got = generator.generate(texts, max_new_tokens=MAX_NEW, batch_size=batch_size, num_beams=num_beams,
+                                 num_return_sequences=num_beams)
+        assert_same(beam_outputs(got), expected, (family, num_beams, batch_size), SCORE_TOLERANCE[family])
+        assert [r.ids for r in got] == [e[0][0] for e in expected]
+        assert [r.score for r in got] == [r.sequences[0].score for r in got]
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_beam_rules_grid(family, random_checkpoint, bundle):
+    """Every length penalty x early-stopping setting, num_return_sequences below N, IO binding
+    off, and a batch of 2 texts for 9 (groups join as others leave, mid-decode)."""
+    texts = random_texts(seed=23, count=8)
+    checkpoint = random_checkpoint(family)
+    bound, unbound = Generator(bundle(family)), Generator(bundle(family), io_binding=False)
+    lengths = set()
+    for length_penalty in (0.6, 1.0, 2.0):
+        for early_stopping in (True, False, "never"):
+            expected = transformers_beam(checkpoint, texts, MAX_NEW, 4, length_penalty, early_stopping, 3)
+            lengths |= {len(ids) for per_text in expected for ids, _ in per_text}
+            options = dict(num_beams=4, length_penalty=length_penalty, early_stopping=early_stopping,
+                           num_return_sequences=3, max_new_tokens=MAX_NEW)
+            for generator, batch_size in ((bound, 2), (unbound, 8), (bound, 1)):
+                got = generator.generate(texts, batch_size=batch_size, **options)
+                assert_same(beam_outputs(got), expected, (length_penalty, early_stopping, batch_size),
+                            SCORE_TOLERANCE[family])
+    assert min(lengths) < MAX_NEW  # hypotheses that end on EOS, and at the limit
+    assert MAX_NEW in lengths
+
+
+def test_five_beams_need_top_k_ten(tmp_path, random_checkpoint, bundle):
+    from aggdec.export import export_bundle
+
+    with pytest.raises(InputError, match="re-export with --top-k 10"):
+        Generator(bundle("bart")).generate(["a b"], num_beams=5)
+    export_bundle(random_checkpoint("bart"), tmp_path / "bundle", top_k=10, progress=None)
+    generator = Generator(tmp_path / "bundle")
+    texts = random_texts(seed=5, count=6)
+    expected = transformers_beam(random_checkpoint("bart"), texts, MAX_NEW, 5, num_return_sequences=5)
+    for batch_size in (1, 3):
+        got = generator.generate(texts, max_new_tokens=MAX_NEW, num_beams=5, num_return_sequences=5,
+                                 batch_size=batch_size)
+        assert_same(beam_outputs(got), expected, batch_size, SCORE_TOLERANCE["bart"])
+
+
+def test_stream_and_generate_ids_give_beam_results(bundle):
+    generator = Generator(bundle("bart"))
+    texts = random_texts(seed=2, count=5)
+    expected = generator.generate(texts, max_new_tokens=MAX_NEW, num_beams=3, num_return_sequences=2)
+    streamed = dict(generator.stream(texts, max_new_tokens=MAX_NEW, num_beams=3, num_return_sequences=2,
+                                     batch_size=2))
+    assert [streamed[i].sequences for i in range(len(texts))] == [r.sequences for r in expected]
+    one = generator.generate_ids(generator.encode(texts[:1])[0], max_new_tokens=MAX_NEW, num_beams=3,
+                                 num_return_sequences=2)
+    assert one.sequences == expected[0].sequences
+    assert expected[0].stats.iterations >= 1
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(num_beams=0), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=-2), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=2.5), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=True), "num_beams must be an integer of at least 1"),
+    (dict(num_beams=2, num_return_sequences=3), r"num_return_sequences \(3\) must be at most num_beams \(2\)"),
+    (dict(num_beams=2, num_return_sequences=0), "num_return_sequences must be an integer of at least 1"),
+    (dict(num_beams=2, early_stopping="sometimes"), "early_stopping must be True, False or 'never'"),
+    (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number"),
+    (dict(length_penalty=2.0), "length_penalty applies to beam search only"),
+    (dict(num_beams=1, num_return_sequences=1), "num_return_sequences applies to beam search only"),
+    (dict(num_beams=2, mode="gad"), "num_beams applies to modes 'greedy' and 'iad' only"),
+])
+def test_bad_beam_options(options, message, bundle):
+    generator = Generator(bundle("bart"))
+    with pytest.raises(InputError, match=message):
+        generator.generate(["a b"], **options)
+
+
+def test_one_beam_is_greedy(bundle):
+    generator = Generator(bundle("bart"))
+    texts = random_texts(seed=4, count=4)
+    assert [r.ids for r in generator.generate(texts, num_beams=1)] == [r.ids for r in generator.generate(texts)]
+    assert generator.resolve_options(num_beams=1) == generator.resolve_options()
+
+
+def test_beams_refused_beyond_a_loops_rows(bundle):
+    from aggdec.runtime.continuous import RowDecoder
+    from aggdec.runtime.decoding.arrivals import Arrivals
+    from aggdec.runtime.options import DecodeOptions
+
+    decoder = RowDecoder(Generator(bundle("bart")))
+    with pytest.raises(InputError, match="num_beams 4 takes more rows than the 3"):
+        decoder.rows(Arrivals(), DecodeOptions(num_beams=4), batch_size=3)
+
+
+@pytest.mark.parametrize("cache_kind", ["attention", "recurrent"])
+def test_copy_rows_moves_only_the_decoders_own_cache(cache_kind):
+    import numpy as np
+
+    from aggdec.runtime.decoding.cache import SlotBuffers
+
+    buffers = SlotBuffers(layers=2, heads=2, head_dim=3, d_model=6, slots=4, max_target=8, max_source=5,
+                          device="cpu", bound=True, keep_hidden=False, cache_kind=cache_kind)
+    rng = np.random.default_rng(0)
+    cross = [rng.standard_normal((4, 2, 5, 3)).astype(np.float32) for _ in range(4)]
+    buffers.add_rows(cross, np.ones((4, 5), dtype=np.int64), None)
+    names = [f"x{i}" for i in range(len(buffers._self))]
+    for flat in buffers._self:
+        flat.view(buffers.self_shape())[:] = rng.standard_normal(buffers.self_shape())
+    before = {name: view.copy() for name, view in buffers.feeds(names, [f"c{i}" for i in range(4)]).items()}
+    layout = buffers.layout
+    buffers.copy_rows([2, 0], [0, 3])  # row 0 takes row 2's cache, row 3 row 0's (as it was)
+    after = buffers.feeds(names, [f"c{i}" for i in range(4)])
+    for name in names:
+        assert np.array_equal(after[name][0], before[name][2])
+        assert np.array_equal(after[name][3], before[name][0])
+        assert np.array_equal(after[name][1:3], before[name][1:3])
+    for i in range(4):  # cross rows untouched
+        assert np.array_equal(after[f"c{i}"], before[f"c{i}"])
+    assert buffers.layout == layout  # a binding made before stays valid
+
+
+def test_banned_ids_keep_transformers_log_probs(tmp_path, random_checkpoint):
+    """A checkpoint that bans ids (real OPUS-MT ones ban <pad>): transformers' beam search
+    normalizes the log-softmax over every id and then sets the banned ones to -inf, so the
+    verifier must too (Manifest.suppression), or every score is off by log(1 - p(banned))."""
+    import json
+    import shutil
+
+    from aggdec.export import export_bundle
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint("marian"), src)
+    texts = random_texts(seed=8, count=6)
+    plain = transformers_beam(src, texts, MAX_NEW, 3, num_return_sequences=3)
+    # ban the tokens the unbanned beams use most: the bans change the search
+    counts: dict[int, int] = {}
+    for per_text in plain:
+        for ids, _ in per_text:
+            for token in ids[:-1]:
+                counts[token] = counts.get(token, 0) + 1
+    banned = sorted(counts, key=counts.get, reverse=True)[:2]
+    config = json.loads((src / "generation_config.json").read_text())
+    config["bad_words_ids"] = [[token] for token in banned]
+    (src / "generation_config.json").write_text(json.dumps(config))
+    _MODELS.pop(src, None)
+    manifest = export_bundle(src, tmp_path / "bundle", progress=None)
+    assert manifest.suppression == "after_log_softmax" and manifest.suppressed_token_ids == tuple(sorted(banned))
+    expected = transformers_beam(src, texts, MAX_NEW, 3, num_return_sequences=3)
+    assert expected != plain
+    got = Generator(tmp_path / "bundle").generate(texts, max_new_tokens=MAX_NEW, num_beams=3, num_return_sequences=3)
+    assert_same(beam_outputs(got), expected, "banned", SCORE_TOLERANCE["marian"])
+
+    # a bundle whose verifier masks before the log-softmax (older exports) is refused for beams
+    manifest_path = tmp_path / "bundle" / "manifest.json"
+    data = json.loads(manifest_path.read_text())
+    del data["suppression"]
+    manifest_path.write_text(json.dumps(data))
+    old = Generator(tmp_path / "bundle")
+    with pytest.raises(InputError, match="re-export it with this aggdec for beam search"):
+        old.generate(texts, num_beams=2)
+
+
+@pytest.mark.parametrize("family", ["bart", "marian", "t5"])
+def test_speculative_beam_equals_plain_beam(family, bundle, editing_bundle):
+    """IAD beam search (each hypothesis drafts its source; beam steps replayed over one block
+    call's scores) gives plain beam search's hypotheses and scores exactly: the same float32
+    values, since a block position computes what it computes alone. Random models rarely
+    follow their source, so the trained editing model (which mostly copies) is where steps
+    are replayed; the test checks that some were there (how many: benchmarks/results)."""
+    import random
+
+    from aggdec.runtime.decoding.iad import BlockOptions
+    from tests.support.tiny import make_editing_pair
+
+    rng = random.Random(3)
+    edited = [make_editing_pair(rng)[0] for _ in range(10)]
+    for path, texts in ((bundle(family), random_texts(seed=31, count=8)), (editing_bundle, edited)):
+        for io_binding in (True, False):
+            generator = Generator(path, io_binding=io_binding)
+            for length_penalty, early_stopping in ((1.0, False), (0.6, True), (2.0, "never")):
+                options = dict(num_beams=4, num_return_sequences=4, length_penalty=length_penalty,
+                               early_stopping=early_stopping, max_new_tokens=MAX_NEW)
+                plain = generator.generate(texts, batch_size=8, **options)
+                for batch_size, max_block in ((1, 7), (8, 3), (2, 64)):
+                    spec = generator.generate(texts, mode="iad", block=BlockOptions(max_block=max_block),
+                                              batch_size=batch_size, **options)
+                    assert [r.sequences for r in spec] == [r.sequences for r in plain], (path, batch_size, max_block)
+        if path == editing_bundle:  # some calls replayed several beam steps
+            assert max(step for r in spec for step in r.stats.accepted) > 1
+
+
+def test_forced_bos_and_eos_follow_transformers(tmp_path, random_checkpoint):
+    """A checkpoint that forces its first and last tokens (mBART/BART-style generation configs):
+    the forced BOS is the decoder prefix (the first beam at 0, the others at -1e9), the forced
+    EOS the only finite token at the length limit, as transformers' processors leave them."""
+    import json
+    import shutil
+
+    from aggdec.export import export_bundle
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint("bart"), src)
+    config = json.loads((src / "generation_config.json").read_text())
+    bos = config["bos_token_id"]  # a special token, as a forced BOS must be (the bundle checks)
+    config["forced_bos_token_id"] = bos
+    config["forced_eos_token_id"] = config["eos_token_id"]
+    (src / "generation_config.json").write_text(json.dumps(config))
+    manifest = export_bundle(src, tmp_path / "bundle", progress=None)
+    assert (manifest.forced_bos_token_id, manifest.forced_eos_token_id) == (bos, config["eos_token_id"])
+    texts = random_texts(seed=9, count=8)
+    generator = Generator(tmp_path / "bundle")
+    for max_new_tokens in (3, MAX_NEW):
+        expected = transformers_beam(src, texts, max_new_tokens, 3, length_penalty=0.6, num_return_sequences=3)
+        assert all(ids[0] == bos for per_text in expected for ids, _ in per_text)
+        got = generator.generate(texts, max_new_tokens=max_new_tokens, num_beams=3, length_penalty=0.6,
+                                 num_return_sequences=3, batch_size=4)
+        assert_same(beam_outputs(got), expected, max_new_tokens, SCORE_TOLERANCE["bart"])
