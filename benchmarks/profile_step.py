@@ -46,6 +46,7 @@ from aggdec.runtime.decoding.cache import self_cache_names
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.loader import open_bundle
 from aggdec.runtime.session import OrtSession
+from aggdec.runtime.tuning import Tuning
 from aggdec.sentences import load_examples
 
 HEAD_OPS = ("LogSoftmax", "TopK", "ArgMax")
@@ -86,15 +87,20 @@ class RecordingSession:
         raise NotImplementedError("the recorded pass runs unbound")
 
 
-def verifier_session(bundle: Any, threads: int, profile_prefix: str | None) -> OrtSession:
-    """A fresh verifier session over the bundle's own (hashed) graph bytes."""
+def verifier_session(bundle: Any, graph: str, threads: int, profile_prefix: str | None) -> OrtSession:
+    """A fresh session of a verifier graph over the bundle's own (hashed) graph bytes."""
     from aggdec.runtime.manifest import BundleFiles
 
-    spec = bundle.manifest.graph("verifier")
+    spec = bundle.manifest.graph(graph)
     files = BundleFiles(bundle.root, bundle.manifest, True)
-    return OrtSession(bundle.root / spec.file, "cpu", threads, spec=spec, name="verifier",
+    return OrtSession(bundle.root / spec.file, "cpu", threads, spec=spec, name=graph,
                       contents=files.read(spec.file), external_data=files.external_data(),
                       profile_prefix=profile_prefix)
+
+
+def verifier_graphs(generator: Generator) -> dict[str, str]:
+    """The verifier graphs a Generator may run (graph name -> its attribute of generator.verifier)."""
+    return {"verifier": "verifier", **({"verifier_argmax": "argmax"} if generator.verifier.argmax is not None else {})}
 
 
 def kernel_times(trace: str, vocab_size: int) -> tuple[collections.Counter, collections.Counter, int]:
@@ -115,34 +121,44 @@ def kernel_times(trace: str, vocab_size: int) -> tuple[collections.Counter, coll
     return by_type, head, calls
 
 
-def profile(path: str, mode: str, batch_size: int, texts: list[str], threads: int) -> dict[str, Any]:
+def profile(path: str, mode: str, batch_size: int, texts: list[str], threads: int,
+            tuning: Tuning | None = None) -> dict[str, Any]:
     opened = open_bundle(path, threads=threads)
     m = opened.manifest
-    generator = Generator.from_bundle(opened)
+    generator = Generator.from_bundle(opened, tuning)
     generator.generate(texts[:batch_size], mode=mode, batch_size=batch_size)  # warm-up: first calls, measured costs
-    profiled = verifier_session(opened, threads, str(Path(tempfile.mkdtemp()) / "verifier"))
-    generator.verifier.verifier = profiled
+    profiled = {}
+    for graph, attribute in verifier_graphs(generator).items():  # the mode runs one of them
+        profiled[graph] = verifier_session(opened, graph, threads, str(Path(tempfile.mkdtemp()) / graph))
+        setattr(generator.verifier, attribute, profiled[graph])
     started = time.perf_counter()
     results = generator.generate(texts, mode=mode, batch_size=batch_size)
     wall = time.perf_counter() - started
-    by_type, head, calls = kernel_times(profiled.end_profiling(), m.vocab_size)
+    by_type, head, calls = collections.Counter(), collections.Counter(), 0
+    for session in profiled.values():
+        graph_types, graph_head, graph_calls = kernel_times(session.end_profiling(), m.vocab_size)
+        by_type, head, calls = by_type + graph_types, head + graph_head, calls + graph_calls
+    ran = [graph for graph, session in profiled.items() if session.seconds > 0]
 
-    unbound = Generator.from_bundle(open_bundle(path, threads=threads, io_binding=False))
-    recorder = RecordingSession(unbound.verifier.verifier, int(m.pad_token_id))  # type: ignore[arg-type]
-    unbound.verifier.verifier = recorder  # type: ignore[assignment]
+    unbound = Generator.from_bundle(open_bundle(path, threads=threads, io_binding=False), tuning)
+    recorders = []
+    for attribute in verifier_graphs(unbound).values():
+        recorders.append(RecordingSession(getattr(unbound.verifier, attribute), int(m.pad_token_id)))
+        setattr(unbound.verifier, attribute, recorders[-1])
     recorded = unbound.generate(texts, mode=mode, batch_size=batch_size)
     if [r.text for r in recorded] != [r.text for r in results]:  # exact modes: never
         raise SystemExit(f"{path} {mode} batch {batch_size}: the recorded pass decoded other outputs")
-    totals = {key: sum(call[key] for call in recorder.calls) for key in recorder.calls[0]}
-    positions = sum(call["rows"] * call["width"] for call in recorder.calls)
+    record = [call for recorder in recorders for call in recorder.calls]
+    totals = {key: sum(call[key] for call in record) for key in record[0]}
+    positions = sum(call["rows"] * call["width"] for call in record)
     kernels = sum(by_type.values())
     return {
         "bundle": path, "precision": m.precision, "mode": mode, "batch_size": batch_size, "sentences": len(texts),
-        "wall_seconds": wall, "verifier_calls": calls,
-        "verifier_ms_per_call": 1e3 * profiled.seconds / max(1, calls),
+        "graphs": ran, "wall_seconds": wall, "verifier_calls": calls,
+        "verifier_ms_per_call": 1e3 * sum(session.seconds for session in profiled.values()) / max(1, calls),
         "kernel_ms_per_call": kernels / 1e3 / max(1, calls),
-        "rows_per_call": totals["rows"] / len(recorder.calls),
-        "width_per_call": totals["width"] / len(recorder.calls),
+        "rows_per_call": totals["rows"] / len(record),
+        "width_per_call": totals["width"] / len(record),
         "ops_ms_per_call": {op: us / 1e3 / calls for op, us in by_type.most_common()},
         "head_ms_per_call": {op: us / 1e3 / calls for op, us in head.most_common()},
         "head_share": sum(head.values()) / kernels,
@@ -196,13 +212,14 @@ def pruning(path: str, threads: int) -> dict[str, int]:
 
 
 def report(row: dict[str, Any]) -> str:
-    lines = [f"{Path(row['bundle']).name} ({row['precision']}) {row['mode']} batch {row['batch_size']}: "
+    lines = [f"{Path(row['bundle']).name} ({row['precision']}, {' and '.join(row['graphs'])}) {row['mode']} "
+             f"batch {row['batch_size']}: "
              f"{row['verifier_calls']} calls, {row['rows_per_call']:.1f} rows x {row['width_per_call']:.2f} positions "
              f"per call; {row['verifier_ms_per_call']:.3f} ms per call ({row['kernel_ms_per_call']:.3f} ms in kernels)",
              f"  padding: {100 * row['padded_positions_share']:.1f}% of block positions, "
              f"{100 * row['padded_source_share']:.1f}% of source tokens; attention reads "
              f"{100 * row['unneeded_keys_share']:.1f}% masked cache positions",
-             f"  head (projection + bias + log-softmax + top-k): {100 * row['head_share']:.1f}% of kernel time: "
+             f"  head (projection + bias + log-softmax + top-k or argmax): {100 * row['head_share']:.1f}% of kernel time: "
              + ", ".join(f"{op} {ms:.3f} ms" for op, ms in row["head_ms_per_call"].items())]
     for op, ms in list(row["ops_ms_per_call"].items())[:12]:
         lines.append(f"    {op:22s} {ms:7.3f} ms  {100 * ms / row['kernel_ms_per_call']:5.1f}%")
@@ -218,6 +235,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data", default="uagec-test", help="uagec-test, or a file of sources, one per line")
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--top-k-graph", action="store_true",
+                        help="run the top-K verifier graph in every mode (Tuning argmax_graph=False)")
     parser.add_argument("--pruning", action="store_true",
                         help="also check whether onnxruntime skips nodes that only unrequested outputs need")
     args = parser.parse_args()
@@ -234,7 +253,8 @@ def main() -> None:
         for batch_size in args.batch_sizes:
             texts = [e.source for e in examples[: max(args.sentences, 2 * batch_size)]]
             for mode in args.modes:
-                row = profile(path, mode, batch_size, texts, args.threads)
+                row = profile(path, mode, batch_size, texts, args.threads,
+                              Tuning(argmax_graph=False) if args.top_k_graph else None)
                 print(report(row), flush=True)
                 rows.append(row)
     if args.json:

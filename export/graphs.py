@@ -96,6 +96,22 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float) -> Te
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+def candidates(logits: Tensor, top_k: int, head: str) -> tuple[Tensor, ...]:
+    """What a verifier graph returns of each position's logits [..., V] (suppression applied),
+    by ``head`` (runtime/graph_specs.py VERIFIER_GRAPHS): "top_k", the top-K log-probs and ids;
+    "argmax", the best id alone.
+
+    Both choose on the logits, never on the log-probs: log-softmax subtracts one constant from
+    every logit with rounding, which can make two different logits equal (and top-k then takes
+    the lower id), where transformers' greedy takes the argmax of the logits themselves. On the
+    logits, top-k's first id (ties: the lower id) is ArgMax's (ties: the first), bitwise, and
+    the log-probs of the chosen ids are then read from the log-softmax."""
+    if head == "argmax":
+        return (torch.argmax(logits, dim=-1),)
+    _top_logits, top_ids = torch.topk(logits, top_k, dim=-1)
+    return torch.gather(torch.log_softmax(logits, dim=-1), -1, top_ids), top_ids
+
+
 class EncoderGraph(nn.Module):
     """input_ids, attention_mask -> encoder hidden states, then cross key and value of each decoder layer."""
 
@@ -117,14 +133,16 @@ class EncoderGraph(nn.Module):
 
 
 class VerifierGraph(nn.Module):
-    """T new tokens after per-row caches -> top-K log-probs/ids per position and the new cache."""
+    """T new tokens after per-row caches -> the candidates of each position (top-K log-probs/ids,
+    or with ``head="argmax"`` the best id) and the new cache."""
 
     def __init__(self, model: nn.Module, parts: DecoderParts, top_k: int, suppressed_ids: tuple[int, ...],
-                 vocab_size: int) -> None:
+                 vocab_size: int, head: str = "top_k") -> None:
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.parts = parts
         self.top_k = top_k
+        self.head = head
         bias = torch.zeros(vocab_size)
         if suppressed_ids:
             bias[list(suppressed_ids)] = float("-inf")
@@ -133,7 +151,7 @@ class VerifierGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
         """``buffers``: per layer self key, self value; then per layer cross key, cross value;
-        then the encoder attention mask [B, S]. Returns top-K log-probs and ids [B, T, K], then
+        then the encoder attention mask [B, S]. Returns the candidates (:func:`candidates`), then
         the self key/value buffers with the new tokens written (per layer, key then value)."""
         parts = self.parts
         layers = len(parts.layers)
@@ -194,6 +212,4 @@ class VerifierGraph(nn.Module):
         logits = parts.logits(hidden).to(torch.float32)
         if self.has_suppression:
             logits = logits + self.suppress_bias
-        log_probs = torch.log_softmax(logits, dim=-1)
-        top_logprobs, top_ids = torch.topk(log_probs, self.top_k, dim=-1)
-        return (top_logprobs, top_ids, *presents)
+        return (*candidates(logits, self.top_k, self.head), *presents)

@@ -162,7 +162,8 @@ class Generator:
         self.drafter_graph, self.drafter = bundle.drafter_graph, bundle.drafter
         self._sessions = bundle.sessions
         self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
-                                 self.tuning.encoder_call_tokens, bundle.shortlist)
+                                 self.tuning.encoder_call_tokens, bundle.shortlist,
+                                 bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None)
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured
         self.gad_costs = CallCost(self.tuning.cost_ratio)

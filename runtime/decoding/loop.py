@@ -155,7 +155,8 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
             for klass, group in joining.items():
                 cohort = cohorts.get(klass)
                 if cohort is None:  # its buffers are made on first use and kept
-                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory))
+                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory,
+                                                                    top_k=verification.reads_log_probs))
                 if not cohort.rows:  # no credit and no debt from before it was empty
                     cohort.seconds = clock
                 _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id)
