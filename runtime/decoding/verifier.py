@@ -89,7 +89,7 @@ class Batch:
                        cross_names(m.decoder_layers))
         self.encoder_seconds = 0.0
         self.verifier_seconds = 0.0
-        self.last_call: tuple[int, float] | None = None
+        self.last_call: tuple[int, float, int] | None = None
         # a bundle with a shortlist: each slot's allowed output ids (None: every id), and the
         # -1 padded [rows, L] array of them fed as output_ids, remade when the rows change
         self._allowed: list[np.ndarray | None] = [None] * slots
@@ -233,7 +233,8 @@ class Batch:
             top_ids = candidates[0][..., None]
             top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
         check_ids(top_ids, self._verifier.manifest.vocab_size, "the verifier")  # they become the output
-        self.last_call = (new, time.perf_counter() - started)  # (positions per row, seconds): the cost model's data
+        # (positions per row, seconds, rows): the cost model's data (sizing.CallCost.observe)
+        self.last_call = (new, time.perf_counter() - started, rows)
         self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids
 
