@@ -47,7 +47,7 @@ ENGINES_FORMAT = 1
 ENGINES_MANIFEST = "engines.json"
 TIMING_CACHE = "timing.cache"
 DEFAULT_MAX_BLOCK = tuning_for("tensorrt").max_block  # the runtime's IAD max block on a GPU
-GRAPHS = ("encoder", "verifier", "drafter", "drafter_source")
+GRAPHS = ("encoder", "verifier", "verifier_argmax", "drafter", "drafter_source")
 
 
 @dataclass(frozen=True)

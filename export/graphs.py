@@ -96,6 +96,33 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float) -> Te
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+def candidates(logits: Tensor, top_k: int, head: str, banned: Tensor | None = None) -> tuple[Tensor, ...]:
+    """What a verifier graph returns of each position's logits [..., V], by ``head``
+    (runtime/graph_specs.py VERIFIER_GRAPHS): "top_k", the top-K log-probs and ids; "argmax",
+    the best id alone.
+
+    Both choose on the logits, never on the log-probs: log-softmax subtracts one constant from
+    every logit with rounding, which can make two different logits equal (and top-k then takes
+    the lower id), where transformers' greedy takes the argmax of the logits themselves. On the
+    logits, top-k's first id (ties: the lower id) is ArgMax's (ties: the first), bitwise, and
+    the log-probs of the chosen ids are then read from the log-softmax.
+
+    ``banned``: an additive -inf mask of the suppressed ids (None: ``logits`` has whatever
+    suppression the model applies already, as Marian's graphs add theirs before the
+    log-softmax). With it, the ids are chosen on the masked logits and the log-probs are the
+    log-softmax over every id, then masked: transformers' order (its NoBadWords/SuppressTokens
+    processors act on log-probs in beam search, Manifest.suppression "after_log_softmax"), so
+    that beam scores are sums of the values transformers sums."""
+    scored = logits if banned is None else logits + banned
+    if head == "argmax":
+        return (torch.argmax(scored, dim=-1),)
+    _top_logits, top_ids = torch.topk(scored, top_k, dim=-1)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    if banned is not None:
+        log_probs = log_probs + banned
+    return torch.gather(log_probs, -1, top_ids), top_ids
+
+
 class EncoderGraph(nn.Module):
     """input_ids, attention_mask -> encoder hidden states, then cross key and value of each decoder layer."""
 
@@ -117,14 +144,16 @@ class EncoderGraph(nn.Module):
 
 
 class VerifierGraph(nn.Module):
-    """T new tokens after per-row caches -> top-K log-probs/ids per position and the new cache."""
+    """T new tokens after per-row caches -> the candidates of each position (top-K log-probs/ids,
+    or with ``head="argmax"`` the best id) and the new cache."""
 
     def __init__(self, model: nn.Module, parts: DecoderParts, top_k: int, suppressed_ids: tuple[int, ...],
-                 vocab_size: int) -> None:
+                 vocab_size: int, head: str = "top_k") -> None:
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.parts = parts
         self.top_k = top_k
+        self.head = head
         bias = torch.zeros(vocab_size)
         if suppressed_ids:
             bias[list(suppressed_ids)] = float("-inf")
@@ -133,7 +162,7 @@ class VerifierGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
         """``buffers``: per layer self key, self value; then per layer cross key, cross value;
-        then the encoder attention mask [B, S]. Returns top-K log-probs and ids [B, T, K], then
+        then the encoder attention mask [B, S]. Returns the candidates (:func:`candidates`), then
         the self key/value buffers with the new tokens written (per layer, key then value)."""
         parts = self.parts
         layers = len(parts.layers)
@@ -192,11 +221,5 @@ class VerifierGraph(nn.Module):
         if parts.final_norm is not None:
             hidden = parts.final_norm(hidden)
         logits = parts.logits(hidden).to(torch.float32)
-        # transformers' order: the log-softmax over every id, then the banned ids at -inf (its
-        # NoBadWords/SuppressTokens processors act on log-probs in beam search). Greedy's argmax
-        # and GAD++'s gaps are the same either way; beam scores are sums of these values.
-        log_probs = torch.log_softmax(logits, dim=-1)
-        if self.has_suppression:
-            log_probs = log_probs + self.suppress_bias
-        top_logprobs, top_ids = torch.topk(log_probs, self.top_k, dim=-1)
-        return (top_logprobs, top_ids, *presents)
+        banned = self.suppress_bias if self.has_suppression else None
+        return (*candidates(logits, self.top_k, self.head, banned), *presents)

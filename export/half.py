@@ -31,7 +31,10 @@ import numpy as np
 
 from ..runtime.errors import ExportError
 
-FP32_OPS = ("LogSoftmax", "TopK", "Softmax", "LayerNormalization", "Pow", "ReduceMean", "Sqrt", "Reciprocal")
+# ArgMax and GatherElements: the heads (export/graphs.py candidates) choose on the float32 logits
+# and read float32 log-probs, as the fp32 graphs do
+FP32_OPS = ("LogSoftmax", "TopK", "ArgMax", "GatherElements", "Softmax", "LayerNormalization", "Pow", "ReduceMean",
+            "Sqrt", "Reciprocal")
 # graph outputs that stay float32 whatever the precision (graph_specs: top_logprobs)
 FP32_OUTPUTS = ("top_logprobs",)
 

@@ -17,10 +17,10 @@ from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
-from .positions import Driver, check_position_independence, cpu_session, validation_cases
+from .positions import check_verifier_graphs, cpu_session, validation_cases
 from .safety import check_destination, check_options, guarded, make_temp, one_line, publish, remove_temp
 from .specs import encoder_spec, verifier_spec
-from .tracing import (check_drafter, encoder_dummy, isolate_verifier_positions, load_drafter, say, trace,
+from .tracing import (check_drafter, encoder_dummy, load_drafter, say, trace, trace_verifiers,
                       trace_drafter, verifier_dummy)
 from .validate import drafter_cases, reference_cases, validate
 
@@ -186,16 +186,16 @@ def export_bundle(
     try:
         tmp = make_temp(out)
         enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model))
-        ver_spec = verifier_spec(layers, heads, head_dim, top_k)
         graph_names = ("encoder and verifier" if drafter is None else "encoder, verifier and drafter"
                        + (" (with its source layers)" if drafter.config.encoder_layers else ""))
         say(progress, f"[3/5] tracing {graph_names} to ONNX")
         encoder_graph = EncoderGraph(model, family.encoder(model), parts).eval()
-        verifier_graph = VerifierGraph(model, parts, top_k, suppressed, vocab).eval()
         trace(encoder_graph, encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
-        trace(verifier_graph, verifier_dummy(layers, heads, head_dim), tmp / ver_spec.file, ver_spec, opset)
-        isolate_verifier_positions(tmp / ver_spec.file)
-        graphs = {"encoder": enc_spec, "verifier": ver_spec}
+        verifiers = trace_verifiers(lambda head: VerifierGraph(model, parts, top_k, suppressed, vocab, head),
+                                    verifier_dummy(layers, heads, head_dim), tmp,
+                                    lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head), opset)
+        ver_spec = verifiers["verifier"]
+        graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:
             graphs.update(trace_drafter(drafter, int(config.d_model), tmp, opset))
 
@@ -246,9 +246,9 @@ def export_bundle(
             exporter={"torch": torch.__version__, "transformers": transformers.__version__,
                       "onnxruntime": ort.__version__},
         )
-        checked = check_position_independence(
-            Driver(cpu_session(ort, tmp / enc_spec.file), cpu_session(ort, tmp / ver_spec.file), manifest),
-            validation_cases(manifest))
+        checked = check_verifier_graphs(cpu_session(ort, tmp / enc_spec.file),
+                                        {name: cpu_session(ort, tmp / spec.file) for name, spec in verifiers.items()},
+                                        manifest, validation_cases(manifest))
         say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
         publish(tmp, out, manifest.to_json())
     except BaseException:

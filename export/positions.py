@@ -188,6 +188,8 @@ class Driver:
                                  "encoder_attention_mask": case.mask})
         kind = self.m.cache_kind
         written = dict(zip(self_cache_names(layers, kind), (out[n] for n in self_cache_out_names(layers, kind))))
+        if "top1_ids" in out:  # the argmax graph: its best id as the only candidate, no log-probs
+            return out["top1_ids"][..., None], out["top1_ids"][..., None], written
         return out["top_logprobs"], out["top_ids"], written
 
     def prefill(self, case: Case, encoded: dict) -> dict:
@@ -199,6 +201,34 @@ class Driver:
         if case.prefix.shape[1]:
             cache = self.call(case, encoded, cache, case.prefix, np.zeros(batch, dtype=np.int64))[2]
         return cache
+
+
+def check_verifier_graphs(encoder, verifiers: dict, manifest: Manifest, cases: list[Case], dtype: str = "float32",
+                          per_source: bool = False) -> int:
+    """Every verifier graph of a bundle (graph name -> session: "verifier", and
+    "verifier_argmax" where the bundle has it) position-independent
+    (:func:`check_position_independence`), and the argmax graph's ids bitwise the top-K graph's
+    first on every case and position, with the same cache written: greedy and IAD/GAD, which
+    run the argmax graph, then equal GAD++ at beta 1 and beams, which run the top-K one.
+    Returns the positions checked."""
+    drivers = {name: Driver(encoder, session, manifest, dtype, per_source) for name, session in verifiers.items()}
+    checked = sum(check_position_independence(driver, cases) for driver in drivers.values())
+    if "verifier_argmax" not in drivers:
+        return checked
+    for case in cases:
+        results = []
+        for name in ("verifier", "verifier_argmax"):
+            driver = drivers[name]
+            encoded = driver.encode(case)
+            results.append(driver.call(case, encoded, driver.prefill(case, encoded), case.new_ids, case.kept))
+        (_, top_ids, top_cache), (_, best, best_cache) = results
+        where = f"batch {len(case.kept)}, prefix {case.prefix.shape[1]}, block {case.new_ids.shape[1]}"
+        if not np.array_equal(best[..., 0], top_ids[..., 0]):
+            raise ValidationError(f"the argmax verifier graph's best ids differ from the top-K graph's first ({where});"
+                                  " greedy would not equal GAD++ at beta 1. Report this with your onnxruntime version.")
+        if any(not np.array_equal(values, top_cache[name]) for name, values in best_cache.items()):
+            raise ValidationError(f"the argmax verifier graph writes another cache than the top-K graph ({where}).")
+    return checked
 
 
 def check_position_independence(driver: Driver, cases: list[Case]) -> int:

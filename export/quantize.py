@@ -19,7 +19,7 @@ absmax over the last axis / 127), weights per output column (symmetric, with onn
 ``quantize_data``), and the product is ``MatMulInteger``: its int32 accumulation is exact, so
 neither the kernel path nor the block size can change it. The rest is per-element float math
 (Cast, two Muls) or per-row (the absmax). Nothing mixes positions, and the block-vs-single
-check in :func:`check_position_independence` proves it on every bundle written.
+check in :func:`check_verifier_graphs` proves it on every bundle written.
 
 Weights use 7 bits (``reduce_range``, values in [-64, 64]): MLAS's fast u8 x s8 kernel on
 AVX2 CPUs without VNNI multiplies with ``vpmaddubsw``, which adds pairs of u8*s8 products into
@@ -56,8 +56,9 @@ import numpy as np
 
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
-from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_position_independence, cpu_session,
-                        isolate_positions, validation_cases)
+from ..runtime.graph_specs import VERIFIER_GRAPHS
+from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_verifier_graphs, cpu_session, isolate_positions,
+                        validation_cases)
 
 ROW_QMAX = 127.0  # activations: symmetric int8, [-127, 127], shifted to uint8 [1, 255]
 A_ZERO_POINT = 128
@@ -391,7 +392,7 @@ def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest
     if precision == "fp16":
         from .half import half_model
 
-        if name == "verifier":
+        if name in VERIFIER_GRAPHS:
             isolate_positions(model)  # for bundles exported before the rewrite (idempotent)
         model, count = half_model(model, manifest.vocab_size, options.output_projection)
     elif name in ("drafter", "drafter_source"):  # proposals only: onnxruntime's dynamic quantization will do
@@ -400,7 +401,7 @@ def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest
         return write_dynamic_int8(src, dst, matmuls_only=True)
     else:
         model, count = quantize_model(model, manifest.vocab_size, options)
-        if name == "verifier":
+        if name in VERIFIER_GRAPHS:
             isolate_positions(model)
     onnx.save(model, str(dst))
     return count
@@ -463,7 +464,9 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         new_driver = Driver(converted["encoder"], converted["verifier"], manifest, ACTIVATION_DTYPES[precision],
                             per_source=per_call_encoder)
         figures = _figures(ref_driver, new_driver, cases, precision)  # refuses non-finite log-probs first
-        checked = check_position_independence(new_driver, cases)
+        checked = check_verifier_graphs(converted["encoder"], {name: converted[name] for name in VERIFIER_GRAPHS
+                                                               if name in converted}, manifest, cases,
+                                        ACTIVATION_DTYPES[precision], per_call_encoder)
         say(f"      {checked} positions bitwise equal")
         figures["draft_agreement"] = None
         if "drafter" in graphs:

@@ -33,6 +33,25 @@ def isolate_verifier_positions(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec: Callable[[str], object], opset: int,
+                    after: Callable[[Path], None] | None = None) -> dict:
+    """Trace the verifier once per graph of ``VERIFIER_GRAPHS`` (the top-K graph and the argmax
+    one), each rewritten so that its block positions compute as alone; returns their specs by
+    graph name. ``make(head)``: the verifier module with that head; ``spec(head)``: its IO;
+    ``after(path)``: a family's own rewrite of a traced graph, before the isolation."""
+    from ..runtime.graph_specs import VERIFIER_GRAPHS
+
+    specs = {}
+    for graph, head in VERIFIER_GRAPHS.items():
+        specs[graph] = spec(head)
+        path = tmp / specs[graph].file
+        trace(make(head).eval(), args, path, specs[graph], opset)
+        if after is not None:
+            after(path)
+        isolate_verifier_positions(path)
+    return specs
+
+
 def trace_drafter(drafter, d_model: int, tmp: Path, opset: int) -> dict:
     """Trace ``drafter`` (and its own encoder layers, if any) into ``tmp``; returns their specs."""
     from .drafter import DrafterGraph, DrafterSourceGraph

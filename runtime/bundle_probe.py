@@ -4,7 +4,8 @@ A graph's IO says nothing of its vocabulary (token ids go in and out as int64 of
 and the runtime does not parse ONNX to count an embedding's rows. So, after the IO checks of
 :mod:`.bundle_checks` and before any text is decoded, :func:`probe_vocabulary` runs each graph
 once on a two-token source holding the manifest's last id (``vocab_size - 1``), and the drafter
-on its [MASK] id, and requires every id a graph returns to lie in the vocabulary. A graph
+on its [MASK] id, and requires every id a graph returns to lie in the vocabulary (and the
+argmax verifier graph's ids to be the top-K graph's best, bitwise). A graph
 traced from another model then fails at load with a :class:`BundleError` naming it:
 
 - a smaller vocabulary than the manifest's: the id is past the graph's embedding, which
@@ -58,7 +59,7 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     probe = f"token id {last}, the last of manifest vocab_size {m.vocab_size}"
     encoded = _run(sessions["encoder"], "encoder", {"input_ids": source, "attention_mask": mask}, probe)
     empty = np.zeros((1, m.num_heads, _PROBE_CAPACITY, m.head_dim), dtype=act)
-    verified = _run(sessions["verifier"], "verifier", {
+    feeds = {
         "input_ids": np.array([[m.decoder_start_token_id, last]], dtype=np.int64),
         "past_lengths": np.zeros(1, dtype=np.int64),
         **{name: empty.copy() for name in self_cache_names(m.decoder_layers, m.cache_kind)},
@@ -67,8 +68,15 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
         # a shortlist bundle's verifier projects onto the ids it is given: all of them, so that
         # the vocabulary's last row is looked up too
         **({"output_ids": np.arange(m.vocab_size, dtype=np.int64)[None]} if m.shortlist is not None else {}),
-    }, probe)
+    }
+    verified = _run(sessions["verifier"], "verifier", feeds, probe)
     check_ids(verified["top_ids"], m.vocab_size, "the verifier")
+    if "verifier_argmax" in sessions:  # the same decoder with another head: the same best ids, bitwise
+        best = _run(sessions["verifier_argmax"], "verifier_argmax", feeds, probe)["top1_ids"]
+        if not np.array_equal(best, verified["top_ids"][..., 0]):
+            raise BundleError(f"the verifier_argmax graph picks ids {best.ravel().tolist()} where the verifier's best "
+                              f"are {verified['top_ids'][..., 0].ravel().tolist()} on a probe with {probe}: the two "
+                              f"graphs are not one decoder; {ADVICE}")
     drafter = next((name for name in DRAFTER_GRAPHS if name in sessions), None)
     if drafter is None or m.draft_k is None or m.mask_token_id is None:
         return

@@ -364,6 +364,10 @@ def _cross_field(data: dict) -> None:
             if graphs["drafter_int8"][side] != graphs["drafter"][side]:
                 raise Invalid(f"graphs.drafter_int8.{side} differ from graphs.drafter.{side}: the two are one drafter "
                               "and must have the same IO")
+    if "verifier_argmax" in graphs and graphs["verifier_argmax"]["inputs"] != graphs["verifier"]["inputs"]:
+        # the runtime drives either verifier graph with one batch's arrays (graph_specs.VERIFIER_GRAPHS)
+        raise Invalid("graphs.verifier_argmax.inputs differ from graphs.verifier.inputs: the argmax graph is the "
+                      "verifier with another head and must take the same inputs")
     if "drafter_source" in graphs and not has_drafter:
         raise Invalid("graphs has a 'drafter_source' graph but no 'drafter' graph: drafter_source is the drafter's "
                       "own encoder layers")

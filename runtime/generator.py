@@ -191,10 +191,12 @@ class Generator:
         self.drafter_graph, self.drafter = bundle.drafter_graph, bundle.drafter
         self._sessions = bundle.sessions
         self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
-                                 self.tuning.encoder_call_tokens, bundle.shortlist)
+                                 self.tuning.encoder_call_tokens, bundle.shortlist,
+                                 bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None)
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
-        # requests so that each starts from what the earlier ones measured
-        self.gad_costs = CallCost(self.tuning.cost_ratio)
+        # requests so that each starts from what the earlier ones measured; IAD's too when
+        # load-adaptive (Tuning.load_adaptive: fitted per batch width)
+        self.gad_costs = CallCost(self.tuning.cost_ratio, by_rows=self.tuning.load_adaptive)
         # per drafting mode, the acceptance its rows have seen: a new row's first draft length
         # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
         self.draft_priors = {mode: AcceptancePrior() if self.tuning.shared_prior else None for mode in DRAFTING_MODES}
@@ -499,7 +501,8 @@ class Generator:
         if mode is Mode.IAD and options.beams is not None:  # speculative beam search
             return Strategy(HypothesisSourceDraft(self._block_options(options.block).max_block), GREEDY, options.beams)
         if mode is Mode.IAD:
-            return Strategy(SourceDraft(self._block_options(options.block), self.draft_priors[mode]), GREEDY)
+            return Strategy(SourceDraft(self._block_options(options.block), self.draft_priors[mode],
+                                        self.gad_costs if self.tuning.load_adaptive else None), GREEDY)
         assert self.drafter is not None  # resolve() refused a drafting mode without one
         tuning = self.tuning
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,

@@ -30,16 +30,35 @@ def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str 
     )
 
 
+# The verifier's graphs, by the candidates they return: "verifier" the top-K (log-prob, id) of
+# each position, chosen on the logits (GAD++ and beams read them); "verifier_argmax" only the
+# first of them, its id, for the modes that read nothing else (greedy, IAD, GAD). Same inputs,
+# same cache outputs, same decoder: onnxruntime runs every node of a graph whatever outputs are
+# requested (benchmarks/results/profile-step-cpu), so skipping log-softmax and top-k takes a
+# graph of its own. Bundles exported before it have "verifier" alone (the runtime then reads
+# the first candidate of the top-K).
+VERIFIER_GRAPHS = {"verifier": "top_k", "verifier_argmax": "argmax"}
+
+
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
-                  cache_kind: str = "attention", shortlist: bool = False) -> GraphSpec:
+                  cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k") -> GraphSpec:
     """``shortlist``: the verifier also takes ``output_ids``, each row's allowed output ids
-    (decoding/shortlist.py), -1 padded, or one row of every id."""
+    (decoding/shortlist.py), -1 padded, or one row of every id. ``head``: what it returns of
+    each position (:data:`VERIFIER_GRAPHS`)."""
     # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
     # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
     cross = ("batch", heads, "source_len", head_dim)
+    if head == "argmax":  # each position's best id: top_ids[..., 0] of the top-K graph, bitwise
+        candidates: tuple[TensorSpec, ...] = (TensorSpec("top1_ids", "int64", ("batch", "new_len")),)
+    else:
+        candidates = (
+            # float32 at every precision: log-softmax and top-k run in float32 (export/half.py)
+            TensorSpec("top_logprobs", "float32", ("batch", "new_len", top_k)),
+            TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
+        )
     return GraphSpec(
-        file="verifier.onnx",
+        file="verifier.onnx" if head == "top_k" else f"verifier_{head}.onnx",
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
@@ -49,9 +68,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             *((TensorSpec("output_ids", "int64", ("output_rows", "output_len")),) if shortlist else ()),
         ),
         outputs=(
-            # float32 at every precision: log-softmax and top-k run in float32 (export/half.py)
-            TensorSpec("top_logprobs", "float32", ("batch", "new_len", top_k)),
-            TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
+            *candidates,
             # the input buffers with the new tokens written at each row's length: bound to the
             # inputs' own memory by the runtime, so the write happens in place
             *(TensorSpec(name, act, buffer) for name in self_cache_out_names(layers, cache_kind)),
@@ -95,8 +112,8 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     m = manifest
     act = ACTIVATION_DTYPES[m.precision]
     specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act),
-             "verifier": verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
-                                       m.shortlist is not None),
+             **{graph: verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
+                                     m.shortlist is not None, head) for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:
         specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act)

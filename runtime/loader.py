@@ -18,6 +18,7 @@ from .decoding.gad import Drafter
 from .decoding.shortlist import Shortlist, load_shortlist
 from .devices import SessionRequest, session_factory
 from .errors import BundleError, InputError, ProviderError
+from .graph_specs import VERIFIER_GRAPHS
 from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
 from .session import Session
 from .tokenizer import TextCodec
@@ -118,7 +119,7 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     chosen = drafter_graph(manifest, device, int8_drafter, root)
     files = BundleFiles(root, manifest, verify)  # what is read is what was hashed
     codec = TextCodec(root / TOKENIZER_FILE, files.read(TOKENIZER_FILE))
-    graphs = [name for name in ("encoder", "verifier", chosen, "drafter_source")
+    graphs = [name for name in ("encoder", *VERIFIER_GRAPHS, chosen, "drafter_source")
               if name is not None and name in manifest.graphs]  # drafter_source: a drafter's own layers
     sessions = factory.open(root, manifest, graphs, request, files)
     # the graphs must be what the manifest says they are, before any text meets them

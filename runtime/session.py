@@ -191,14 +191,17 @@ class OrtSession:
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
                  tf32: bool = False, spec: GraphSpec | None = None, name: str | None = None,
-                 contents: bytes | None = None, external_data: Mapping[str, bytes] | None = None) -> None:
+                 contents: bytes | None = None, external_data: Mapping[str, bytes] | None = None,
+                 profile_prefix: str | None = None) -> None:
         """``spec``: the IO the manifest declares for this graph; with it, every unbound call's
         outputs are checked against the shapes the inputs imply (a bundle is untrusted: a graph
         can declare one shape and compute another). ``name``: the graph's, for messages.
         ``contents``: the graph's bytes, as read and hashed (manifest.BundleFiles); onnxruntime
         then reads nothing from disk: ``external_data`` (file name -> bytes) are the only files
         its external-data tensors may name, and a graph naming any other fails to load.
-        Without ``contents`` the graph is read from ``path``."""
+        Without ``contents`` the graph is read from ``path``. ``profile_prefix``: onnxruntime's
+        profiler records every call, and :meth:`end_profiling` writes its JSON trace there
+        (benchmarks/profile_step.py); None: no profiling."""
         providers = check_device(device, tf32)
         self.spec = spec
         self.label = f"{Path(path).name} ({name})" if name else Path(path).name
@@ -212,6 +215,9 @@ class OrtSession:
                 raise ProviderError(f"threads must be at least 1, got {threads}.")
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         if contents is not None:
             _external_data_from_memory_only(options, external_data or {})
         try:
@@ -261,6 +267,10 @@ class OrtSession:
         shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in (inputs or {}).items())
         return GraphRunError(f"{self.label} failed" + (f" on inputs {shapes}" if shapes else "")
                              + f": {str(exc).strip()[:500]}")
+
+    def end_profiling(self) -> str:
+        """Stop profiling (see ``profile_prefix``); the path of the JSON trace written."""
+        return self._session.end_profiling()
 
     def binding(self) -> Any:
         """A fresh IO binding: one per batch, so that threads never share one."""

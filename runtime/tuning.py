@@ -47,6 +47,12 @@ class Tuning:
     ``shared_prior``: a new row's first draft length starts from the acceptance the earlier
     rows of its mode saw (decoding/sizing.py: AcceptancePrior); False: from BlockOptions'
     fixed prior (benchmarks/results/draft-prior-cpu).
+    ``argmax_graph``: calls that read only each position's best id (greedy, IAD, GAD) run the
+    bundle's argmax graph, without log-softmax and top-k, when it has one; False: the top-K
+    graph for every mode (benchmarks/results/argmax-head-cpu).
+    ``load_adaptive``: draft lengths (IAD's and GAD's) weigh the verifier's call cost measured
+    at the batch's current width (decoding/sizing.py CallCost ``by_rows``), so a loaded batch
+    drafts less; False: GAD's costs fitted over every call and IAD's ``cost_ratio`` prior.
     """
 
     cost_ratio: float = 0.05
@@ -58,6 +64,8 @@ class Tuning:
     min_repeat: int = MIN_REPEAT
     max_rest: int = MAX_REST
     shared_prior: bool = True
+    argmax_graph: bool = True
+    load_adaptive: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_block", "encoder_call_tokens", "min_repeat", "max_rest"):
@@ -70,8 +78,9 @@ class Tuning:
             value = getattr(self, name)
             if not is_finite_real(value) or not 0 < value <= 1:
                 raise InputError(f"tuning {name} must be a number in (0, 1], got {value!r}.")
-        if not isinstance(self.shared_prior, bool):
-            raise InputError(f"tuning shared_prior must be True or False, got {self.shared_prior!r}.")
+        for name in ("shared_prior", "argmax_graph", "load_adaptive"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"tuning {name} must be True or False, got {getattr(self, name)!r}.")
         classes = self.length_classes
         if not isinstance(classes, tuple) or any(not is_integer(c) or c < 1
                                                  for c in classes) or list(classes) != sorted(set(classes)):

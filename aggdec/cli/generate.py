@@ -233,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(1)
     wall, graphs = time.perf_counter() - started, generator.graph_seconds - graphs_before
     if args.stats:
-        costs = (*generator.gad_costs.fit(), generator.gad_costs.drafter_seconds) if options.mode.needs_drafter \
-            else None
+        # the costs measured at the run's batch width (CallCost fits each width class apart)
+        costs = (*generator.gad_costs.fit(args.batch_size), generator.gad_costs.drafter_seconds) \
+            if options.mode.needs_drafter else None
         _print_stats(results, args.mode, wall, graphs, sys.stderr, load, warm_up, costs)
     return 1 if refused else 0

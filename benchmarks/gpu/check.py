@@ -12,7 +12,7 @@ what is left of the call is skipped with a note, as is the rest of one that runs
 - ``pytest``: ``pytest -m gpu`` (TF32 off: check.sh sets NVIDIA_TF32_OVERRIDE=0).
 - ``equality``: every exact mode (greedy, IAD, GAD) at every batch size on the device against
   CPU greedy, token for token, on every fp32 bundle.
-- ``fp16``: the block-vs-alone bitwise check (``export.positions.check_position_independence``)
+- ``fp16``: the block-vs-alone bitwise check of both verifier graphs (``export.positions.check_verifier_graphs``)
   run on the device for the fp32 and fp16 graphs, then fp16 IAD/GAD (and batched greedy) on
   the device against fp16 greedy at batch 1.
 - ``graphs``: one verifier call at fixed shapes, timed three ways: as the runtime binds it

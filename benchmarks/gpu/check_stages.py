@@ -347,19 +347,22 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
 
 
 def position_check(path: Path, device: str) -> dict:
-    """The export's block-vs-alone bitwise check, with the graphs on ``device``."""
-    from aggdec.export.positions import Driver, check_position_independence, validation_cases
+    """The export's block-vs-alone bitwise check (and, where the bundle has the argmax verifier
+    graph, its ids against the top-K graph's first), with the graphs on ``device``."""
+    from aggdec.export.positions import check_verifier_graphs, validation_cases
     from aggdec.runtime.bundle_schema import ACTIVATION_DTYPES
     from aggdec.runtime.errors import ValidationError
+    from aggdec.runtime.graph_specs import VERIFIER_GRAPHS
     from aggdec.runtime.manifest import load_manifest
     from aggdec.runtime.session import OrtSession
 
     manifest = load_manifest(path)
-    sessions = {name: OrtSession(path / manifest.graph(name).file, device, name=name) for name in ("encoder", "verifier")}
-    driver = Driver(sessions["encoder"], sessions["verifier"], manifest, ACTIVATION_DTYPES[manifest.precision])
+    names = ["encoder", *(name for name in VERIFIER_GRAPHS if name in manifest.graphs)]
+    sessions = {name: OrtSession(path / manifest.graph(name).file, device, name=name) for name in names}
     started = time.perf_counter()
     try:
-        checked = check_position_independence(driver, validation_cases(manifest))
+        checked = check_verifier_graphs(sessions.pop("encoder"), sessions, manifest, validation_cases(manifest),
+                                        ACTIVATION_DTYPES[manifest.precision])
         return {"bitwise_equal": True, "positions": checked, "seconds": round(time.perf_counter() - started, 2)}
     except ValidationError as exc:
         return {"bitwise_equal": False, "error": str(exc)}

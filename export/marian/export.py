@@ -23,7 +23,7 @@ import numpy as np
 from ...runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ...runtime.errors import ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
-from ..positions import Driver, check_position_independence, cpu_session, validation_cases
+from ..positions import check_verifier_graphs, cpu_session, validation_cases
 from ..safety import check_destination, check_options, make_temp, publish, remove_temp
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
@@ -184,7 +184,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
 
     from ...runtime.session import require_onnxruntime
     from ..graphs import EncoderGraph, VerifierGraph
-    from ..tracing import check_drafter, encoder_dummy, isolate_verifier_positions, load_drafter, say, trace, trace_drafter
+    from ..tracing import check_drafter, encoder_dummy, load_drafter, say, trace, trace_drafter, trace_verifiers
     from ..validate import drafter_cases
     from .graphs import RecurrentVerifierGraph, attention_parts, recurrence_as_scan
     from .model import MarianModel
@@ -227,7 +227,6 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     try:
         tmp = make_temp(out)
         enc_spec = encoder_spec(layers, heads, head_dim, config.d_model)
-        ver_spec = verifier_spec(layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None)
         say(progress, f"[3/5] tracing the encoder and the {'SSRU' if recurrent else 'self-attention'} verifier")
         parts = attention_parts(model)
         trace(EncoderGraph(model, model.encoder, parts).eval(), encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
@@ -239,18 +238,24 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
                  torch.ones(batch, source, dtype=torch.int64))
         if table is not None:  # distinct rows and length, padded like the runtime's lists
             dummy = (*dummy, torch.tensor([[0, 4, 7, 9, 11, 12, 13, 15, 17, 18, 19], [0, 3, 5, 6, 8, 10, 14, 16, 20, -1, -1]]))
-        verifier = (RecurrentVerifierGraph(model, top_k, suppressed, table is not None) if recurrent
-                    else VerifierGraph(model, parts, top_k, suppressed, vocab))
-        trace(verifier.eval(), dummy, tmp / ver_spec.file, ver_spec, opset)
-        if recurrent:
-            graph = onnx.load(str(tmp / ver_spec.file))
+
+        def verifier(head: str):  # noqa: ANN202
+            return (RecurrentVerifierGraph(model, top_k, suppressed, table is not None, head) if recurrent
+                    else VerifierGraph(model, parts, top_k, suppressed, vocab, head))
+
+        def scan(path: Path) -> None:
+            graph = onnx.load(str(path))
             if recurrence_as_scan(graph) != layers:
                 raise ExportError("the traced SSRU verifier does not hold one recurrence per layer; this is a bug "
                                   "in aggdec's Marian exporter.")
             onnx.checker.check_model(graph)
-            onnx.save(graph, str(tmp / ver_spec.file))
-        isolate_verifier_positions(tmp / ver_spec.file)
-        graphs = {"encoder": enc_spec, "verifier": ver_spec}
+            onnx.save(graph, str(path))
+
+        verifiers = trace_verifiers(verifier, dummy, tmp, lambda head: verifier_spec(
+            layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None, head=head), opset,
+            scan if recurrent else None)
+        ver_spec = verifiers["verifier"]
+        graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:
             graphs.update(trace_drafter(drafter, config.d_model, tmp, opset))
 
@@ -301,12 +306,12 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             # Marian's output length cap, applied per row by the runtime (config.max_length_factor)
             max_length_factor=factor,
         )
-        verifier_check = cpu_session(ort, tmp / ver_spec.file)
+        checks = {name: cpu_session(ort, tmp / spec.file) for name, spec in verifiers.items()}
         if table is not None:
-            verifier_check.session = RowShortlists(verifier_check.session, vocab)
-        checked = check_position_independence(
-            Driver(cpu_session(ort, tmp / enc_spec.file), verifier_check, manifest),
-            validation_cases(manifest))
+            for check in checks.values():
+                check.session = RowShortlists(check.session, vocab)
+        checked = check_verifier_graphs(cpu_session(ort, tmp / enc_spec.file), checks, manifest,
+                                        validation_cases(manifest))
         say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")
         publish(tmp, out, manifest.to_json())
     except BaseException:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..graphs import AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache
+from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
+                      candidates)
 from .model import MarianModel, recur
 
 RECURRENCE_DOMAIN = "aggdec.marian"
@@ -112,13 +113,15 @@ def attention_parts(model: MarianModel) -> DecoderParts:
 class RecurrentVerifierGraph(nn.Module):
     """T new tokens after per-row recurrent states -> top-K log-probs/ids per position and the states written."""
 
-    def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...], shortlist: bool) -> None:
+    def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...], shortlist: bool,
+                 head: str = "top_k") -> None:
         """``shortlist``: the graph takes ``output_ids`` [rows or 1, L], each row's allowed output ids
         (-1 pads a row's list; [1, V] of every id decodes over the whole vocabulary), and projects
         onto those rows of the output matrix only."""
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.top_k = top_k
+        self.head = head  # what it returns of each position (export/graphs.py candidates)
         self.shortlist = shortlist
         bias = torch.zeros(model.config.target_vocab)
         bias[list(suppressed_ids)] = float("-inf")
@@ -163,12 +166,10 @@ class RecurrentVerifierGraph(nn.Module):
         if self.shortlist:
             return (*self._shortlisted(hidden, buffers[-1]), *written)
         logits = model.logits(hidden).to(torch.float32) + self.suppress_bias
-        log_probs = torch.log_softmax(logits, dim=-1)
-        top_logprobs, top_ids = torch.topk(log_probs, self.top_k, dim=-1)
-        return (top_logprobs, top_ids, *written)
+        return (*candidates(logits, self.top_k, self.head), *written)
 
-    def _shortlisted(self, hidden: Tensor, output_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """Top-K over each row's shortlist: logits of the gathered output rows only.
+    def _shortlisted(self, hidden: Tensor, output_ids: Tensor) -> tuple[Tensor, ...]:
+        """The candidates over each row's shortlist: logits of the gathered output rows only.
 
         The candidates are chosen on the logits, which do not depend on how long the padded
         lists of a call are; their log-probs are then read from the row's log-softmax."""
@@ -185,7 +186,9 @@ class RecurrentVerifierGraph(nn.Module):
         # order depends on T (the block would differ from its positions alone)
         columns = weight.transpose(1, 2).unsqueeze(1).expand(batch, new_len, -1, -1)  # [B, T, D, L]
         logits = torch.matmul(hidden.unsqueeze(2), columns).squeeze(2) + bias.unsqueeze(1)  # [B, T, L]
-        _top_logits, local = torch.topk(logits, self.top_k, dim=-1)
-        top_logprobs = torch.gather(torch.log_softmax(logits, dim=-1), 2, local)
-        candidates = output_ids.unsqueeze(1).expand(batch, new_len, -1)
-        return top_logprobs, torch.gather(candidates, 2, local)
+        chosen = candidates(logits, self.top_k, self.head)  # over the row's list: local indices
+        allowed = output_ids.unsqueeze(1).expand(batch, new_len, -1)
+        if self.head == "argmax":
+            return (torch.gather(allowed, 2, chosen[0].unsqueeze(-1)).squeeze(-1),)
+        top_logprobs, local = chosen
+        return top_logprobs, torch.gather(allowed, 2, local)

@@ -105,6 +105,11 @@ class Verification:
         if self.tau < 0:
             raise ValueError(f"tau must be >= 0, got {self.tau}.")
 
+    @property
+    def reads_log_probs(self) -> bool:
+        """Whether it reads more than each position's best id (the top-``beta`` and their log-probs)."""
+        return self.beta > 1
+
     def accepted(self, draft: np.ndarray, top_ids: np.ndarray, top_logprobs: np.ndarray) -> int:
         """How many leading draft tokens pass, given the verifier's candidates at each of them.
 

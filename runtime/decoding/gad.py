@@ -132,7 +132,7 @@ class DrafterDraft:
         self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
         self.repeats = repeats
         self.seconds = 0.0
-        self._last_call: tuple[int, float] | None = None
+        self._last_call: tuple[int, float, int] | None = None
         self.memory = drafter.memory  # the batch keeps it per row (Batch): once per source
 
     def start(self, row: Row) -> None:
@@ -143,8 +143,8 @@ class DrafterDraft:
         if batch.last_call is not None and batch.last_call is not self._last_call:  # the call since the last proposal
             self._last_call = batch.last_call
             self.costs.observe(*batch.last_call)
-        one_token, ratio = self.costs.fit()
-        fixed = self.costs.drafter_seconds / one_token if one_token > 0 else 0.0
+        _one_token, ratio = self.costs.fit(len(rows))  # at this batch's width: a loaded batch drafts less
+        fixed = self.costs.drafter_cost(len(rows))
         block_cost = self.costs.block_cost(ratio, self.k)  # once per iteration, shared by the rows
         drafts = [empty] * len(rows)
         drafting, sizes = [], []
@@ -168,7 +168,7 @@ class DrafterDraft:
                                      [rows[slot].source for slot in drafting], hidden, mask, self.pad_id)
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
-        self.costs.observe_drafter(elapsed)
+        self.costs.observe_drafter(elapsed, len(rows))
         for place, (slot, size) in enumerate(zip(drafting, sizes)):
             drafts[slot] = drafted[place, :size]
         return drafts

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .alignment import MAX_REPEAT_MATCH, SENTINEL as _SENTINEL, align
-from .sizing import AcceptancePrior, BlockOptions, BlockSizer
+from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
 from .loop import Row
 from .repetition import RepeatDrafts
 from .verifier import Batch
@@ -46,9 +46,14 @@ class SourceDraft:
     seconds = 0.0  # no graph of its own
     memory = None  # IAD's drafts are the source's tokens: it reads no encoder output
 
-    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None) -> None:
+    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None,
+                 costs: CallCost | None = None) -> None:
+        """``costs``: the verifier's measured call costs (the Generator's, shared), which size
+        the blocks at the batch's width; None: the options' ``cost_ratio`` at every width."""
         self.options = options
         self.prior = prior  # where a row's acceptance estimate starts (the Generator's, shared)
+        self.costs = costs
+        self._last_call: tuple[int, float, int] | None = None
 
     def start(self, row: Row) -> None:
         start = row.limits.start_ids  # the row's own limits: its source may cap its length
@@ -60,6 +65,12 @@ class SourceDraft:
                                RepeatDrafts(self.options))
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
+        block_cost = None
+        if self.costs is not None:
+            if batch.last_call is not None and batch.last_call is not self._last_call:
+                self._last_call = batch.last_call
+                self.costs.observe(*batch.last_call)
+            block_cost = self.costs.block_cost(self.costs.fit(len(rows))[1], self.options.max_block)
         drafts = []
         for row, room in zip(rows, rooms):
             a: _Alignment = row.state
@@ -71,7 +82,7 @@ class SourceDraft:
                 a.at = None
                 drafts.append(repeat)
                 continue
-            k = 0 if a.at is None else min(len(a.source) - a.at - 1, room, a.sizer.size())
+            k = 0 if a.at is None else min(len(a.source) - a.at - 1, room, a.sizer.size(block_cost=block_cost))
             drafts.append(a.source[a.at + 1 : a.at + 1 + k] if k > 0 else a.source[:0])
         return drafts
 

@@ -167,7 +167,9 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
             for klass, group in joining.items():
                 cohort = cohorts.get(klass)
                 if cohort is None:  # its buffers are made on first use and kept
-                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory))
+                    # beam search sums log-probs: the top-K graph; the others may read only the best id
+                    top_k = verification.reads_log_probs or beams is not None
+                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory, top_k=top_k))
                 if not cohort.rows:  # no credit and no debt from before it was empty
                     cohort.seconds = clock
                 _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id, beams)

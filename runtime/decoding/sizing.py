@@ -194,56 +194,90 @@ class CallCost:
     GAD's drafter call has to be expressed in one-token calls, which a mean over mixed-width
     calls overstates. Until the calls seen have varied in width, the ``prior_ratio`` stands in
     for the slope. Shared by the decodes of one Generator (thread-safe), so a new request starts
-    from what earlier ones measured."""
+    from what earlier ones measured.
+
+    ``by_rows`` (load-adaptive): calls are also fitted per batch width, the rows a call serves,
+    in powers of two (1, 2-3, 4-7, ...): a loaded batch's call is compute-bound, so each extra
+    position costs nearly a whole step (the reference model, fp32, batch 32: a 17-wide IAD call
+    took 10x a greedy one, benchmarks/results/profile-step-cpu), where an idle batch's call is
+    dominated by its fixed cost. A width class without calls of varied widths yet borrows the
+    slope of all calls; False: one fit over every call."""
 
     MIN_SPREAD = 0.25  # variance of the widths seen below which the slope is not trusted
     MAX_RATIO = 4.0  # a noisy fit is clamped to [0, MAX_RATIO]
+    _ALL = 0  # the fit of every call (width classes are rows.bit_length() >= 1)
 
-    def __init__(self, prior_ratio: float, decay: float = 0.98) -> None:
+    def __init__(self, prior_ratio: float, decay: float = 0.98, by_rows: bool = True) -> None:
         self.prior_ratio = prior_ratio
         self.decay = decay
+        self.by_rows = by_rows
         self._lock = threading.Lock()
-        self._n = self._w = self._ww = self._t = self._wt = 0.0
-        self.drafter_seconds = 0.0  # running mean of a drafter call (GAD)
+        self._sums: dict[int, np.ndarray] = {}  # width class -> decayed [n, w, w^2, t, w t]
+        self._drafter: dict[int, float] = {}  # width class -> running mean of a drafter call (GAD)
+
+    def _classes(self, rows: int) -> tuple[int, ...]:
+        return (self._ALL, int(rows).bit_length()) if self.by_rows else (self._ALL,)
+
+    @property
+    def drafter_seconds(self) -> float:
+        """The running mean of a drafter call, over every call."""
+        return self._drafter.get(self._ALL, 0.0)
 
     def reset(self) -> None:
         """Forget what was measured (after a warm-up, whose first calls are not typical)."""
         with self._lock:
-            self._n = self._w = self._ww = self._t = self._wt = 0.0
-            self.drafter_seconds = 0.0
+            self._sums.clear()
+            self._drafter.clear()
 
-    def observe(self, width: int, seconds: float) -> None:
+    def observe(self, width: int, seconds: float, rows: int = 1) -> None:
+        """A verifier call of ``rows`` rows, ``width`` positions each, took ``seconds``."""
+        point = np.array([1.0, width, width * width, seconds, width * seconds])
         with self._lock:
-            d = self.decay
-            self._n = d * self._n + 1.0
-            self._w = d * self._w + width
-            self._ww = d * self._ww + width * width
-            self._t = d * self._t + seconds
-            self._wt = d * self._wt + width * seconds
+            for key in self._classes(rows):
+                sums = self._sums.get(key)
+                self._sums[key] = point if sums is None else self.decay * sums + point
 
-    def observe_drafter(self, seconds: float, weight: float = 0.05) -> None:
+    def observe_drafter(self, seconds: float, rows: int = 1, weight: float = 0.05) -> None:
         # a slow-moving mean: one drafter call delayed by the machine should not make every row rest
         with self._lock:
-            mean = self.drafter_seconds
-            self.drafter_seconds = seconds if mean == 0.0 else (1 - weight) * mean + weight * seconds
+            for key in self._classes(rows):
+                mean = self._drafter.get(key, 0.0)
+                self._drafter[key] = seconds if mean == 0.0 else (1 - weight) * mean + weight * seconds
+
+    def drafter_cost(self, rows: int = 1) -> float:
+        """A drafter call for ``rows`` rows, in one-token verifier calls of as many rows (0 before
+        either was measured)."""
+        one_token, _ratio = self.fit(rows)
+        with self._lock:
+            seconds = self._drafter.get(self._classes(rows)[-1], self._drafter.get(self._ALL, 0.0))
+        return seconds / one_token if one_token > 0 else 0.0
 
     def block_cost(self, ratio: float, max_block: int) -> np.ndarray:
         """The cost of a block checking 1..max_block drafts, in one-token calls, for BlockSizer."""
         return 1.0 + ratio * np.arange(1, max_block + 1, dtype=np.float64)
 
-    def fit(self) -> tuple[float, float]:
-        """(seconds of a one-token call, cost of one more position relative to it); (0, prior)
-        before any call was seen."""
+    def fit(self, rows: int = 1) -> tuple[float, float]:
+        """(seconds of a one-token call of ``rows`` rows, cost of one more position relative to
+        it); (0, prior) before any call was seen."""
         with self._lock:
-            n, w, ww, t, wt = self._n, self._w, self._ww, self._t, self._wt
-        if n == 0.0:
-            return 0.0, self.prior_ratio
-        mean_w, mean_t = w / n, t / n
-        spread = ww / n - mean_w * mean_w
-        if spread >= self.MIN_SPREAD:
-            slope = (wt / n - mean_w * mean_t) / spread
-            one = mean_t - slope * (mean_w - 1.0)
-            if one > 0.0:
-                return one, min(max(slope / one, 0.0), self.MAX_RATIO)
-        # widths too alike to tell the slope: the prior ratio, scaled to the mean call
-        return mean_t / (1.0 + self.prior_ratio * (mean_w - 1.0)), self.prior_ratio
+            own = self._sums.get(self._classes(rows)[-1])
+            every = self._sums.get(self._ALL)
+        for sums in (own, every):  # the width class's own slope, else that of every call
+            if sums is not None and sums[0] > 0.0:
+                n, w, ww, t, wt = sums
+                mean_w, mean_t = w / n, t / n
+                spread = ww / n - mean_w * mean_w
+                if spread >= self.MIN_SPREAD:
+                    slope = (wt / n - mean_w * mean_t) / spread
+                    one = mean_t - slope * (mean_w - 1.0)
+                    if one > 0.0:
+                        ratio = min(max(slope / one, 0.0), self.MAX_RATIO)
+                        break
+        else:
+            ratio = self.prior_ratio
+        base = own if own is not None else every
+        if base is None or base[0] == 0.0:
+            return 0.0, ratio
+        mean_w, mean_t = base[1] / base[0], base[3] / base[0]
+        # the class's own calls, scaled to a one-token call by the ratio found
+        return mean_t / (1.0 + ratio * (mean_w - 1.0)), ratio

@@ -62,17 +62,22 @@ def length_groups(lengths: list[int], call_tokens: int) -> list[range]:
 
 class Batch:
     def __init__(self, verifier: Verifier, slots: int, bound: bool,
-                 memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> None:
+                 memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, top_k: bool = True) -> None:
         """``memory``: what a draft source reads of each row's encoder output, kept per row
-        (:attr:`SlotBuffers.hidden`) and computed once, when the row is encoded; None: nothing."""
+        (:attr:`SlotBuffers.hidden`) and computed once, when the row is encoded; None: nothing.
+        ``top_k``: its calls return the top-K candidates with their log-probs; False: only each
+        position's best id is read, and the bundle's argmax graph runs when it has one."""
         m = verifier.manifest
         self._verifier = verifier
         self._memory = memory
+        # the graph its calls run: both take the same inputs and write the same cache
+        self._session = verifier.verifier if top_k or verifier.argmax is None else verifier.argmax
+        self._candidates = ("top_logprobs", "top_ids") if self._session is verifier.verifier else ("top1_ids",)
         self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
-                                   m.max_target_len + SLACK, m.max_source_len, verifier.verifier.device, bound,
+                                   m.max_target_len + SLACK, m.max_source_len, self._session.device, bound,
                                    memory is not None, ACTIVATION_DTYPES[m.precision], m.cache_kind)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
-        self._binding = verifier.verifier.binding() if bound else None
+        self._binding = self._session.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
         self._mask = np.zeros((0, 0), dtype=np.int64)
         # a call's token ids (see block()), written in place: on the CPU, while the rows and the
@@ -84,7 +89,7 @@ class Batch:
                        cross_names(m.decoder_layers))
         self.encoder_seconds = 0.0
         self.verifier_seconds = 0.0
-        self.last_call: tuple[int, float] | None = None
+        self.last_call: tuple[int, float, int] | None = None
         # a bundle with a shortlist: each slot's allowed output ids (None: every id), and the
         # -1 padded [rows, L] array of them fed as output_ids, remade when the rows change
         self._allowed: list[np.ndarray | None] = [None] * slots
@@ -172,13 +177,15 @@ class Batch:
 
     def verify(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-K (log-probs, ids) for the position after each of ``tokens`` ([rows, T]), best
+        first, [rows, T, K] each; from the argmax graph (``top_k=False``) the best id alone,
+        [rows, T, 1], and no log-probs ([rows, T, 0]). Reads ``tokens`` where they are when
         written into :meth:`block`'s array; any other array is copied there."""
         rows, new = tokens.shape
         assert rows == self.rows, f"{rows} blocks for {self.rows} rows"
         lengths = self.lengths[:rows]  # a prefix of a 1-D array: contiguous, and kept current by keep()
         self.buffers.ensure_capacity(int(lengths.max(initial=0)) + new)
         names = self._names
-        session = self._verifier.verifier
+        session = self._session
         started = time.perf_counter()
         if self._binding is None:
             feeds = {"input_ids": tokens, "past_lengths": np.ascontiguousarray(lengths),
@@ -187,7 +194,7 @@ class Batch:
                 feeds["output_ids"] = self.output_ids()
             out = session.run(feeds)
             self.buffers.store([out[name] for name in names[1]])
-            top_logprobs, top_ids = out["top_logprobs"], out["top_ids"]
+            candidates = [out[name] for name in self._candidates]
         else:
             binding = self._binding
             ids = tokens
@@ -203,8 +210,8 @@ class Batch:
                 # candidates (a binding left in place would keep last call's shape). For a device,
                 # onnxruntime copies a bound host input at bind time (IOBinding::BindInput), so
                 # there they are bound every call.
-                binding.bind_output("top_logprobs", "cpu")
-                binding.bind_output("top_ids", "cpu")
+                for name in self._candidates:
+                    binding.bind_output(name, "cpu")
                 binding.bind_cpu_input("input_ids", ids)
                 binding.bind_cpu_input("past_lengths", lengths)
                 self._bound_width = new
@@ -217,17 +224,23 @@ class Batch:
                 self._layout = self.buffers.layout
             outputs = session.run_bound(binding)
             # copies: with the binding kept, the next run writes into the same output memory
-            top_logprobs, top_ids = outputs[0].numpy().copy(), outputs[1].numpy().copy()
+            candidates = [value.numpy().copy() for value in outputs[: len(self._candidates)]]
             # the candidates are bound without a shape, so nothing else checks what the graph
             # computed (an unbound call's outputs are checked by its session: OrtSession.run)
-            expected = (rows, new, self._verifier.manifest.top_k)
-            if top_logprobs.shape != expected or top_ids.shape != expected:
-                raise BundleError(f"the verifier computed candidates of shapes {list(top_logprobs.shape)} and "
-                                  f"{list(top_ids.shape)} for {rows} row(s) of {new} token(s), where its declared IO "
-                                  f"implies {list(expected)}; the bundle's graph does not compute what its manifest "
-                                  "says.")
+            expected = (rows, new, self._verifier.manifest.top_k)[: 3 if len(candidates) == 2 else 2]
+            if any(value.shape != expected for value in candidates):
+                raise BundleError(f"the verifier computed candidates of shapes "
+                                  f"{' and '.join(str(list(value.shape)) for value in candidates)} for {rows} row(s) of "
+                                  f"{new} token(s), where its declared IO implies {list(expected)}; the bundle's graph "
+                                  "does not compute what its manifest says.")
+        if len(candidates) == 2:
+            top_logprobs, top_ids = candidates
+        else:  # the argmax graph: the best id, as the first (and only) candidate
+            top_ids = candidates[0][..., None]
+            top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
         check_ids(top_ids, self._verifier.manifest.vocab_size, "the verifier")  # they become the output
-        self.last_call = (new, time.perf_counter() - started)  # (positions per row, seconds): the cost model's data
+        # (positions per row, seconds, rows): the cost model's data (sizing.CallCost.observe)
+        self.last_call = (new, time.perf_counter() - started, rows)
         self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids
 
@@ -258,22 +271,27 @@ class Batch:
 
 class Verifier:
     def __init__(self, encoder: Session, verifier: Session, manifest: Manifest,
-                 encoder_call_tokens: int | None = None, shortlist: Shortlist | None = None) -> None:
+                 encoder_call_tokens: int | None = None, shortlist: Shortlist | None = None,
+                 argmax: Session | None = None) -> None:
         """``encoder_call_tokens``: padded tokens per encoder call (:func:`length_groups`;
         default: :data:`ENCODER_CALL_TOKENS` for the encoder's device). ``shortlist``: each
-        sentence's output ids (a bundle with a shortlist); None decodes over the whole vocabulary."""
+        sentence's output ids (a bundle with a shortlist); None decodes over the whole vocabulary.
+        ``argmax``: the bundle's argmax graph (graph_specs.VERIFIER_GRAPHS), which batches that
+        read only each position's best id run; None: they run ``verifier`` too."""
         self.encoder = encoder
         self.verifier = verifier
+        self.argmax = argmax
         self.manifest = manifest
         self.encoder_call_tokens = (ENCODER_CALL_TOKENS[encoder.device] if encoder_call_tokens is None
                                     else encoder_call_tokens)
         self.shortlist = shortlist
         self.takes_output_ids = manifest.shortlist is not None
 
-    def batch(self, slots: int, bound: bool,
-              memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Batch:
-        return Batch(self, slots, bound, memory)
+    def batch(self, slots: int, bound: bool, memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+              top_k: bool = True) -> Batch:
+        return Batch(self, slots, bound, memory, top_k)
 
     @property
     def seconds(self) -> dict[str, float]:
-        return {"encoder": self.encoder.seconds, "verifier": self.verifier.seconds}
+        argmax = self.argmax.seconds if self.argmax is not None else 0.0
+        return {"encoder": self.encoder.seconds, "verifier": self.verifier.seconds + argmax}

@@ -50,7 +50,7 @@ def test_every_input_gets_a_profile_with_the_manifest_dims(reference_bundle):
     manifest = load_manifest(reference_bundle)
     options = ProfileOptions(max_batch=8, opt_batch=2, max_block=32)
     built = profiles(manifest, options)
-    assert list(built) == ["encoder", "verifier", "drafter"]
+    assert list(built) == ["encoder", "verifier", "verifier_argmax", "drafter"]
     for graph, profile in built.items():
         spec = manifest.graph(graph)
         assert list(profile) == [t.name for t in spec.inputs]
@@ -84,7 +84,7 @@ def test_the_runtime_never_feeds_a_shape_outside_the_profiles(reference_bundle):
         session.run = recording
     sample = Path(__file__).resolve().parents[2] / "examples" / "uagec_test_sample.tsv"
     texts = [line.split("\t")[0] for line in sample.read_text(encoding="utf-8").splitlines()[:24]]
-    for mode in ("greedy", "iad", "gad"):
+    for mode in ("greedy", "iad", "gad", "gad++"):  # gad++ runs the top-K verifier graph, the others the argmax one
         generator.generate(texts, mode=mode, batch_size=8)
     built = profiles(generator.manifest, ProfileOptions(max_batch=8, max_block=64))
     for graph, calls in seen.items():
@@ -163,7 +163,7 @@ def test_build_engines_cli_checks_then_needs_tensorrt(reference_bundle, tmp_path
     assert k > 8
     assert verifier_ids == {"graph": "verifier", "input": "input_ids", "min": "1x1", "opt": f"1x{min(16, k + 2)}",
                             "max": f"4x{k + 2}"}
-    assert {x["graph"] for x in lines[1:]} == {"encoder", "verifier", "drafter"}
+    assert {x["graph"] for x in lines[1:]} == {"encoder", "verifier", "verifier_argmax", "drafter"}
 
     one_error_line(aggdec("build-engines", str(reference_bundle), "--out", str(reference_bundle / "engines")),
                    "inside the bundle")

@@ -20,7 +20,7 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
     # the export itself ran the validation against torch at T in {1,2,7}, P in {0,5}, B in {1,3}
     root = bundle(family)
     manifest = load_manifest(root)
-    assert set(manifest.files) == {"encoder.onnx", "verifier.onnx", "tokenizer.json"}
+    assert set(manifest.files) == {"encoder.onnx", "verifier.onnx", "verifier_argmax.onnx", "tokenizer.json"}
     for name, digest in manifest.files.items():
         assert sha256_of(root / name) == digest
     verifier = manifest.graph("verifier")
@@ -28,6 +28,10 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
     assert [t.name for t in verifier.outputs] == ["top_logprobs", "top_ids", *self_cache_out_names(layers)]
     assert manifest.format_version == 3
     assert verifier.outputs[0].dims == ("batch", "new_len", manifest.top_k)  # never full logits
+    argmax = manifest.graph("verifier_argmax")  # the same decoder, each position's best id alone
+    assert argmax.inputs == verifier.inputs
+    assert [t.name for t in argmax.outputs] == ["top1_ids", *self_cache_out_names(layers)]
+    assert argmax.outputs[0].dims == ("batch", "new_len")
     assert manifest.family == ("t5" if family == "mt5" else family)
 
 
@@ -38,14 +42,15 @@ def test_every_attention_product_of_the_verifier_is_one_row_per_position(family,
     the export then proved the result bitwise equal alone and in blocks (its check)."""
     import onnx
 
-    graph = onnx.load(str(bundle(family) / "verifier.onnx")).graph
-    constants = {init.name for init in graph.initializer}
-    producers = {out: node for node in graph.node for out in node.output}
-    products = [node for node in graph.node if node.op_type == "MatMul" and not set(node.input) & constants]
-    assert products  # Q.K^T and weights.V of every self- and cross-attention layer
-    for node in products:
-        rows = producers[node.input[0]]
-        assert rows.op_type == "Unsqueeze" and "IsolateRows" in rows.name, node.name
+    for file in ("verifier.onnx", "verifier_argmax.onnx"):
+        graph = onnx.load(str(bundle(family) / file)).graph
+        constants = {init.name for init in graph.initializer}
+        producers = {out: node for node in graph.node for out in node.output}
+        products = [node for node in graph.node if node.op_type == "MatMul" and not set(node.input) & constants]
+        assert products  # Q.K^T and weights.V of every self- and cross-attention layer
+        for node in products:
+            rows = producers[node.input[0]]
+            assert rows.op_type == "Unsqueeze" and "IsolateRows" in rows.name, (file, node.name)
     # the rewrite is idempotent: quantizing a bundle exported with it applies it again
     from aggdec.export.positions import isolate_positions
 
@@ -78,6 +83,22 @@ def test_the_position_check_catches_a_verifier_whose_positions_interact(bundle, 
         check_position_independence(coupled, validation_cases(manifest))
     plain = Driver(cpu_session(ort, root / "encoder.onnx"), cpu_session(ort, root / "verifier.onnx"), manifest)
     assert check_position_independence(plain, validation_cases(manifest)) > 0
+
+
+def test_the_graph_check_catches_an_argmax_graph_of_another_decoder(bundle):
+    """check_verifier_graphs: an argmax graph whose ids are not the top-K graph's first fails,
+    though it is position-independent on its own (here: another seed's weights)."""
+    from aggdec.export.positions import check_verifier_graphs, cpu_session, validation_cases
+    from aggdec.runtime.session import ort
+
+    root, other = bundle("marian"), bundle("marian", 1)
+    manifest = load_manifest(root)
+    encoder = cpu_session(ort, root / "encoder.onnx")
+    own = {name: cpu_session(ort, root / f"{name}.onnx") for name in ("verifier", "verifier_argmax")}
+    assert check_verifier_graphs(encoder, own, manifest, validation_cases(manifest)) > 0
+    mixed = {**own, "verifier_argmax": cpu_session(ort, other / "verifier_argmax.onnx")}
+    with pytest.raises(ValidationError, match="argmax verifier graph's best ids differ"):
+        check_verifier_graphs(encoder, mixed, manifest, validation_cases(manifest))
 
 
 def test_validation_catches_a_wrong_graph(random_checkpoint, tmp_path, monkeypatch):

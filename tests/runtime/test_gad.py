@@ -296,3 +296,48 @@ def test_a_costly_drafter_makes_failing_rows_rest_sooner():
 
     assert first_rest(fixed=2.0, ratio=0.2) is not None
     assert first_rest(fixed=0.5, ratio=0.05) is None
+
+
+def test_call_cost_is_fitted_per_batch_width():
+    """Load-adaptive costs: one-row calls whose extra positions cost 0.1 of a step and 32-row
+    calls whose extra positions cost a whole step are fitted apart; a width class that has seen
+    a single width borrows the slope of every call, and without ``by_rows`` there is one fit."""
+    from aggdec.runtime.decoding.sizing import CallCost
+
+    rng = np.random.default_rng(1)
+    by_rows, pooled = CallCost(prior_ratio=0.05), CallCost(prior_ratio=0.05, by_rows=False)
+    for _ in range(300):
+        width = int(rng.integers(1, 17))
+        for costs in (by_rows, pooled):
+            costs.observe(width, 1e-3 * (1 + 0.1 * (width - 1)), rows=1)
+            costs.observe(width, 8e-3 * (1 + 1.0 * (width - 1)), rows=32)
+    assert by_rows.fit(1) == pytest.approx((1e-3, 0.1), rel=0.02)
+    assert by_rows.fit(32) == pytest.approx((8e-3, 1.0), rel=0.02)
+    assert by_rows.fit(40) == by_rows.fit(32)  # 32-63 rows: one class
+    assert pooled.fit(1) == pooled.fit(32) != by_rows.fit(1)
+    # 4-7 rows, one width seen: the slope of every call, the scale of its own calls
+    by_rows.observe(5, 0.01, rows=5)
+    one, ratio = by_rows.fit(5)
+    assert ratio == by_rows.fit(64)[1] and one == pytest.approx(0.01 / (1 + ratio * 4))
+    by_rows.observe_drafter(4e-3, rows=32)
+    assert by_rows.drafter_cost(32) == pytest.approx(0.5, rel=0.02)  # half a 32-row step
+    assert by_rows.drafter_cost(1) == pytest.approx(4.0, rel=0.02)  # the 1-row class has no drafter call: every call's
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_load_adaptive_sizing_changes_speed_only(family, gad_bundle):
+    """Draft lengths sized at the batch's width (Tuning.load_adaptive) or not: the same outputs,
+    in IAD and GAD, at batch 1 and 6."""
+    from aggdec.runtime.tuning import Tuning
+
+    texts = random_texts(seed=41, count=14)
+    adaptive = Generator(gad_bundle(family))
+    fixed = Generator(gad_bundle(family), tuning=Tuning(load_adaptive=False))
+    assert adaptive.gad_costs.by_rows and not fixed.gad_costs.by_rows
+    expected = [r.ids for r in fixed.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
+    for mode in ("iad", "gad"):
+        for batch_size in (1, 6):
+            for generator in (adaptive, fixed):
+                got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)
+                assert [r.ids for r in got] == expected, (mode, batch_size, generator.tuning.load_adaptive)
+    assert adaptive.gad_costs.fit(6) != adaptive.gad_costs.fit(1)  # both widths were measured apart

@@ -28,12 +28,13 @@ def test_open_bundle_returns_what_decoding_needs(gad_bundle):  # noqa: F811
     opened = open_bundle(gad_bundle("marian"))
     assert isinstance(opened, OpenedBundle) and opened.device == "cpu" and opened.io_binding is True
     assert opened.manifest.draft_k == K and opened.codec.vocab_size == opened.manifest.vocab_size
-    assert set(opened.sessions) == {"encoder", "verifier", "drafter_int8"} and opened.drafter_graph == "drafter_int8"
+    assert set(opened.sessions) == {"encoder", "verifier", "verifier_argmax", "drafter_int8"}
+    assert opened.drafter_graph == "drafter_int8"
     assert all(isinstance(session, OrtSession) for session in opened.sessions.values())
     assert opened.drafter is not None and opened.drafter.k == K
     assert opened.drafter.session is opened.sessions["drafter_int8"]
     floating = open_bundle(gad_bundle("marian"), int8_drafter=False, io_binding=False)
-    assert set(floating.sessions) == {"encoder", "verifier", "drafter"} and floating.io_binding is False
+    assert set(floating.sessions) == {"encoder", "verifier", "verifier_argmax", "drafter"} and floating.io_binding is False
 
 
 def test_a_generator_decodes_an_opened_bundle_as_one_it_opens(gad_bundle):  # noqa: F811
@@ -92,7 +93,7 @@ def test_a_registered_device_opens_and_decodes(gad_bundle, bundle, converted):  
     try:
         assert "counted-cpu" in registered_devices() and session_factory("counted-cpu") is factory
         opened = open_bundle(gad_bundle("marian"), device="counted-cpu")
-        assert factory.opened == [["encoder", "verifier", "drafter"]]  # int8 drafters are for device "cpu"
+        assert factory.opened == [["encoder", "verifier", "verifier_argmax", "drafter"]]  # int8 drafters are for device "cpu"
         generator = Generator.from_bundle(opened, tuning=tuning_for("cpu"))
         reference = Generator(gad_bundle("marian"))
         assert [r.ids for r in generator.generate(TEXTS, mode="gad", max_new_tokens=MAX_NEW)] == \

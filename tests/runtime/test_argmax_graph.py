@@ -1,0 +1,160 @@
+"""The argmax verifier graph (graph_specs.VERIFIER_GRAPHS): greedy, IAD and GAD run a verifier
+without log-softmax and top-k where the bundle has one, and decode exactly what the top-K
+graph decodes, on every family; bundles without it decode as before; its contract is checked.
+
+The argmax graph's ids equal the top-K graph's first, bitwise, because both choose on the
+logits (export/graphs.py candidates): test_heads_choose_on_the_logits shows the case where
+choosing on the log-probs would not (nor equal transformers' greedy, which takes the argmax of
+the logits; tests/runtime/test_lossless.py checks greedy against it with the argmax graph on).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from aggdec.runtime.errors import BundleError
+from aggdec.runtime.generator import Generator
+from aggdec.runtime.tuning import Tuning
+from tests.runtime.test_lossless import MAX_NEW, random_texts
+from tests.support.tiny import FAMILIES
+
+
+def graph_seconds(generator: Generator) -> dict[str, float]:
+    """Seconds spent in each verifier graph so far (the load-time probe runs both once)."""
+    return {name: generator.bundle.sessions[name].seconds for name in ("verifier", "verifier_argmax")
+            if name in generator.bundle.sessions}
+
+
+def ran(generator: Generator, before: dict[str, float]) -> set[str]:
+    return {name for name, seconds in graph_seconds(generator).items() if seconds > before[name]}
+
+
+def decoded(generator: Generator, texts: list[str], mode: str, batch_size: int) -> list[tuple[int, ...]]:
+    return [r.ids for r in generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_argmax_graph_decodes_what_the_top_k_graph_decodes(family, bundle):
+    texts = random_texts(seed=11, count=12)
+    argmax = Generator(bundle(family))
+    top_k = Generator(bundle(family), tuning=Tuning(argmax_graph=False))
+    assert "verifier_argmax" in argmax.manifest.graphs and argmax.verifier.argmax is not None
+    assert top_k.verifier.argmax is None
+    before = {name: graph_seconds(generator) for name, generator in (("argmax", argmax), ("top_k", top_k))}
+    for mode in ("greedy", "iad"):
+        for batch_size in (1, 5):
+            assert decoded(argmax, texts, mode, batch_size) == decoded(top_k, texts, mode, batch_size), (mode,
+                                                                                                       batch_size)
+    # each ran its own graph: the argmax one never touched the top-K graph, and the other way round
+    assert ran(argmax, before["argmax"]) == {"verifier_argmax"}
+    assert ran(top_k, before["top_k"]) == {"verifier"}
+
+
+def test_gad_plus_plus_runs_the_top_k_graph_and_gad_the_argmax_one(drafter_bundle):
+    from aggdec.export.drafter import new_drafter_from_verifier
+
+    texts = random_texts(seed=5, count=6)
+    bundle, _ = drafter_bundle("bart", "gad", lambda model: new_drafter_from_verifier(model, layers=2, k=25, seed=1))
+    generator = Generator(bundle)
+    before = graph_seconds(generator)
+    generator.generate(texts, mode="gad++", max_new_tokens=MAX_NEW, beta=3, tau=2.0)
+    assert ran(generator, before) == {"verifier"}
+    before = graph_seconds(generator)
+    assert decoded(generator, texts, "gad", 3) == decoded(generator, texts, "greedy", 1)
+    assert ran(generator, before) == {"verifier_argmax"}
+
+
+def test_int8_bundle_has_an_argmax_graph_that_decodes_what_its_top_k_graph_does(bundle, converted):
+    int8 = converted(bundle("bart"), "int8")
+    texts = random_texts(seed=3, count=10)
+    argmax = Generator(int8)
+    top_k = Generator(int8, tuning=Tuning(argmax_graph=False))
+    assert argmax.verifier.argmax is not None
+    for mode in ("greedy", "iad"):
+        assert decoded(argmax, texts, mode, 4) == decoded(top_k, texts, mode, 4)
+
+
+def without_argmax_graph(source, target):
+    """A copy of bundle ``source`` as exported before the argmax graph: no verifier_argmax."""
+    shutil.copytree(source, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    spec = manifest["graphs"].pop("verifier_argmax")
+    del manifest["files"][spec["file"]]
+    (target / spec["file"]).unlink()
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_bundle_without_the_argmax_graph_decodes_with_the_top_k_graph(bundle, tmp_path):
+    old = without_argmax_graph(bundle("t5"), tmp_path / "old")
+    texts = random_texts(seed=2, count=8)
+    generator = Generator(old)
+    assert generator.verifier.argmax is None
+    expected = decoded(Generator(bundle("t5")), texts, "greedy", 1)
+    for mode in ("greedy", "iad"):
+        assert decoded(generator, texts, mode, 3) == expected
+
+
+def test_argmax_graph_with_other_inputs_is_refused(bundle, tmp_path):
+    root = tmp_path / "b"
+    shutil.copytree(bundle("bart"), root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["graphs"]["verifier_argmax"]["inputs"] = manifest["graphs"]["verifier_argmax"]["inputs"][:-1]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="verifier_argmax.inputs differ"):
+        Generator(root)
+
+
+def test_argmax_graph_of_another_decoder_is_refused_at_load(bundle, tmp_path):
+    """A verifier_argmax from another export of the same architecture (other weights) has the
+    right IO: the load-time probe catches it by its ids."""
+    from aggdec.runtime.manifest import sha256_of
+
+    root = tmp_path / "b"
+    shutil.copytree(bundle("bart", 0), root)
+    shutil.copyfile(bundle("bart", 1) / "verifier_argmax.onnx", root / "verifier_argmax.onnx")
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["files"]["verifier_argmax.onnx"] = sha256_of(root / "verifier_argmax.onnx")
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="not one decoder"):
+        Generator(root)
+
+
+def test_heads_choose_on_the_logits(tmp_path):
+    """Logits a < b, b at the higher id, among 8,000 equal ones: log-softmax subtracts
+    log(sum exp) ~ 8.99 with rounding and makes them equal, so top-k over the log-probs takes
+    a's lower id where torch's argmax (transformers' greedy) takes b. The graphs' heads choose
+    on the logits: both take b, as ArgMax does."""
+    import onnxruntime as ort
+    import torch
+
+    from aggdec.export.graphs import candidates
+
+    logits = np.zeros((1, 1, 8000), dtype=np.float32)
+    logits[0, 0, 1] = 2.0 ** -22  # below half the spacing of float32 numbers near 9
+    expected = int(torch.argmax(torch.from_numpy(logits), dim=-1))
+    assert expected == 1
+
+    class Head(torch.nn.Module):
+        def __init__(self, head: str) -> None:
+            super().__init__()
+            self.head = head
+
+        def forward(self, x: torch.Tensor):  # noqa: ANN201
+            if self.head == "log-probs":  # the head before: top-k over the log-softmax
+                return torch.topk(torch.log_softmax(x, dim=-1), 4, dim=-1)[1]
+            return candidates(x, 4, self.head)[-1]
+
+    chosen = {}
+    for head in ("top_k", "argmax", "log-probs"):
+        path = str(tmp_path / f"{head}.onnx")
+        torch.onnx.export(Head(head), (torch.from_numpy(logits),), path, input_names=["x"], output_names=["ids"],
+                          opset_version=17, dynamo=False)
+        (ids,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": logits})
+        chosen[head] = int(ids.reshape(-1)[0])
+    assert chosen["top_k"] == chosen["argmax"] == expected
+    assert chosen["log-probs"] == 0  # the tie log-softmax made
