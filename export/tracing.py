@@ -34,15 +34,18 @@ def isolate_verifier_positions(path: Path) -> None:
 
 
 def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec: Callable[[str], object], opset: int,
-                    after: Callable[[Path], None] | None = None) -> dict:
+                    after: Callable[[Path], None] | None = None, argmax_graph: bool = True) -> dict:
     """Trace the verifier once per graph of ``VERIFIER_GRAPHS`` (the top-K graph and the argmax
     one), each rewritten so that its block positions compute as alone; returns their specs by
     graph name. ``make(head)``: the verifier module with that head; ``spec(head)``: its IO;
-    ``after(path)``: a family's own rewrite of a traced graph, before the isolation."""
+    ``after(path)``: a family's own rewrite of a traced graph, before the isolation.
+    ``argmax_graph``: False leaves the argmax graph out (``aggdec export --no-argmax-graph``)."""
     from ..runtime.graph_specs import VERIFIER_GRAPHS
 
     specs = {}
     for graph, head in VERIFIER_GRAPHS.items():
+        if head == "argmax" and not argmax_graph:
+            continue
         specs[graph] = spec(head)
         path = tmp / specs[graph].file
         trace(make(head).eval(), args, path, specs[graph], opset)

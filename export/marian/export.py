@@ -184,10 +184,12 @@ def longest_output(factor: float, max_source: int) -> int:
 def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
                   drafter_dir: str | Path | None = None, int8_drafter: bool = True,
-                  shortlist_rule: str = "marian", progress: Callable[[str], None] | None = print) -> Manifest:
+                  shortlist_rule: str = "marian", argmax_graph: bool = True,
+                  progress: Callable[[str], None] | None = print) -> Manifest:
     """Export a Marian model folder to the bundle directory ``out_dir`` (fp32); with
     ``drafter_dir``, add its GAD drafter as export_bundle does. ``shortlist_rule``: whose
-    shortlist a bundle with one reproduces (:data:`SHORTLIST_RULES`)."""
+    shortlist a bundle with one reproduces (:data:`SHORTLIST_RULES`). ``argmax_graph``: as
+    export_bundle's."""
     import onnx
     import torch
 
@@ -264,7 +266,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
 
         verifiers = trace_verifiers(verifier, dummy, tmp, lambda head: verifier_spec(
             layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None, head=head), opset,
-            scan if recurrent else None)
+            scan if recurrent else None, argmax_graph=argmax_graph)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:

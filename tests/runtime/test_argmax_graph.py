@@ -99,6 +99,22 @@ def test_bundle_without_the_argmax_graph_decodes_with_the_top_k_graph(bundle, tm
         assert decoded(generator, texts, mode, 3) == expected
 
 
+def test_export_without_the_argmax_graph(bundle, random_checkpoint, tmp_path):
+    """`aggdec export --no-argmax-graph`: no verifier_argmax (the decoder's weights once), and
+    the same output from the top-K graph."""
+    from aggdec.cli import main
+
+    out = tmp_path / "lean"
+    assert main(["export", str(random_checkpoint("bart")), str(out), "--no-argmax-graph"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "verifier_argmax" not in manifest["graphs"] and not (out / "verifier_argmax.onnx").exists()
+    lean = Generator(out)
+    assert lean.verifier.argmax is None
+    texts = random_texts(seed=3, count=6)
+    expected = decoded(Generator(bundle("bart")), texts, "greedy", 1)
+    assert decoded(lean, texts, "greedy", 2) == expected and decoded(lean, texts, "iad", 2) == expected
+
+
 def test_argmax_graph_with_other_inputs_is_refused(bundle, tmp_path):
     root = tmp_path / "b"
     shutil.copytree(bundle("bart"), root)
