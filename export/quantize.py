@@ -456,7 +456,7 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
             # a shortlist verifier takes each row's output ids: both are fed the same -1 padded
             # per-row lists of different lengths, as the runtime feeds them (its output projection
             # gathers those rows of the matrix, so it is not a constant product and stays float)
-            from .marian.export import RowShortlists
+            from .shortlist_feeds import RowShortlists
 
             for sessions in (reference, converted):
                 for name in VERIFIER_GRAPHS:  # both heads get the same lists (seeded by the row count)

@@ -25,6 +25,7 @@ from ...runtime.errors import ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ..positions import check_verifier_graphs, cpu_session, validation_cases
 from ..safety import check_destination, check_options, make_temp, publish, remove_temp
+from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
 from .config import MarianConfig, check_decoding_config, max_length_factor, parse_model_config
@@ -138,39 +139,6 @@ def bundle_tokenizer(path: Path, vocab: int):
     tokenizer.add_special_tokens([AddedToken(EOS_PIECE, special=True)])
     tokenizer.post_processor = TemplateProcessing(single=f"$A {EOS_PIECE}", special_tokens=[(EOS_PIECE, eos)])
     return tokenizer, eos, unk
-
-
-class WholeVocabulary:
-    """An onnxruntime session of a shortlist verifier fed every output id: how the shared
-    validation against the float reference (which scores the whole vocabulary) drives it."""
-
-    def __init__(self, session, vocab: int) -> None:  # noqa: ANN001
-        self.session = session
-        self.vocab = vocab
-
-    def output_ids(self, rows: int) -> np.ndarray:
-        return np.arange(self.vocab, dtype=np.int64)[None]
-
-    def get_outputs(self):  # noqa: ANN201
-        return self.session.get_outputs()
-
-    def run(self, names, feeds: dict):  # noqa: ANN001, ANN201
-        return self.session.run(names, {**feeds, "output_ids": self.output_ids(len(feeds["input_ids"]))})
-
-
-class RowShortlists(WholeVocabulary):
-    """The same, fed per-row lists of different lengths, -1 padded, as the runtime feeds them: how
-    the bitwise block-versus-alone check drives it (and with far less memory than every id,
-    which each position of a block multiplies against a copy of)."""
-
-    def output_ids(self, rows: int) -> np.ndarray:
-        rng = np.random.default_rng(rows)
-        lists = [np.sort(rng.choice(self.vocab, size=min(self.vocab, 200 + 37 * row), replace=False))
-                 for row in range(rows)]
-        ids = np.full((rows, max(map(len, lists))), -1, dtype=np.int64)
-        for row, allowed in enumerate(lists):
-            ids[row, : len(allowed)] = allowed
-        return ids
 
 
 def longest_output(factor: float, max_source: int) -> int:

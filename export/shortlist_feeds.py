@@ -1,0 +1,42 @@
+"""How export-time checks feed a lexical-shortlist verifier (a Marian bundle's): its
+``output_ids`` input, added to every call of the wrapped onnxruntime session, so that the
+shared checks (``validate.py``, ``positions.py``), which know nothing of shortlists, drive it
+as they drive any verifier. Used by the Marian exporter and by ``aggdec quantize``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class WholeVocabulary:
+    """An onnxruntime session of a shortlist verifier fed every output id: how the shared
+    validation against the float reference (which scores the whole vocabulary) drives it."""
+
+    def __init__(self, session, vocab: int) -> None:  # noqa: ANN001
+        self.session = session
+        self.vocab = vocab
+
+    def output_ids(self, rows: int) -> np.ndarray:
+        return np.arange(self.vocab, dtype=np.int64)[None]
+
+    def get_outputs(self):  # noqa: ANN201
+        return self.session.get_outputs()
+
+    def run(self, names, feeds: dict):  # noqa: ANN001, ANN201
+        return self.session.run(names, {**feeds, "output_ids": self.output_ids(len(feeds["input_ids"]))})
+
+
+class RowShortlists(WholeVocabulary):
+    """The same, fed per-row lists of different lengths, -1 padded, as the runtime feeds them: how
+    the bitwise block-versus-alone check drives it (and with far less memory than every id,
+    which each position of a block multiplies against a copy of)."""
+
+    def output_ids(self, rows: int) -> np.ndarray:
+        rng = np.random.default_rng(rows)
+        lists = [np.sort(rng.choice(self.vocab, size=min(self.vocab, 200 + 37 * row), replace=False))
+                 for row in range(rows)]
+        ids = np.full((rows, max(map(len, lists))), -1, dtype=np.int64)
+        for row, allowed in enumerate(lists):
+            ids[row, : len(allowed)] = allowed
+        return ids
