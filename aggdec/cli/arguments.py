@@ -16,12 +16,19 @@ def positive_int(text: str) -> int:
     return value
 
 
-def finite_non_negative(text: str) -> float:
+def finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def finite_non_negative(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
 
@@ -30,16 +37,6 @@ def positive_float(text: str) -> float:
     value = finite_non_negative(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
-def finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
 
 

@@ -328,7 +328,7 @@ def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: lis
         r, t, _ = after[rank]
         batch.lengths[slot] = base[r] + len(pendings[ranked[r]]) + t
         rows[slot].beam = rank
-        rows[slot].trace.tokens = list(group.running[rank])
+        rows[slot].trace.tokens = group.running[rank]  # shared, not copied: BeamGroup.step makes new lists
 
 
 def _done(row: Row) -> bool:
