@@ -501,8 +501,11 @@ class Generator:
         if mode is Mode.IAD and options.beams is not None:  # speculative beam search
             return Strategy(HypothesisSourceDraft(self._block_options(options.block).max_block), GREEDY, options.beams)
         if mode is Mode.IAD:
+            # a caller's own BlockOptions size the blocks with their cost_ratio, not the measured
+            # call costs, so the same options draft the same blocks whatever the timings
+            measured = self.tuning.load_adaptive and options.block is None
             return Strategy(SourceDraft(self._block_options(options.block), self.draft_priors[mode],
-                                        self.gad_costs if self.tuning.load_adaptive else None), GREEDY)
+                                        self.gad_costs if measured else None), GREEDY)
         assert self.drafter is not None  # resolve() refused a drafting mode without one
         tuning = self.tuning
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,

@@ -52,7 +52,8 @@ class Tuning:
     graph for every mode (benchmarks/results/argmax-head-cpu).
     ``load_adaptive``: draft lengths (IAD's and GAD's) weigh the verifier's call cost measured
     at the batch's current width (decoding/sizing.py CallCost ``by_rows``), so a loaded batch
-    drafts less; False: GAD's costs fitted over every call and IAD's ``cost_ratio`` prior.
+    drafts less (IAD only with the default blocks: a caller's BlockOptions keep their own
+    ``cost_ratio``); False: GAD's costs fitted over every call and IAD's ``cost_ratio`` prior.
     """
 
     cost_ratio: float = 0.05

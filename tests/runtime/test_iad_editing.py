@@ -52,6 +52,27 @@ def test_iad_needs_far_fewer_iterations(editing_bundle, editing_texts):
     assert partial
 
 
+def test_caller_block_options_ignore_measured_costs(editing_bundle, editing_texts):
+    """A caller's BlockOptions size IAD's blocks with their own cost_ratio: calls measured as
+    dear (as a loaded or slow machine measures them) must not shorten them, so the same options
+    draft the same blocks on any machine."""
+    options = BlockOptions(max_block=64, cost_ratio=0.0)
+    texts = editing_texts[:8]
+
+    def drafted(generator):
+        results = generator.generate(texts, mode="iad", max_new_tokens=MAX_NEW, block=options, batch_size=1)
+        return [r.stats.drafted for r in results]
+
+    calm = Generator(editing_bundle)
+    expected = drafted(calm)
+    loaded = Generator(editing_bundle)
+    for width in range(1, 65):  # every extra position costs as much as a whole step
+        for _ in range(4):
+            loaded.gad_costs.observe(width, 0.001 * width, rows=1)
+    assert loaded.gad_costs.fit(1)[1] > 0.5
+    assert drafted(loaded) == expected
+
+
 def test_sources_with_edits_everywhere(editing_marian_dir, editing_bundle):
     """Deletions, replacements and insertions at the start, the end and back to back."""
     texts = ["uh the cat runs", "the cat runs uh", "uh uh uh dog", "teh gonna teh", "gonna", "uh",
