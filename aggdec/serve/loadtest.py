@@ -85,9 +85,10 @@ def _offline(generator, texts: list[str], want: list[list[int]], args) -> dict:
 
 def _spread(generator, texts: list[str], args) -> dict:
     """The spread of the work itself: each sentence decoded alone (batch 1), p50 and p99 of its
-    decode time, and of two measures no other load changes: its output tokens and its verifier
-    calls. A served request's latency is its share of the calls that decode it, so no schedule
-    that serves each text by its own work brings served p99/p50 far below these."""
+    decode time, of its output tokens (which no load changes) and of its verifier calls (which
+    depend on draft lengths, sized from measured call costs, so a little on the machine). A
+    served request's latency is its share of the calls that decode it, so no schedule that
+    serves each text by its own work brings served p99/p50 far below these."""
     results = generator.generate(texts, mode=args.mode, batch_size=1, max_new_tokens=args.max_new_tokens)
     spread = {}
     # the time keys keep the names reports had before tokens and calls were added
