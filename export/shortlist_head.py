@@ -59,7 +59,7 @@ def shortlist_logits(hidden: Tensor, output_ids: Tensor, weight: Tensor, bias: T
     valid = output_ids >= 0
     ids = torch.clamp(output_ids, min=0)  # [B, L]
     rows = weight[ids]  # [B, L, D]: the row's gathered matrix, once per row
-    row_bias = torch.where(valid, bias[ids], torch.full_like(bias[ids], float("-inf")))
+    row_bias = bias[ids].masked_fill(~valid, float("-inf"))  # [B, L], gathered once
     if per_position:
         logits = _PerPositionLogits.apply(rows, hidden)
     else:
