@@ -150,9 +150,13 @@ class RecurrentVerifierGraph(nn.Module):
 
         hidden = model.target_embedding(input_ids, positions)
         written: list[Tensor] = []
+        # each row's state at its last kept position, read as [B, H, 1, Dh] by GatherElements:
+        # indexing buffer[rows, :, last, :] traces into a Transpose of the whole buffer (a copy
+        # of every row's every position per layer and call: 12% of a call at batch 16)
+        last_position = last.view(-1, 1, 1, 1).expand(batch, heads, 1, head_dim)
         for layer_index, layer in enumerate(model.decoder_layers):
             buffer = states_in[layer_index]
-            previous = buffer[rows, :, last, :].reshape(batch, heads * head_dim)
+            previous = torch.gather(buffer, 2, last_position).reshape(batch, heads * head_dim)
             previous = torch.where(started, previous, torch.zeros_like(previous))
             forget, update = layer.ssru.inputs(hidden)
             states = _Recurrence.apply(forget, update, previous)  # [B, T, D]
