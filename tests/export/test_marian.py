@@ -362,12 +362,13 @@ def test_shortlist_greedy_equals_reference_over_each_sentences_shortlist(tiny):
         assert [r.ids for r in whole.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)] == without
 
 
-def test_shortlist_projection_broadcasts_each_rows_matrix_without_a_copy_per_position(tiny):
-    """The shortlist verifier multiplies each position against its row's gathered output matrix
-    as one product of one column (export/shortlist_head.py), the matrix broadcast over the
-    block by onnxruntime, never copied per position (the Expand it replaced cost 74% of a
-    call); the isolation rewrite leaves that product as it is. The export's own check proved
-    the graph bitwise equal alone and in blocks; here the structure it proved is pinned."""
+def test_shortlist_projection_is_per_row_and_per_position_without_copies(tiny):
+    """The shortlist verifier projects row by row (a Scan over the rows: the row's gathered
+    output matrix is multiplied while still in the cache), each position as one product of
+    one column against that matrix, broadcast over the block by onnxruntime, never copied per
+    position (the Expand it replaced cost 74% of a call); the isolation rewrite leaves that
+    product as it is. The export's own check proved the graph bitwise equal alone and in
+    blocks; here the structure it proved is pinned (export/shortlist_head.py)."""
     import onnx
 
     from aggdec.export.positions import PER_POSITION, isolate_positions
@@ -377,12 +378,15 @@ def test_shortlist_projection_broadcasts_each_rows_matrix_without_a_copy_per_pos
     for file in ("verifier.onnx", "verifier_argmax.onnx"):
         model = onnx.load(str(bundle / file))
         graph = model.graph
-        producers = {out: node for node in graph.node for out in node.output}
-        products = [node for node in graph.node if node.name.endswith(PER_POSITION)]
-        assert len(products) == 1 and products[0].op_type == "MatMul", file
-        matrix = producers[producers[products[0].input[0]].input[0]]
-        assert matrix.op_type == "Gather", (file, matrix.op_type)  # the row's gathered rows, not an Expand of them
         assert not any(node.domain == DOMAIN for node in graph.node), file  # no placeholder left
+        scans = [node for node in graph.node if node.op_type == "Scan"
+                 and any(n.name.endswith(PER_POSITION) for a in node.attribute if a.name == "body" for n in a.g.node)]
+        assert len(scans) == 1, file
+        body = next(a.g for a in scans[0].attribute if a.name == "body")
+        ops = {node.name.rsplit("/", 1)[-1]: node.op_type for node in body.node}
+        assert ops[PER_POSITION.strip("/")] == "MatMul" and "Expand" not in ops.values(), (file, ops)
+        gathered = next(node for node in body.node if node.op_type == "Gather")
+        assert gathered.input[0] in {init.name for init in graph.initializer}, file  # the output matrix itself
         assert isolate_positions(model)[1] == 0, file
 
 
