@@ -26,9 +26,6 @@ from ..runtime.manifest import Manifest
 
 
 ISOLATE_ROWS = "/IsolateRows"  # the name suffix of the Unsqueeze that makes a position a one-row matrix
-# the name suffix of a MatMul written per position already (export/shortlist_head.py: a product of
-# one column per position), which the isolation leaves as it is
-PER_POSITION = "/PerPositionMatMul"
 
 
 def isolate_positions(model) -> tuple[object, int]:
@@ -70,8 +67,6 @@ def isolate_positions(model) -> tuple[object, int]:
     producers = {out: node for node in graph.node for out in node.output}
 
     def isolated(node) -> bool:
-        if node.name.endswith(PER_POSITION):
-            return True
         rows = producers.get(node.input[0])
         return rows is not None and rows.op_type == "Unsqueeze" and ISOLATE_ROWS in rows.name
 

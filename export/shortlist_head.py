@@ -14,8 +14,8 @@ offsets (no copy per position) and runs every product of one column the same way
 and L. The rows go one at a time (a Scan), so a row's gathered matrix is multiplied while it
 is still in the cache. The shared isolation rewrite (positions.isolate_positions) would split
 such a product into T x L dot products of one element, so the traced graph holds a placeholder
-(:class:`_PerPositionLogits`) that :func:`per_position_products` replaces by that Scan, its
-MatMul named with :data:`~.positions.PER_POSITION`. Tried before (docs/decisions/025): a copy
+(:class:`_PerPositionLogits`) that :func:`per_position_products` replaces by that Scan; the
+rewrite rewrites top-level products only and leaves a Scan's body alone. Tried before (docs/decisions/025): a copy
 of the matrix per position (``Expand``, 74% of the verifier's time); the product the other way
 round, [B, T, 1, D] x [B, 1, D, L], which onnxruntime folds into one GEMM of T rows when B = 1;
 one product for the whole batch at once, whose gathered matrices went to memory and back.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .positions import PER_POSITION
+PER_POSITION = "/PerPositionMatMul"  # the name suffix of the product in the Scan's body
 
 DOMAIN = "aggdec.shortlist"
 OP = "PerPositionLogits"

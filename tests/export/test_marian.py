@@ -371,8 +371,8 @@ def test_shortlist_projection_is_per_row_and_per_position_without_copies(tiny):
     blocks; here the structure it proved is pinned (export/shortlist_head.py)."""
     import onnx
 
-    from aggdec.export.positions import PER_POSITION, isolate_positions
-    from aggdec.export.shortlist_head import DOMAIN
+    from aggdec.export.positions import isolate_positions
+    from aggdec.export.shortlist_head import DOMAIN, PER_POSITION
 
     _folder, bundle = tiny("ssru", "bin", 0.0, True)
     for file in ("verifier.onnx", "verifier_argmax.onnx"):
