@@ -200,6 +200,9 @@ class Generator:
         # per drafting mode, the acceptance its rows have seen: a new row's first draft length
         # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
         self.draft_priors = {mode: AcceptancePrior() if self.tuning.shared_prior else None for mode in DRAFTING_MODES}
+        # speculative beam search's: the beam steps its calls replayed past the first (far fewer
+        # than IAD's accepted tokens: every hypothesis a step selects must be on a drafted path)
+        self.replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -234,7 +237,7 @@ class Generator:
         for name, session in self._sessions.items():
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
-        for prior in self.draft_priors.values():
+        for prior in (*self.draft_priors.values(), self.replay_prior):
             if prior is not None:
                 prior.reset()  # the warm-up's made-up text is not the workload
         return time.perf_counter() - started
@@ -499,7 +502,10 @@ class Generator:
         if mode is Mode.GREEDY:
             return Strategy(NoDraft(), GREEDY, options.beams)
         if mode is Mode.IAD and options.beams is not None:  # speculative beam search
-            return Strategy(HypothesisSourceDraft(self._block_options(options.block).max_block), GREEDY, options.beams)
+            # sized as IAD's blocks are: measured call costs unless the caller gave BlockOptions
+            measured = self.tuning.load_adaptive and options.block is None
+            return Strategy(HypothesisSourceDraft(self._block_options(options.block), self.replay_prior,
+                                                  self.gad_costs if measured else None), GREEDY, options.beams)
         if mode is Mode.IAD:
             # a caller's own BlockOptions size the blocks with their cost_ratio, not the measured
             # call costs, so the same options draft the same blocks whatever the timings

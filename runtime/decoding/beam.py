@@ -37,6 +37,7 @@ ONNX TopK's order; torch's ``topk`` does not document its order for ties.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,7 @@ class BeamGroup:
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most num_beams
     trace: RowTrace | None = None  # per step: drafted, accepted, rows (tokens: the best at the end)
     done: bool = False
+    draft_state: Any = None  # the draft source's, for the whole group (speculative beams: its draft sizer)
 
     def __post_init__(self) -> None:
         n = self.rules.num_beams

@@ -113,32 +113,81 @@ class HypothesisSourceDraft:
     at every call, drafts the source tokens after the aligned position.
 
     A beam row's hypothesis changes from call to call (a step may give the row another
-    hypothesis), so no per-row alignment carries over. A draft is at most ``max_block`` tokens,
-    and at most twice the steps the group's last call replayed, less one: every row of the
-    group pays for the widest block, and most calls replay one step (the N selected
-    hypotheses rarely all stay on drafted paths). Drafts change how many beam steps a call
-    replays, never the output (loop._select_beams)."""
+    hypothesis), so no per-row alignment carries over. A row whose hypothesis has left its
+    source (no alignment) drafts nothing.
+
+    How long the drafts are is the group's choice, made once a call for all its rows (every
+    row pays for the widest block, so a shorter draft for some rows saves nothing): a
+    :class:`BlockSizer` per group weighs the beam steps a call is expected to replay against
+    the call's cost at the batch's width (``costs``, measured; else the options'
+    ``cost_ratio``). Replay holds while every hypothesis a step selects lies on a drafted path,
+    so a group's "acceptance" is the steps its calls replayed past the first (reported by the
+    loop through :meth:`observe`). A group whose drafts do not pay takes plain beam steps
+    (no draft, no alignment: a plain call's cost) and tries again after a rest that doubles
+    with each failed try, as GAD's rows do. Drafts change how many beam steps a call replays,
+    never the output (loop._select_beams)."""
 
     seconds = 0.0  # no graph of its own
     memory = None
 
-    def __init__(self, max_block: int) -> None:
-        self.max_block = max_block
+    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None,
+                 costs: CallCost | None = None) -> None:
+        """``options``: ``max_block`` caps a draft; with ``adaptive`` False every aligned row
+        drafts ``max_block`` tokens (what the tests use to replay as much as they can)."""
+        self.options = options
+        self.prior = prior  # replayed steps of the groups before (the Generator's, shared)
+        self.costs = costs
+        self._last_call: tuple[int, float, int] | None = None
 
     def start(self, row: Row) -> None:
         row.state = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])
+        group = row.group
+        if group is not None and group.draft_state is None:  # the group's first row
+            group.draft_state = BlockSizer(self.options, self.prior, first_rest=FIRST_REST)
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
+        if self.costs is not None and batch.last_call is not None and batch.last_call is not self._last_call:
+            self._last_call = batch.last_call
+            self.costs.observe(*batch.last_call)
+        block_cost: np.ndarray | None = None
+        sizes: dict[int, int] = {}  # the group's draft length this call, by the group's id
         drafts = []
         for row, room in zip(rows, rooms):
+            group = row.group
+            assert group is not None, "HypothesisSourceDraft drafts for beam groups only"
+            sizer: BlockSizer = group.draft_state
+            key = id(group)
+            if key not in sizes:
+                if sizer.resting:  # a plain step: no cost fit, no alignment (a plain call's host work)
+                    sizes[key] = 0
+                else:
+                    if block_cost is None and self.costs is not None:
+                        block_cost = self.costs.block_cost(self.costs.fit(len(rows))[1], self.options.max_block)
+                    sizes[key] = sizer.size(allow_none=True, block_cost=block_cost)
+                if sizes[key] == 0:
+                    sizer.skipped()
+            k = min(sizes[key], room)
+            if k == 0:
+                drafts.append(_EMPTY)
+                continue
             source: np.ndarray = row.state
             output = np.asarray([_SENTINEL, *row.trace.tokens[1:]], dtype=np.int64)
             at = align(output, source)
-            replayed = row.group.trace.accepted if row.group is not None and row.group.trace is not None else []
-            longest = self.max_block if not replayed else min(self.max_block, 2 * replayed[-1] - 1)
-            k = 0 if at is None else min(len(source) - at - 1, room, longest)
-            drafts.append(source[at + 1 : at + 1 + k] if k > 0 else source[:0])  # type: ignore[operator]
+            k = 0 if at is None else min(len(source) - at - 1, k)
+            drafts.append(source[at + 1 : at + 1 + k] if k > 0 else _EMPTY)  # type: ignore[operator]
         return drafts
 
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
-        pass
+        """A beam group's call (``row``: one of its rows): its longest draft, and the steps
+        replayed past the first (each stood on one more draft position)."""
+        if row.group is not None and drafted:
+            row.group.draft_state.observe(drafted, accepted)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+# A beam group whose drafts do not pay rests this many plain steps before its first retry
+# (doubling after each failed one). Not 1 as for a greedy row: a beam call must keep all N
+# hypotheses on drafted paths, so a group's probes mostly fail (reference model, CPU: 20% of
+# calls replay a second step, where drafting pays only above about 60%), and a
+# sentence-long group would spend a fifth of its calls probing.
+FIRST_REST = 4

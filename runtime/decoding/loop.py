@@ -217,7 +217,7 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         kept[slot] = _verify_row(row, pend, draft, top_ids[slot], top_logprobs[slot], verification, drafts, len(rows))
     batch.keep(kept)
     for slots in groups.values():
-        _select_beams(batch, rows, slots, pendings, proposed, top_ids, top_logprobs)
+        _select_beams(batch, rows, slots, pendings, proposed, top_ids, top_logprobs, drafts)
 
     elapsed = time.perf_counter() - started
     cohort.seconds += elapsed
@@ -265,7 +265,8 @@ def _verify_row(row: Row, pend: list[int], draft: np.ndarray, top_ids: np.ndarra
 
 
 def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: list[list[int]],
-                  drafts: list[np.ndarray], top_ids: np.ndarray, top_logprobs: np.ndarray) -> None:
+                  drafts: list[np.ndarray], top_ids: np.ndarray, top_logprobs: np.ndarray,
+                  source: DraftSource) -> None:
     """A beam group's selection after a verifier call: beam steps replayed over the block's
     scores, then each row takes one of the resulting hypotheses.
 
@@ -278,7 +279,10 @@ def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: lis
 
     A hypothesis stays in its parent's row where it can; the others' rows get their parent
     row's cache by a row copy (only the rows that change). A row keeps its cache up to its
-    hypothesis's last token but one; that token is pending for the next call."""
+    hypothesis's last token but one; that token is pending for the next call.
+
+    ``source`` hears once per group what became of its drafts: the longest, and the steps
+    replayed past the first (each stood on one more draft position)."""
     group = rows[slots[0]].group
     assert group is not None and group.trace is not None
     ranked = sorted(slots, key=lambda slot: rows[slot].beam)  # the group's rows in hypothesis order
@@ -303,6 +307,7 @@ def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: lis
             break
         where = [(r, t + 1) for r, t, _ in after]
     draft_tokens = sum(len(drafts[slot]) for slot in ranked)
+    source.observe(rows[ranked[0]], max(len(drafts[slot]) for slot in ranked), steps - 1, steps)
     group.trace.drafted.append(draft_tokens)
     group.trace.accepted.append(steps)
     group.trace.rows.append(len(rows))

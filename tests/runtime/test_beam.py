@@ -268,12 +268,49 @@ def test_speculative_beam_equals_plain_beam(family, bundle, editing_bundle):
                 options = dict(num_beams=4, num_return_sequences=4, length_penalty=length_penalty,
                                early_stopping=early_stopping, max_new_tokens=MAX_NEW)
                 plain = generator.generate(texts, batch_size=8, **options)
-                for batch_size, max_block in ((1, 7), (8, 3), (2, 64)):
-                    spec = generator.generate(texts, mode="iad", block=BlockOptions(max_block=max_block),
-                                              batch_size=batch_size, **options)
-                    assert [r.sequences for r in spec] == [r.sequences for r in plain], (path, batch_size, max_block)
-        if path == editing_bundle:  # some calls replayed several beam steps
-            assert max(step for r in spec for step in r.stats.accepted) > 1
+                # fixed drafts (every aligned row drafts max_block: the most replay), and the
+                # default adaptive ones (group sizers on measured call costs: rests and probes)
+                adaptive = ((1, None), (8, None)) if io_binding and not early_stopping else ()
+                for batch_size, block in ((1, BlockOptions(max_block=7, adaptive=False)),
+                                          (8, BlockOptions(max_block=3, adaptive=False)),
+                                          (2, BlockOptions(max_block=64, adaptive=False)), *adaptive):
+                    spec = generator.generate(texts, mode="iad", block=block, batch_size=batch_size, **options)
+                    assert [r.sequences for r in spec] == [r.sequences for r in plain], (path, batch_size, block)
+                    if path == editing_bundle and block is not None:  # some calls replayed several beam steps
+                        assert max(step for r in spec for step in r.stats.accepted) > 1
+
+
+def test_speculative_beam_rests_where_drafts_do_not_pay(editing_bundle):
+    """A beam group sizes its drafts from the steps its calls replay and the cost of a wider
+    call: where one more position costs as much as a whole step (cost_ratio 1: a replayed
+    second step can at best pay for it), the group stops drafting after its first calls,
+    takes plain beam steps and tries again after rests that double (one probe, not one per
+    call); where positions are nearly free it drafts on every call it can. Output is plain
+    beam search's either way."""
+    import random
+
+    from aggdec.runtime.decoding.iad import FIRST_REST, BlockOptions
+    from tests.support.tiny import make_editing_pair
+
+    rng = random.Random(5)
+    texts = [make_editing_pair(rng)[0] for _ in range(6)]
+    generator = Generator(editing_bundle)
+    options = dict(num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW, batch_size=1)
+    plain = generator.generate(texts, **options)
+    costly = generator.generate(texts, mode="iad", block=BlockOptions(cost_ratio=1.0), **options)
+    cheap = generator.generate(texts, mode="iad", block=BlockOptions(cost_ratio=0.0), **options)
+    for spec in (costly, cheap):
+        assert [r.sequences for r in spec] == [r.sequences for r in plain]
+    for r in costly:
+        drafted = r.stats.drafted  # per call, the group's draft tokens (all rows)
+        plain_steps = drafted.count(0)
+        assert plain_steps >= min(FIRST_REST, len(drafted) - 2), drafted
+        # after a failed try, no two drafted calls in a row
+        tries = [i for i, d in enumerate(drafted) if d]
+        assert all(b - a > 1 for a, b in zip(tries[1:], tries[2:])), drafted
+    drafted_cheap = sum(1 for r in cheap for d in r.stats.drafted if d)
+    drafted_costly = sum(1 for r in costly for d in r.stats.drafted if d)
+    assert drafted_cheap > 2 * drafted_costly, (drafted_cheap, drafted_costly)
 
 
 def test_forced_bos_and_eos_follow_transformers(tmp_path, random_checkpoint):
