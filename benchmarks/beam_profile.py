@@ -3,8 +3,9 @@
 Decodes the same sentences with plain beam N and IAD beam N, interleaved sentence by sentence
 (one thread), and prints: each system's total seconds and its seconds inside onnxruntime, its
 verifier calls, for IAD the beam steps per call (how often replay held) and the draft lengths
-the group sizers chose, the verifier's measured call cost per width for the batch's rows
-(``CallCost``: a one-token call and the cost of one more position relative to it), and with
+the group sizers chose, the cost of an iteration per width for the batch's rows
+(``Generator.beam_costs``: a one-token iteration, host work included, and the cost of one more
+position relative to it), and with
 ``--profile`` the functions where each system's time outside onnxruntime goes (cProfile).
 
     python benchmarks/beam_profile.py BUNDLE [--limit 100] [--beams 4] [--profile] [--repeats 2]
@@ -67,7 +68,7 @@ def main() -> None:
                 if mode == "iad":
                     steps.update(result.stats.accepted)
                     drafted.update(d // args.beams for d in result.stats.drafted)  # about a row's draft
-    one_token, ratio = generator.gad_costs.fit(args.beams)
+    one_token, ratio = generator.beam_costs.fit(args.beams)
     summary = {
         "sentences": len(sources), "beams": args.beams,
         "identical": outputs["greedy"] == outputs["iad"],
@@ -79,7 +80,7 @@ def main() -> None:
         "iad_steps_per_call": {str(k): v for k, v in sorted(steps.items())},
         "iad_mean_steps_per_call": round(sum(k * v for k, v in steps.items()) / max(1, sum(steps.values())), 3),
         "iad_draft_tokens_per_row_per_call": {str(k): v for k, v in sorted(drafted.items())},
-        "measured_call_cost": {"rows": args.beams, "one_token_ms": round(1000 * one_token, 4),
+        "measured_iteration_cost": {"rows": args.beams, "one_token_ms": round(1000 * one_token, 4),
                                "per_extra_position": round(ratio, 4)},
     }
     print(json.dumps(summary, indent=2))

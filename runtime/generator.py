@@ -20,7 +20,7 @@ from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import DrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
-from .decoding.sizing import AcceptancePrior, CallCost
+from .decoding.sizing import AcceptancePrior, CallCost, ReplayPayoff
 from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
@@ -203,6 +203,10 @@ class Generator:
         # speculative beam search's: the beam steps its calls replayed past the first (far fewer
         # than IAD's accepted tokens: every hypothesis a step selects must be on a drafted path)
         self.replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
+        # and its iterations' costs by width: whole iterations, host work included (its own:
+        # GAD's and IAD's fits time the verifier call alone)
+        self.beam_costs = CallCost(self.tuning.cost_ratio, by_rows=True)
+        self.beam_payoff = ReplayPayoff()  # drafted against plain iterations, per step (its veto)
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -237,6 +241,8 @@ class Generator:
         for name, session in self._sessions.items():
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
+        self.beam_costs.reset()
+        self.beam_payoff.reset()
         for prior in (*self.draft_priors.values(), self.replay_prior):
             if prior is not None:
                 prior.reset()  # the warm-up's made-up text is not the workload
@@ -505,7 +511,8 @@ class Generator:
             # sized as IAD's blocks are: measured call costs unless the caller gave BlockOptions
             measured = self.tuning.load_adaptive and options.block is None
             return Strategy(HypothesisSourceDraft(self._block_options(options.block), self.replay_prior,
-                                                  self.gad_costs if measured else None), GREEDY, options.beams)
+                                                  self.beam_costs if measured else None,
+                                                  self.beam_payoff if measured else None), GREEDY, options.beams)
         if mode is Mode.IAD:
             # a caller's own BlockOptions size the blocks with their cost_ratio, not the measured
             # call costs, so the same options draft the same blocks whatever the timings

@@ -158,6 +158,11 @@ class BlockSizer:
         self._resting, self._rest = self._rest, min(2 * self._rest, self.options.max_rest)
         return 0
 
+    def expected(self) -> np.ndarray:
+        """Expected tokens from checking 1..max_block drafts at the current estimate (a caller
+        that sizes one block for several sizers sums these)."""
+        return self._gain(self._accepted, self._rejected)
+
     def _gain(self, accepted: float, rejected: float) -> np.ndarray:
         """Expected tokens from checking 1..max_block drafts at a per-token acceptance rate of
         accepted / (accepted + rejected), capped below 1 (a rate of 1 would make every length
@@ -289,3 +294,46 @@ class CallCost:
         mean_w, mean_t = base[1] / base[0], base[3] / base[0]
         # the class's own calls, scaled to a one-token call by the ratio found
         return mean_t / (1.0 + ratio * (mean_w - 1.0)), ratio
+
+
+class ReplayPayoff:
+    """Whether drafting pays, measured: the seconds per beam step of the iterations that drafted
+    and of those that did not (speculative beam search), per batch width class (the rows a call
+    serves, in powers of two), decayed so they follow the machine.
+
+    Why besides the cost model: a drafted beam call pays only when the steps it replays beat its
+    extra width, and on the CPU the two are close (reference model, beam 4: a 1-token draft
+    replays a second step on 37% of calls; one more position costs 0.2-0.6 of a step). A fitted
+    cost and an estimated replay rate, each a little off, then draft where it does not pay; this
+    compares what each kind of iteration actually took per step, host work included, and vetoes
+    drafting where drafted iterations were the slower. Shared by a Generator's decodes
+    (thread-safe)."""
+
+    MIN_WEIGHT = 4.0  # decayed iterations of each kind before the comparison is trusted
+
+    def __init__(self, decay: float = 0.97) -> None:
+        self.decay = decay
+        self._lock = threading.Lock()
+        self._sums: dict[tuple[int, bool], np.ndarray] = {}  # (class, drafted) -> decayed [n, seconds, steps]
+
+    def observe(self, rows: int, drafted: bool, seconds: float, steps: float) -> None:
+        """An iteration of ``rows`` rows took ``seconds`` for ``steps`` beam steps a group."""
+        key = (int(rows).bit_length(), drafted)
+        point = np.array([1.0, seconds, steps])
+        with self._lock:
+            sums = self._sums.get(key)
+            self._sums[key] = point if sums is None else self.decay * sums + point
+
+    def pays(self, rows: int) -> bool | None:
+        """Whether drafted iterations took less time per step than plain ones at this width
+        class; None until both kinds were seen often enough."""
+        klass = int(rows).bit_length()
+        with self._lock:
+            drafted, plain = self._sums.get((klass, True)), self._sums.get((klass, False))
+        if drafted is None or plain is None or min(drafted[0], plain[0]) < self.MIN_WEIGHT:
+            return None
+        return bool(drafted[1] / drafted[2] < plain[1] / plain[2])
+
+    def reset(self) -> None:
+        with self._lock:
+            self._sums.clear()

@@ -339,3 +339,49 @@ def test_forced_bos_and_eos_follow_transformers(tmp_path, random_checkpoint):
         got = generator.generate(texts, max_new_tokens=max_new_tokens, num_beams=3, length_penalty=0.6,
                                  num_return_sequences=3, batch_size=4)
         assert_same(beam_outputs(got), expected, max_new_tokens, SCORE_TOLERANCE["bart"])
+
+
+def test_replay_payoff_compares_time_per_step():
+    """ReplayPayoff: drafted against plain iterations' seconds per beam step, per width class;
+    no verdict until both kinds were seen a few times."""
+    from aggdec.runtime.decoding.sizing import ReplayPayoff
+
+    payoff = ReplayPayoff()
+    for _ in range(3):
+        payoff.observe(4, True, 0.003, 1.2)  # 2.5 ms a step
+        payoff.observe(4, False, 0.002, 1.0)  # 2 ms a step
+    assert payoff.pays(4) is None  # seen too few times
+    for _ in range(3):
+        payoff.observe(4, True, 0.003, 1.2)
+        payoff.observe(4, False, 0.002, 1.0)
+    assert payoff.pays(4) is False and payoff.pays(5) is False  # 4-7 rows: one class
+    assert payoff.pays(8) is None  # another class: nothing seen
+    for _ in range(200):  # drafted iterations replaying more steps: drafting now pays
+        payoff.observe(4, True, 0.003, 2.0)
+    assert payoff.pays(4) is True
+    payoff.reset()
+    assert payoff.pays(4) is None
+
+
+def test_speculative_beam_vetoed_where_drafted_iterations_were_slower(editing_bundle):
+    """Where the measured drafted iterations took longer per beam step than plain ones, the
+    batch drafts only its tries after rests (one token a row), whatever the cost model says;
+    the output is plain beam search's."""
+    import random
+
+    from tests.support.tiny import make_editing_pair
+
+    rng = random.Random(8)
+    texts = [make_editing_pair(rng)[0] for _ in range(6)]
+    generator = Generator(editing_bundle)
+    options = dict(num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW, batch_size=1)
+    plain = generator.generate(texts, **options)
+    for _ in range(50):  # drafted iterations 10x slower a step, at 4 rows
+        generator.beam_payoff.observe(4, True, 0.010, 1.0)
+        generator.beam_payoff.observe(4, False, 0.001, 1.0)
+    spec = generator.generate(texts, mode="iad", **options)
+    assert [r.sequences for r in spec] == [r.sequences for r in plain]
+    for r in spec:
+        drafted = r.stats.drafted
+        assert all(d <= 4 for d in drafted), drafted  # tries: at most one token for each of 4 rows
+        assert sum(1 for d in drafted if d) <= 1 + len(drafted) // 4, drafted
