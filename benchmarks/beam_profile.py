@@ -1,14 +1,15 @@
-"""Plain against speculative (IAD) beam search at batch 1: time, calls, replay, call costs, profile.
+"""Plain against speculative (IAD) beam search: time, calls, replay, iteration costs, profile.
 
-Decodes the same sentences with plain beam N and IAD beam N, interleaved sentence by sentence
-(one thread), and prints: each system's total seconds and its seconds inside onnxruntime, its
-verifier calls, for IAD the beam steps per call (how often replay held) and the draft lengths
-the group sizers chose, the cost of an iteration per width for the batch's rows
-(``Generator.beam_costs``: a one-token iteration, host work included, and the cost of one more
-position relative to it), and with
-``--profile`` the functions where each system's time outside onnxruntime goes (cProfile).
+Decodes the same sentences with plain beam N and IAD beam N, interleaved call by call
+(``--batch-size`` texts a call, one thread), and prints: each system's total seconds and its
+seconds inside onnxruntime, its verifier calls, for IAD the beam steps per call (how often
+replay held) and the draft lengths chosen, whether drafted iterations measured faster per step
+than plain ones (``Generator.beam_payoff``), the cost of an iteration per width for the batch's
+rows (``Generator.beam_costs``: a one-token iteration, host work included, and the cost of one
+more position relative to it), and with ``--profile`` the functions where each system's time
+outside onnxruntime goes (cProfile).
 
-    python benchmarks/beam_profile.py BUNDLE [--limit 100] [--beams 4] [--profile] [--repeats 2]
+    python benchmarks/beam_profile.py BUNDLE [--limit 100] [--beams 4] [--batch-size 1] [--profile] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2, help="passes over the sentences (the first warms up)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=1, help="texts a generate call (interleaved by call)")
     parser.add_argument("--profile", action="store_true", help="cProfile the last pass, per system")
     args = parser.parse_args()
 
@@ -48,27 +50,29 @@ def main() -> None:
     profiles = {mode: cProfile.Profile() for mode in modes}
     for repeat in range(args.repeats):
         last = repeat == args.repeats - 1
-        for text in sources:
+        chunks = [sources[i : i + args.batch_size] for i in range(0, len(sources), args.batch_size)]
+        for chunk in chunks:
             for mode in modes:
                 graph_before = generator.graph_seconds
                 profile = profiles[mode] if last and args.profile else None
                 started = time.perf_counter()
                 if profile is not None:
                     profile.enable()
-                result = generator.generate([text], mode=mode, num_beams=args.beams, batch_size=1,
-                                            num_return_sequences=args.beams, max_new_tokens=args.max_new_tokens)[0]
+                results = generator.generate(chunk, mode=mode, num_beams=args.beams, batch_size=args.batch_size,
+                                             num_return_sequences=args.beams, max_new_tokens=args.max_new_tokens)
                 if profile is not None:
                     profile.disable()
                 if not last:
                     continue
                 seconds[mode] += time.perf_counter() - started
                 graph[mode] += generator.graph_seconds - graph_before
-                calls[mode] += result.stats.iterations
-                outputs.setdefault(mode, []).append([(h.ids, h.score) for h in result.sequences])
-                if mode == "iad":
-                    steps.update(result.stats.accepted)
-                    drafted.update(d // args.beams for d in result.stats.drafted)  # about a row's draft
-    one_token, ratio = generator.beam_costs.fit(args.beams)
+                for result in results:  # at batch 1 its calls; batched, each text's share of them
+                    calls[mode] += result.stats.iterations
+                    outputs.setdefault(mode, []).append([(h.ids, h.score) for h in result.sequences])
+                    if mode == "iad":
+                        steps.update(result.stats.accepted)
+                        drafted.update(d // args.beams for d in result.stats.drafted)  # about a row's draft
+    one_token, ratio = generator.beam_costs.fit(args.beams * args.batch_size)
     summary = {
         "sentences": len(sources), "beams": args.beams,
         "identical": outputs["greedy"] == outputs["iad"],
@@ -80,7 +84,9 @@ def main() -> None:
         "iad_steps_per_call": {str(k): v for k, v in sorted(steps.items())},
         "iad_mean_steps_per_call": round(sum(k * v for k, v in steps.items()) / max(1, sum(steps.values())), 3),
         "iad_draft_tokens_per_row_per_call": {str(k): v for k, v in sorted(drafted.items())},
-        "measured_iteration_cost": {"rows": args.beams, "one_token_ms": round(1000 * one_token, 4),
+        "batch_size": args.batch_size,
+        "drafting_pays_measured": generator.beam_payoff.pays(args.beams * args.batch_size),
+        "measured_iteration_cost": {"rows": args.beams * args.batch_size, "one_token_ms": round(1000 * one_token, 4),
                                "per_extra_position": round(ratio, 4)},
     }
     print(json.dumps(summary, indent=2))

@@ -6,6 +6,7 @@ sized is a :class:`~aggdec.runtime.tuning.Tuning`."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -205,7 +206,7 @@ class Generator:
         self.replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
         # and its iterations' costs by width: whole iterations, host work included (its own:
         # GAD's and IAD's fits time the verifier call alone)
-        self.beam_costs = CallCost(self.tuning.cost_ratio, by_rows=True)
+        self.beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
         self.beam_payoff = ReplayPayoff()  # drafted against plain iterations, per step (its veto)
 
     def _seconds(self) -> dict[str, float]:
@@ -510,7 +511,9 @@ class Generator:
         if mode is Mode.IAD and options.beams is not None:  # speculative beam search
             # sized as IAD's blocks are: measured call costs unless the caller gave BlockOptions
             measured = self.tuning.load_adaptive and options.block is None
-            return Strategy(HypothesisSourceDraft(self._block_options(options.block), self.replay_prior,
+            block = options.block or dataclasses.replace(self._block_options(None),
+                                                         cost_ratio=self.tuning.beam_cost_ratio)
+            return Strategy(HypothesisSourceDraft(block, self.replay_prior,
                                                   self.beam_costs if measured else None,
                                                   self.beam_payoff if measured else None), GREEDY, options.beams)
         if mode is Mode.IAD:
