@@ -225,7 +225,9 @@ class CallCost:
         self.decay = decay
         self.by_rows = by_rows
         self._lock = threading.Lock()
-        self._sums: dict[int, np.ndarray] = {}  # width class -> decayed [n, w, w^2, t, w t]
+        # width class -> decayed [n, w, w^2, t, w t]: Python floats, since a call observes one
+        # point and numpy's per-call cost (a few us an operation) is most of a 5-float update
+        self._sums: dict[int, list[float]] = {}
         self._drafter: dict[int, float] = {}  # width class -> running mean of a drafter call (GAD)
 
     def _classes(self, rows: int) -> tuple[int, ...]:
@@ -244,11 +246,12 @@ class CallCost:
 
     def observe(self, width: int, seconds: float, rows: int = 1) -> None:
         """A verifier call of ``rows`` rows, ``width`` positions each, took ``seconds``."""
-        point = np.array([1.0, width, width * width, seconds, width * seconds])
+        point = (1.0, float(width), float(width * width), seconds, width * seconds)
+        decay = self.decay
         with self._lock:
             for key in self._classes(rows):
                 sums = self._sums.get(key)
-                self._sums[key] = point if sums is None else self.decay * sums + point
+                self._sums[key] = list(point) if sums is None else [decay * a + b for a, b in zip(sums, point)]
 
     def observe_drafter(self, seconds: float, rows: int = 1, weight: float = 0.05) -> None:
         # a slow-moving mean: one drafter call delayed by the machine should not make every row rest
@@ -314,15 +317,16 @@ class ReplayPayoff:
     def __init__(self, decay: float = 0.97) -> None:
         self.decay = decay
         self._lock = threading.Lock()
-        self._sums: dict[tuple[int, bool], np.ndarray] = {}  # (class, drafted) -> decayed [n, seconds, steps]
+        self._sums: dict[tuple[int, bool], tuple[float, float, float]] = {}  # (class, drafted) -> decayed n, s, steps
 
     def observe(self, rows: int, drafted: bool, seconds: float, steps: float) -> None:
         """An iteration of ``rows`` rows took ``seconds`` for ``steps`` beam steps a group."""
         key = (int(rows).bit_length(), drafted)
-        point = np.array([1.0, seconds, steps])
-        with self._lock:
+        decay = self.decay
+        with self._lock:  # Python floats: one iteration's update (numpy's per-call cost would dominate it)
             sums = self._sums.get(key)
-            self._sums[key] = point if sums is None else self.decay * sums + point
+            self._sums[key] = ((1.0, seconds, steps) if sums is None else
+                               (decay * sums[0] + 1.0, decay * sums[1] + seconds, decay * sums[2] + steps))
 
     def pays(self, rows: int) -> bool | None:
         """Whether drafted iterations took less time per step than plain ones at this width
