@@ -6,6 +6,7 @@ sized is a :class:`~aggdec.runtime.tuning.Tuning`."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -20,7 +21,7 @@ from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import DrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
-from .decoding.sizing import AcceptancePrior, CallCost
+from .decoding.sizing import AcceptancePrior, CallCost, ReplayPayoff
 from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
@@ -200,6 +201,13 @@ class Generator:
         # per drafting mode, the acceptance its rows have seen: a new row's first draft length
         # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
         self.draft_priors = {mode: AcceptancePrior() if self.tuning.shared_prior else None for mode in DRAFTING_MODES}
+        # speculative beam search's: the beam steps its calls replayed past the first (far fewer
+        # than IAD's accepted tokens: every hypothesis a step selects must be on a drafted path)
+        self.replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
+        # and its iterations' costs by width: whole iterations, host work included (its own:
+        # GAD's and IAD's fits time the verifier call alone)
+        self.beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
+        self.beam_payoff = ReplayPayoff()  # drafted against plain iterations, per step (its veto)
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -234,7 +242,9 @@ class Generator:
         for name, session in self._sessions.items():
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
-        for prior in self.draft_priors.values():
+        self.beam_costs.reset()
+        self.beam_payoff.reset()
+        for prior in (*self.draft_priors.values(), self.replay_prior):
             if prior is not None:
                 prior.reset()  # the warm-up's made-up text is not the workload
         return time.perf_counter() - started
@@ -499,7 +509,13 @@ class Generator:
         if mode is Mode.GREEDY:
             return Strategy(NoDraft(), GREEDY, options.beams)
         if mode is Mode.IAD and options.beams is not None:  # speculative beam search
-            return Strategy(HypothesisSourceDraft(self._block_options(options.block).max_block), GREEDY, options.beams)
+            # sized as IAD's blocks are: measured call costs unless the caller gave BlockOptions
+            measured = self.tuning.load_adaptive and options.block is None
+            block = options.block or dataclasses.replace(self._block_options(None),
+                                                         cost_ratio=self.tuning.beam_cost_ratio)
+            return Strategy(HypothesisSourceDraft(block, self.replay_prior,
+                                                  self.beam_costs if measured else None,
+                                                  self.beam_payoff if measured else None), GREEDY, options.beams)
         if mode is Mode.IAD:
             # a caller's own BlockOptions size the blocks with their cost_ratio, not the measured
             # call costs, so the same options draft the same blocks whatever the timings

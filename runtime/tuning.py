@@ -31,6 +31,11 @@ class Tuning:
     ``cost_ratio``: the prior cost of one more block position relative to a one-token
     verifier call (BlockOptions.cost_ratio; GAD measures the real one as it goes).
     ``max_block``: IAD's longest draft block.
+    ``beam_cost_ratio``: the prior cost of one more block position of a speculative beam
+    search's iteration relative to a plain beam step, until the iterations measured have
+    varied in width (decoding/iad.py HypothesisSourceDraft). A beam call has N rows a text,
+    so one more position costs far more than IAD's one-row prior says: 0.2-0.6 measured for
+    beam 4 on the reference model's CPU iterations (benchmarks/results/beam-adaptive-cpu).
     ``length_classes``: source lengths (ascending) that split a server's arrival-order batch
     into cohorts (runtime/decoding/loop.py: decode). On the CPU a call's cost grows with the
     span its longest row makes every row attend over (benchmarks/results/serve-cpu); a GPU
@@ -58,6 +63,7 @@ class Tuning:
 
     cost_ratio: float = 0.05
     max_block: int = 32
+    beam_cost_ratio: float = 0.4
     length_classes: tuple[int, ...] = (32, 64)
     encoder_call_tokens: int = ENCODER_CALL_TOKENS["cpu"]
     gad_decay: float = DECAY
@@ -73,8 +79,10 @@ class Tuning:
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise InputError(f"tuning {name} must be an integer of at least 1, got {value!r}.")
-        if not is_finite_real(self.cost_ratio) or self.cost_ratio < 0:
-            raise InputError(f"tuning cost_ratio must be a finite number >= 0, got {self.cost_ratio!r}.")
+        for name in ("cost_ratio", "beam_cost_ratio"):
+            value = getattr(self, name)
+            if not is_finite_real(value) or value < 0:
+                raise InputError(f"tuning {name} must be a finite number >= 0, got {value!r}.")
         for name in ("gad_decay", "width_quantile"):
             value = getattr(self, name)
             if not is_finite_real(value) or not 0 < value <= 1:
@@ -96,7 +104,8 @@ class Tuning:
         return dataclasses.replace(self, **fields)
 
 
-_GPU = Tuning(cost_ratio=0.005, max_block=64, length_classes=(), encoder_call_tokens=ENCODER_CALL_TOKENS["cuda"])
+_GPU = Tuning(cost_ratio=0.005, beam_cost_ratio=0.005, max_block=64, length_classes=(),
+              encoder_call_tokens=ENCODER_CALL_TOKENS["cuda"])
 # the defaults per device; a TensorRT engine's calls cost as a CUDA session's do
 PROFILES: dict[str, Tuning] = {"cpu": Tuning(), "cuda": _GPU, "tensorrt": _GPU}
 

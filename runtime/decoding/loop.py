@@ -187,8 +187,8 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     batch, rows = cohort.batch, cohort.rows
     started = time.perf_counter()
     verifier_before, drafter_before = batch.verifier_seconds, drafts.seconds
-    lengths = batch.lengths[: len(rows)]
-    pendings = [row.trace.tokens[int(lengths[slot]):] for slot, row in enumerate(rows)]
+    lengths = batch.lengths[: len(rows)].tolist()
+    pendings = [row.trace.tokens[lengths[slot]:] for slot, row in enumerate(rows)]
     # a row's block is its pending tokens plus its draft; every padded block must fit the cache
     limit = batch.block_limit()
     rooms = [max(0, min(row.trace.draft_room(row.limits), limit - len(pend))) for row, pend in zip(rows, pendings)]
@@ -198,14 +198,17 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         # Blocks are padded to the widest: one row's long draft would make every row pay for
         # it. The width is capped at a quantile of the rows' wishes; longer drafts are cut
         # (a shorter draft changes speed, never the output).
-        cap = max(2, int(np.quantile(widths, width_quantile)))
+        cap = max(2, int(_quantile(widths, width_quantile)))
         proposed = [draft[: max(0, cap - len(pend))] for pend, draft in zip(pendings, proposed)]
         widths = [min(w, max(cap, len(pend))) for w, pend in zip(widths, pendings)]
     width = max(widths)
     tokens = batch.block(width, pad_id)
-    for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
-        tokens[slot, : len(pend)] = pend
-        tokens[slot, len(pend) : len(pend) + len(draft)] = draft
+    if width == 1:  # one pending token a row, no drafts (greedy, plain beam): one write
+        tokens[:, 0] = [pend[0] for pend in pendings]
+    else:
+        for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
+            tokens[slot, : len(pend)] = pend
+            tokens[slot, len(pend) : len(pend) + len(draft)] = draft
     top_logprobs, top_ids = batch.verify(tokens)
 
     kept = np.zeros(len(rows), dtype=np.int64)
@@ -217,7 +220,7 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         kept[slot] = _verify_row(row, pend, draft, top_ids[slot], top_logprobs[slot], verification, drafts, len(rows))
     batch.keep(kept)
     for slots in groups.values():
-        _select_beams(batch, rows, slots, pendings, proposed, top_ids, top_logprobs)
+        _select_beams(batch, rows, slots, pendings, proposed, top_ids, top_logprobs, drafts)
 
     elapsed = time.perf_counter() - started
     cohort.seconds += elapsed
@@ -249,6 +252,16 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         batch.shrink()
 
 
+def _quantile(values: list[int], q: float) -> float:
+    """``np.quantile(values, q)`` (its default, linear interpolation) for a short list, in
+    Python: numpy's costs about 100 us a call, a tenth of a small model's verifier call."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
 def _verify_row(row: Row, pend: list[int], draft: np.ndarray, top_ids: np.ndarray, top_logprobs: np.ndarray,
                 verification: Verification, drafts: DraftSource, batch_rows: int) -> int:
     """An independent row's selection: keep its draft's verified prefix and the verifier's own
@@ -265,7 +278,8 @@ def _verify_row(row: Row, pend: list[int], draft: np.ndarray, top_ids: np.ndarra
 
 
 def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: list[list[int]],
-                  drafts: list[np.ndarray], top_ids: np.ndarray, top_logprobs: np.ndarray) -> None:
+                  drafts: list[np.ndarray], top_ids: np.ndarray, top_logprobs: np.ndarray,
+                  source: DraftSource) -> None:
     """A beam group's selection after a verifier call: beam steps replayed over the block's
     scores, then each row takes one of the resulting hypotheses.
 
@@ -278,19 +292,23 @@ def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: lis
 
     A hypothesis stays in its parent's row where it can; the others' rows get their parent
     row's cache by a row copy (only the rows that change). A row keeps its cache up to its
-    hypothesis's last token but one; that token is pending for the next call."""
+    hypothesis's last token but one; that token is pending for the next call.
+
+    ``source`` hears once per group what became of its drafts: the longest, and the steps
+    replayed past the first (each stood on one more draft position)."""
     group = rows[slots[0]].group
     assert group is not None and group.trace is not None
     ranked = sorted(slots, key=lambda slot: rows[slot].beam)  # the group's rows in hypothesis order
-    base = [int(batch.lengths[slot]) for slot in ranked]  # cached positions before this call
+    base = batch.lengths[ranked].tolist()  # cached positions before this call
+    firsts = [len(pendings[slot]) - 1 for slot in ranked]  # each row's position after its pending tokens
     # where each running hypothesis is: (its row's rank, steps along that row's draft)
     where = [(rank, 0) for rank in range(len(ranked))]
     steps = 0
     while True:
-        positions = [(ranked[r], len(pendings[ranked[r]]) - 1 + t) for r, t in where]
-        logprobs = np.stack([top_logprobs[slot, position] for slot, position in positions])
-        ids = np.stack([top_ids[slot, position] for slot, position in positions])
-        selected = group.step(logprobs, ids)
+        # one fancy index for the N hypotheses' candidates (np.stack of N slices costs more)
+        at_slots = [ranked[r] for r, _ in where]
+        at_positions = [firsts[r] + t for r, t in where]
+        selected = group.step(top_logprobs[at_slots, at_positions], top_ids[at_slots, at_positions])
         steps += 1
         if group.done:
             break
@@ -303,6 +321,7 @@ def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: lis
             break
         where = [(r, t + 1) for r, t, _ in after]
     draft_tokens = sum(len(drafts[slot]) for slot in ranked)
+    source.observe(rows[ranked[0]], max(len(drafts[slot]) for slot in ranked), steps - 1, steps)
     group.trace.drafted.append(draft_tokens)
     group.trace.accepted.append(steps)
     group.trace.rows.append(len(rows))
@@ -326,7 +345,7 @@ def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: lis
         batch.copy_rows(sources, targets)
     for slot, rank in claimed.items():
         r, t, _ = after[rank]
-        batch.lengths[slot] = base[r] + len(pendings[ranked[r]]) + t
+        batch.lengths[slot] = base[r] + firsts[r] + 1 + t
         rows[slot].beam = rank
         rows[slot].trace.tokens = group.running[rank]  # shared, not copied: BeamGroup.step makes new lists
 

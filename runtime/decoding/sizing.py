@@ -115,14 +115,17 @@ class AcceptancePrior:
 
 
 class BlockSizer:
-    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None) -> None:
+    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None, first_rest: int = 1) -> None:
+        """``first_rest``: the length of the first rest (with ``allow_none``), doubling from
+        there after each failed try."""
         self.options = options
         self.prior = prior
         start = (options.prior_accepted, options.prior_rejected) if prior is None else prior.start(options)
         self._start = start  # a probe after a rest drafts as a fresh row would
         self._accepted, self._rejected = start
         self._resting = 0  # plain steps left before drafting is tried again
-        self._rest = 1  # the next rest's length: doubles after each failed try
+        self._first_rest = first_rest
+        self._rest = first_rest  # the next rest's length: doubles after each failed try
         self._trying = False
         self._probing = False  # the last draft was such a try
         ks = np.arange(1, options.max_block + 1, dtype=np.float64)
@@ -142,7 +145,7 @@ class BlockSizer:
         value = self._gain(self._accepted, self._rejected) / (cost + fixed_cost)
         best = int(np.argmax(value))
         if not allow_none or value[best] >= 1.0:
-            self._rest = 1
+            self._rest = self._first_rest
             return int(self._ks[best])
         # one token for one plain call beats drafting: rest, then try once more; each failed
         # try doubles the rest, so a row that never accepts pays for a few drafter calls only
@@ -155,12 +158,22 @@ class BlockSizer:
         self._resting, self._rest = self._rest, min(2 * self._rest, self.options.max_rest)
         return 0
 
+    def expected(self) -> np.ndarray:
+        """Expected tokens from checking 1..max_block drafts at the current estimate (a caller
+        that sizes one block for several sizers sums these)."""
+        return self._gain(self._accepted, self._rejected)
+
     def _gain(self, accepted: float, rejected: float) -> np.ndarray:
         """Expected tokens from checking 1..max_block drafts at a per-token acceptance rate of
         accepted / (accepted + rejected), capped below 1 (a rate of 1 would make every length
         equally infinite)."""
         p = min(accepted / (accepted + rejected), 0.999)
         return (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
+
+    @property
+    def resting(self) -> bool:
+        """The next :meth:`size` with ``allow_none`` is 0 whatever the costs (a rest's plain step)."""
+        return self.options.adaptive and self._resting > 0
 
     def skipped(self) -> None:
         """An iteration without a draft."""
@@ -175,7 +188,7 @@ class BlockSizer:
             self._probing = False
             if 2 * accepted >= drafted:  # the try mostly passed: drafting pays again, start afresh
                 self._accepted, self._rejected = self._start
-                self._rest = 1
+                self._rest = self._first_rest
                 return
         decay = self.options.decay
         self._accepted = decay * self._accepted + accepted
@@ -212,7 +225,9 @@ class CallCost:
         self.decay = decay
         self.by_rows = by_rows
         self._lock = threading.Lock()
-        self._sums: dict[int, np.ndarray] = {}  # width class -> decayed [n, w, w^2, t, w t]
+        # width class -> decayed [n, w, w^2, t, w t]: Python floats, since a call observes one
+        # point and numpy's per-call cost (a few us an operation) is most of a 5-float update
+        self._sums: dict[int, list[float]] = {}
         self._drafter: dict[int, float] = {}  # width class -> running mean of a drafter call (GAD)
 
     def _classes(self, rows: int) -> tuple[int, ...]:
@@ -231,11 +246,12 @@ class CallCost:
 
     def observe(self, width: int, seconds: float, rows: int = 1) -> None:
         """A verifier call of ``rows`` rows, ``width`` positions each, took ``seconds``."""
-        point = np.array([1.0, width, width * width, seconds, width * seconds])
+        point = (1.0, float(width), float(width * width), seconds, width * seconds)
+        decay = self.decay
         with self._lock:
             for key in self._classes(rows):
                 sums = self._sums.get(key)
-                self._sums[key] = point if sums is None else self.decay * sums + point
+                self._sums[key] = list(point) if sums is None else [decay * a + b for a, b in zip(sums, point)]
 
     def observe_drafter(self, seconds: float, rows: int = 1, weight: float = 0.05) -> None:
         # a slow-moving mean: one drafter call delayed by the machine should not make every row rest
@@ -281,3 +297,47 @@ class CallCost:
         mean_w, mean_t = base[1] / base[0], base[3] / base[0]
         # the class's own calls, scaled to a one-token call by the ratio found
         return mean_t / (1.0 + ratio * (mean_w - 1.0)), ratio
+
+
+class ReplayPayoff:
+    """Whether drafting pays, measured: the seconds per beam step of the iterations that drafted
+    and of those that did not (speculative beam search), per batch width class (the rows a call
+    serves, in powers of two), decayed so they follow the machine.
+
+    Why besides the cost model: a drafted beam call pays only when the steps it replays beat its
+    extra width, and on the CPU the two are close (reference model, beam 4: a 1-token draft
+    replays a second step on 37% of calls; one more position costs 0.2-0.6 of a step). A fitted
+    cost and an estimated replay rate, each a little off, then draft where it does not pay; this
+    compares what each kind of iteration actually took per step, host work included, and vetoes
+    drafting where drafted iterations were the slower. Shared by a Generator's decodes
+    (thread-safe)."""
+
+    MIN_WEIGHT = 4.0  # decayed iterations of each kind before the comparison is trusted
+
+    def __init__(self, decay: float = 0.97) -> None:
+        self.decay = decay
+        self._lock = threading.Lock()
+        self._sums: dict[tuple[int, bool], tuple[float, float, float]] = {}  # (class, drafted) -> decayed n, s, steps
+
+    def observe(self, rows: int, drafted: bool, seconds: float, steps: float) -> None:
+        """An iteration of ``rows`` rows took ``seconds`` for ``steps`` beam steps a group."""
+        key = (int(rows).bit_length(), drafted)
+        decay = self.decay
+        with self._lock:  # Python floats: one iteration's update (numpy's per-call cost would dominate it)
+            sums = self._sums.get(key)
+            self._sums[key] = ((1.0, seconds, steps) if sums is None else
+                               (decay * sums[0] + 1.0, decay * sums[1] + seconds, decay * sums[2] + steps))
+
+    def pays(self, rows: int) -> bool | None:
+        """Whether drafted iterations took less time per step than plain ones at this width
+        class; None until both kinds were seen often enough."""
+        klass = int(rows).bit_length()
+        with self._lock:
+            drafted, plain = self._sums.get((klass, True)), self._sums.get((klass, False))
+        if drafted is None or plain is None or min(drafted[0], plain[0]) < self.MIN_WEIGHT:
+            return None
+        return bool(drafted[1] / drafted[2] < plain[1] / plain[2])
+
+    def reset(self) -> None:
+        with self._lock:
+            self._sums.clear()

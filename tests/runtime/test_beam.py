@@ -268,12 +268,49 @@ def test_speculative_beam_equals_plain_beam(family, bundle, editing_bundle):
                 options = dict(num_beams=4, num_return_sequences=4, length_penalty=length_penalty,
                                early_stopping=early_stopping, max_new_tokens=MAX_NEW)
                 plain = generator.generate(texts, batch_size=8, **options)
-                for batch_size, max_block in ((1, 7), (8, 3), (2, 64)):
-                    spec = generator.generate(texts, mode="iad", block=BlockOptions(max_block=max_block),
-                                              batch_size=batch_size, **options)
-                    assert [r.sequences for r in spec] == [r.sequences for r in plain], (path, batch_size, max_block)
-        if path == editing_bundle:  # some calls replayed several beam steps
-            assert max(step for r in spec for step in r.stats.accepted) > 1
+                # fixed drafts (every aligned row drafts max_block: the most replay), and the
+                # default adaptive ones (group sizers on measured call costs: rests and probes)
+                adaptive = ((1, None), (8, None)) if io_binding and not early_stopping else ()
+                for batch_size, block in ((1, BlockOptions(max_block=7, adaptive=False)),
+                                          (8, BlockOptions(max_block=3, adaptive=False)),
+                                          (2, BlockOptions(max_block=64, adaptive=False)), *adaptive):
+                    spec = generator.generate(texts, mode="iad", block=block, batch_size=batch_size, **options)
+                    assert [r.sequences for r in spec] == [r.sequences for r in plain], (path, batch_size, block)
+                    if path == editing_bundle and block is not None:  # some calls replayed several beam steps
+                        assert max(step for r in spec for step in r.stats.accepted) > 1
+
+
+def test_speculative_beam_rests_where_drafts_do_not_pay(editing_bundle):
+    """A beam group sizes its drafts from the steps its calls replay and the cost of a wider
+    call: where one more position costs as much as a whole step (cost_ratio 1: a replayed
+    second step can at best pay for it), the group stops drafting after its first calls,
+    takes plain beam steps and tries again after rests that double (one probe, not one per
+    call); where positions are nearly free it drafts on every call it can. Output is plain
+    beam search's either way."""
+    import random
+
+    from aggdec.runtime.decoding.iad import FIRST_REST, BlockOptions
+    from tests.support.tiny import make_editing_pair
+
+    rng = random.Random(5)
+    texts = [make_editing_pair(rng)[0] for _ in range(6)]
+    generator = Generator(editing_bundle)
+    options = dict(num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW, batch_size=1)
+    plain = generator.generate(texts, **options)
+    costly = generator.generate(texts, mode="iad", block=BlockOptions(cost_ratio=1.0), **options)
+    cheap = generator.generate(texts, mode="iad", block=BlockOptions(cost_ratio=0.0), **options)
+    for spec in (costly, cheap):
+        assert [r.sequences for r in spec] == [r.sequences for r in plain]
+    for r in costly:
+        drafted = r.stats.drafted  # per call, the group's draft tokens (all rows)
+        plain_steps = drafted.count(0)
+        assert plain_steps >= min(FIRST_REST, len(drafted) - 2), drafted
+        # after a failed try, no two drafted calls in a row
+        tries = [i for i, d in enumerate(drafted) if d]
+        assert all(b - a > 1 for a, b in zip(tries[1:], tries[2:])), drafted
+    drafted_cheap = sum(1 for r in cheap for d in r.stats.drafted if d)
+    drafted_costly = sum(1 for r in costly for d in r.stats.drafted if d)
+    assert drafted_cheap > 2 * drafted_costly, (drafted_cheap, drafted_costly)
 
 
 def test_forced_bos_and_eos_follow_transformers(tmp_path, random_checkpoint):
@@ -302,3 +339,49 @@ def test_forced_bos_and_eos_follow_transformers(tmp_path, random_checkpoint):
         got = generator.generate(texts, max_new_tokens=max_new_tokens, num_beams=3, length_penalty=0.6,
                                  num_return_sequences=3, batch_size=4)
         assert_same(beam_outputs(got), expected, max_new_tokens, SCORE_TOLERANCE["bart"])
+
+
+def test_replay_payoff_compares_time_per_step():
+    """ReplayPayoff: drafted against plain iterations' seconds per beam step, per width class;
+    no verdict until both kinds were seen a few times."""
+    from aggdec.runtime.decoding.sizing import ReplayPayoff
+
+    payoff = ReplayPayoff()
+    for _ in range(3):
+        payoff.observe(4, True, 0.003, 1.2)  # 2.5 ms a step
+        payoff.observe(4, False, 0.002, 1.0)  # 2 ms a step
+    assert payoff.pays(4) is None  # seen too few times
+    for _ in range(3):
+        payoff.observe(4, True, 0.003, 1.2)
+        payoff.observe(4, False, 0.002, 1.0)
+    assert payoff.pays(4) is False and payoff.pays(5) is False  # 4-7 rows: one class
+    assert payoff.pays(8) is None  # another class: nothing seen
+    for _ in range(200):  # drafted iterations replaying more steps: drafting now pays
+        payoff.observe(4, True, 0.003, 2.0)
+    assert payoff.pays(4) is True
+    payoff.reset()
+    assert payoff.pays(4) is None
+
+
+def test_speculative_beam_vetoed_where_drafted_iterations_were_slower(editing_bundle):
+    """Where the measured drafted iterations took longer per beam step than plain ones, the
+    batch drafts only its tries after rests (one token a row), whatever the cost model says;
+    the output is plain beam search's."""
+    import random
+
+    from tests.support.tiny import make_editing_pair
+
+    rng = random.Random(8)
+    texts = [make_editing_pair(rng)[0] for _ in range(6)]
+    generator = Generator(editing_bundle)
+    options = dict(num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW, batch_size=1)
+    plain = generator.generate(texts, **options)
+    for _ in range(50):  # drafted iterations 10x slower a step, at 4 rows
+        generator.beam_payoff.observe(4, True, 0.010, 1.0)
+        generator.beam_payoff.observe(4, False, 0.001, 1.0)
+    spec = generator.generate(texts, mode="iad", **options)
+    assert [r.sequences for r in spec] == [r.sequences for r in plain]
+    for r in spec:
+        drafted = r.stats.drafted
+        assert all(d <= 4 for d in drafted), drafted  # tries: at most one token for each of 4 rows
+        assert sum(1 for d in drafted if d) <= 1 + len(drafted) // 4, drafted

@@ -37,6 +37,7 @@ def test_profiles_hold_the_defaults_the_decoder_had():
     ({"max_block": 0}, "max_block must be an integer of at least 1, got 0"),
     ({"min_repeat": 2.5}, "min_repeat must be an integer"),
     ({"cost_ratio": float("inf")}, "cost_ratio must be a finite number >= 0"),
+    ({"beam_cost_ratio": -0.1}, "beam_cost_ratio must be a finite number >= 0"),
     ({"gad_decay": 0}, "gad_decay must be a number in \\(0, 1\\]"),
     ({"width_quantile": 1.5}, "width_quantile must be a number in \\(0, 1\\]"),
     ({"length_classes": (64, 32)}, "length_classes must be a tuple of ascending positive integers"),
