@@ -92,5 +92,6 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
         "position_offset": np.zeros(1, dtype=np.int64),
         "encoder_hidden_states": memory,
         "encoder_attention_mask": mask,
+        **({"output_ids": feeds["output_ids"]} if m.shortlist is not None else {}),  # every id, as the verifier's
     }, f"{probe} and its [MASK] id {m.mask_token_id}")
     check_ids(drafted["draft_ids"], m.vocab_size, f"the {drafter} graph")

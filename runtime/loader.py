@@ -130,7 +130,8 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     if chosen is not None:
         drafter = Drafter(sessions[chosen], int(manifest.draft_k or 0), int(manifest.mask_token_id or 0),
                           int(manifest.draft_window or 0), sessions.get("drafter_source"),
-                          source_positions=manifest.draft_positions == "source", vocab_size=manifest.vocab_size)
+                          source_positions=manifest.draft_positions == "source", vocab_size=manifest.vocab_size,
+                          takes_output_ids=manifest.shortlist is not None)
     return OpenedBundle(root=root, manifest=manifest, codec=codec, sessions=sessions, drafter=drafter,
                         drafter_graph=chosen, request=request, io_binding=bound,
                         shortlist=load_shortlist(files, manifest) if shortlist else None)
