@@ -287,6 +287,9 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
     if not (src / "config.json").is_file() and not is_marian_folder(src):
         raise ExportError(f"{str(src)!r} is not a checkpoint directory (no config.json, no Marian model*.bin or "
                           "model*.npz); pass a local save_pretrained directory or a Marian model folder.")
+    if is_marian_folder(src) and options.positions != "output":
+        raise ExportError("a Marian drafter reads output positions (--positions output): translation has no "
+                          "source-aligned positions to follow.")
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {str(out)!r} is a file; choose a directory.")
     checkpoint = out / CHECKPOINT_DIR / CHECKPOINT_FILE

@@ -115,7 +115,7 @@ def new_marian_drafter(model: MarianModel, layers: int, k: int, seed: int, windo
     from .model import sinusoids
 
     config = model.config
-    if positions != "output":
+    if positions != "output":  # train_drafter refuses it before any work; here for other callers
         raise ExportError("a Marian drafter reads output positions (--positions output): translation has no "
                           "source-aligned positions to follow.")
     vocab, d = config.target_vocab, config.d_model
