@@ -107,3 +107,18 @@ def test_a_marian_drafter_reads_output_positions(tmp_path):
     options = TrainOptions(k=4, layers=1, steps=1, heldout=2, positions="source", speed=False)
     with pytest.raises(ExportError, match="reads output positions"):
         train_drafter(folder, tmp_path / "sources.txt", tmp_path / "drafter", options, progress=False)
+
+
+def test_int8_bundle_gad_equals_its_own_greedy(trained, converted):
+    """`aggdec quantize` converts the shortlist drafter too (its output_ids fed as the runtime does)."""
+    _folder, _drafter, _report, sources, bundle = trained
+    int8 = converted(bundle, "int8")
+    assert "output_ids" in load_manifest(int8).graphs["drafter"].input_names()
+    texts = TEXTS + sources[-10:]
+    for io_binding in (True, False):
+        generator = Generator(int8, io_binding=io_binding)
+        greedy = [r.ids for r in generator.generate(texts, max_new_tokens=MAX_NEW, batch_size=8)]
+        for batch_size in (1, 8):
+            got = generator.generate(texts, mode="gad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in got] == greedy, (io_binding, batch_size)
+            assert any(max(r.stats.accepted) > 1 for r in got)
