@@ -69,7 +69,9 @@ class RecordingSession:
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids, lengths, mask = inputs["input_ids"], inputs["past_lengths"], inputs["encoder_attention_mask"]
         rows, width = ids.shape
-        capacity = int(inputs[CAPACITY_INPUT].shape[2])
+        # a self-attention key buffer, or a recurrent bundle's state buffer (same layout)
+        own = CAPACITY_INPUT if CAPACITY_INPUT in inputs else next(name for name in inputs if name.startswith("self_"))
+        capacity = int(inputs[own].shape[2])
         # a query at block position t of a row sees keys 0 .. past + t
         needed = int(sum(int(p) * width + width * (width + 1) // 2 for p in lengths))
         self.calls.append({

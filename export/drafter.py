@@ -333,17 +333,15 @@ class DrafterGraph(nn.Module):
 
 def shortlist_argmax(hidden: Tensor, output_ids: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """The best id [B, k] of each slot of ``hidden`` [B, k, d] among its row's ``output_ids``
-    [B, L] (-1 pads, never chosen): the rows of ``weight`` [V, d] and ``bias`` [V] gathered
-    once per row, one batched product. Unlike the verifier's projection (export/marian/graphs.py),
-    a drafter's slots need not equal themselves computed alone, so the row's matrix is shared.
-    (The same gather as the verifier's; a shared helper for both is being written in the mtspeed
-    branch, export/shortlist_head.py, which this can call once both are merged.)"""
-    # [B, L], never one row broadcast: onnxruntime's symbolic shape inference, which its dynamic
-    # int8 quantization runs (drafter_int8), cannot relate a broadcast row count to the batch
-    ids = torch.clamp(output_ids, min=0)  # [B, L]
-    row_bias = torch.where(output_ids >= 0, bias[ids], torch.full_like(bias[ids], float("-inf")))
-    logits = torch.matmul(hidden, weight[ids].transpose(1, 2)) + row_bias.unsqueeze(1)  # [B, k, L]
-    return torch.gather(output_ids, 1, torch.argmax(logits, dim=-1))
+    [B, L] (-1 pads, never chosen), by the verifier's shortlist projection
+    (export/shortlist_head.py) as a plain batched product: a drafter's slots need not equal
+    themselves computed alone. ``output_ids`` has a row per row (the graph's IO says so): with
+    one row for all, onnxruntime's symbolic shape inference, which its int8 quantization of the
+    drafter runs, cannot relate the broadcast rows to the batch."""
+    from .shortlist_head import shortlist_logits
+
+    logits, allowed = shortlist_logits(hidden, output_ids, weight, bias, per_position=False)  # [B, k, L] each
+    return torch.gather(allowed, 2, torch.argmax(logits, dim=-1, keepdim=True)).squeeze(-1)
 
 
 class DrafterSourceGraph(nn.Module):

@@ -25,10 +25,14 @@ def say(progress: Callable[[str], None] | None, message: str) -> None:
 
 def isolate_verifier_positions(path: Path) -> None:
     """Rewrite the traced verifier so each block position is computed as it would be alone
-    (see export/positions.py): what makes IAD/GAD equal greedy by construction."""
+    (see export/positions.py): what makes IAD/GAD equal greedy by construction. A shortlist
+    projection's placeholder becomes its per-position product first (export/shortlist_head.py)."""
     import onnx
 
+    from .shortlist_head import per_position_products  # torch: imported when a graph is traced
+
     model = onnx.load(str(path))
+    per_position_products(model)
     isolate_positions(model)
     onnx.save(model, str(path))
 

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
                       candidates)
+from ..shortlist_head import shortlist_logits
 from .model import MarianModel, recur
 
 RECURRENCE_DOMAIN = "aggdec.marian"
@@ -149,9 +150,13 @@ class RecurrentVerifierGraph(nn.Module):
 
         hidden = model.target_embedding(input_ids, positions)
         written: list[Tensor] = []
+        # each row's state at its last kept position, read as [B, H, 1, Dh] by GatherElements:
+        # indexing buffer[rows, :, last, :] traces into a Transpose of the whole buffer (a copy
+        # of every row's every position per layer and call, about 5% of a batch-16 call)
+        last_position = last.view(-1, 1, 1, 1).expand(batch, heads, 1, head_dim)
         for layer_index, layer in enumerate(model.decoder_layers):
             buffer = states_in[layer_index]
-            previous = buffer[rows, :, last, :].reshape(batch, heads * head_dim)
+            previous = torch.gather(buffer, 2, last_position).reshape(batch, heads * head_dim)
             previous = torch.where(started, previous, torch.zeros_like(previous))
             forget, update = layer.ssru.inputs(hidden)
             states = _Recurrence.apply(forget, update, previous)  # [B, T, D]
@@ -174,20 +179,9 @@ class RecurrentVerifierGraph(nn.Module):
         The candidates are chosen on the logits, which do not depend on how long the padded
         lists of a call are; their log-probs are then read from the row's log-softmax."""
         model = self.model
-        batch, new_len = hidden.shape[0], hidden.shape[1]
-        output_ids = output_ids.expand(batch, -1)
-        valid = output_ids >= 0
-        ids = torch.clamp(output_ids, min=0)  # [B, L]
-        weight = model.output_weight[ids]  # [B, L, D]
-        bias = torch.where(valid, model.output_bias[ids] + self.suppress_bias[ids],
-                           torch.full_like(model.output_bias[ids], float("-inf")))
-        # each position's product against its own copy of the row's matrix: with the matrix shared
-        # by a row's positions, onnxruntime runs the row as one GEMM of T rows, whose summation
-        # order depends on T (the block would differ from its positions alone)
-        columns = weight.transpose(1, 2).unsqueeze(1).expand(batch, new_len, -1, -1)  # [B, T, D, L]
-        logits = torch.matmul(hidden.unsqueeze(2), columns).squeeze(2) + bias.unsqueeze(1)  # [B, T, L]
+        logits, allowed = shortlist_logits(hidden, output_ids, model.output_weight,
+                                           model.output_bias + self.suppress_bias)  # [B, T, L] each
         chosen = candidates(logits, self.top_k, self.head)  # over the row's list: local indices
-        allowed = output_ids.unsqueeze(1).expand(batch, new_len, -1)
         if self.head == "argmax":
             return (torch.gather(allowed, 2, chosen[0].unsqueeze(-1)).squeeze(-1),)
         top_logprobs, local = chosen

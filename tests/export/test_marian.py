@@ -362,6 +362,34 @@ def test_shortlist_greedy_equals_reference_over_each_sentences_shortlist(tiny):
         assert [r.ids for r in whole.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)] == without
 
 
+def test_shortlist_projection_is_per_row_and_per_position_without_copies(tiny):
+    """The shortlist verifier projects row by row (a Scan over the rows: the row's gathered
+    output matrix is multiplied while still in the cache), each position as one product of
+    one column against that matrix, broadcast over the block by onnxruntime, never copied per
+    position (the Expand it replaced cost 74% of a call); the isolation rewrite leaves that
+    product as it is. The export's own check proved the graph bitwise equal alone and in
+    blocks; here the structure it proved is pinned (export/shortlist_head.py)."""
+    import onnx
+
+    from aggdec.export.positions import isolate_positions
+    from aggdec.export.shortlist_head import DOMAIN, PER_POSITION
+
+    _folder, bundle = tiny("ssru", "bin", 0.0, True)
+    for file in ("verifier.onnx", "verifier_argmax.onnx"):
+        model = onnx.load(str(bundle / file))
+        graph = model.graph
+        assert not any(node.domain == DOMAIN for node in graph.node), file  # no placeholder left
+        scans = [node for node in graph.node if node.op_type == "Scan"
+                 and any(n.name.endswith(PER_POSITION) for a in node.attribute if a.name == "body" for n in a.g.node)]
+        assert len(scans) == 1, file
+        body = next(a.g for a in scans[0].attribute if a.name == "body")
+        ops = {node.name.rsplit("/", 1)[-1]: node.op_type for node in body.node}
+        assert ops[PER_POSITION.strip("/")] == "MatMul" and "Expand" not in ops.values(), (file, ops)
+        gathered = next(node for node in body.node if node.op_type == "Gather")
+        assert gathered.input[0] in {init.name for init in graph.initializer}, file  # the output matrix itself
+        assert isolate_positions(model)[1] == 0, file
+
+
 def test_shortlist_is_marians_per_sentence_set():
     vocab, first = 40, 5
     offsets = np.array([0, 2, 2, 4, *([4] * (vocab - 3))], dtype=np.int64)

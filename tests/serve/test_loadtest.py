@@ -43,7 +43,19 @@ def test_a_clean_run_passes_and_writes_its_report(setup, tmp_path):
     for step in report["steps"]:
         assert 1 <= step["requests"] <= 15 and step["ok"] == step["requests"] == step["statuses"]["200"]
         assert step["texts_ok"] == 2 * step["ok"]
-    assert report["offline"]["identical_to_greedy"]
+    offline = report["offline"]
+    assert offline["identical_to_greedy"]
+    # offline is timed before and after the steps, and each step is compared with their mean
+    assert offline["texts_per_s"] == pytest.approx((offline["texts_per_s_before"] + offline["texts_per_s_after"]) / 2,
+                                                   abs=0.01)
+    for step in report["steps"]:
+        assert step["served_over_offline"] == round(step["throughput_texts_per_s"] / offline["texts_per_s"], 2)
+    # the work's own spread, in units no other load changes: each text alone, as generate gives it
+    alone = Generator(root, threads=1).generate(TEXTS, mode="iad", batch_size=1, max_new_tokens=6)
+    tokens = sorted(len(r.ids) for r in alone)
+    assert offline["batch1_p50_tokens"] == tokens[5] and offline["batch1_p99_tokens"] == tokens[-1]
+    assert offline["batch1_tokens_p99_over_p50"] == round(tokens[-1] / tokens[5], 2)
+    assert 1 <= offline["batch1_p50_calls"] <= offline["batch1_p99_calls"]
     assert "| clients |" in (out / "loadtest.md").read_text()
     assert (out / "loadtest.png").stat().st_size > 0
 
