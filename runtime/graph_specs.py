@@ -120,5 +120,14 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
                                      m.shortlist is not None, head) for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:
-        specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act, m.shortlist is not None)
+        specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act,
+                                                                drafter_takes_output_ids(m))
     return specs
+
+
+def drafter_takes_output_ids(manifest: Manifest) -> bool:
+    """Whether the bundle's drafter drafts over each row's shortlist (takes ``output_ids``):
+    a shortlist bundle's drafter does since it was added; one exported before drafts over the
+    whole vocabulary and is fed as before."""
+    drafter = manifest.graphs.get("drafter")
+    return manifest.shortlist is not None and drafter is not None and "output_ids" in drafter.input_names()
