@@ -312,7 +312,7 @@ class DrafterGraph(nn.Module):
     once per request, not here).
 
     ``shortlist`` (a bundle with a lexical shortlist): the graph also takes ``output_ids``, each
-    row's allowed ids as the verifier gets them (-1 padded, or one row of every id), and argmaxes
+    row's allowed ids as the verifier gets them (-1 padded, one row per row), and argmaxes
     over those rows of its head only. The head over the whole vocabulary is most of a small
     drafter's cost (Bergamot's: 32,000 x 256 per slot, against a decoder layer of about a
     million products per token); a draft outside the row's list could never be accepted anyway."""
