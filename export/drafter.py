@@ -181,11 +181,17 @@ class Drafter(nn.Module):
         """Logits [B, k, V] of the k [MASK] slots that start at ``slot_start[b]`` in each row;
         ``position_offset[b]``: the output position of the row's first input token (its window's);
         ``memory``: :meth:`memory` of ``encoder_hidden``, when computed already."""
+        return self.head(self.slot_hidden(input_ids, attention_mask, slot_start, encoder_hidden,
+                                          encoder_attention_mask, position_offset, memory))
+
+    def slot_hidden(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, encoder_hidden: Tensor,
+                    encoder_attention_mask: Tensor, position_offset: Tensor | None = None,
+                    memory: Tensor | None = None) -> Tensor:
+        """The k slots' final hidden states [B, k, d]: what :meth:`slot_logits` projects."""
         hidden = self._hidden(input_ids, attention_mask, encoder_hidden, encoder_attention_mask, position_offset,
                               memory)
         index = slot_start.unsqueeze(1) + torch.arange(self.config.k, dtype=torch.int64, device=slot_start.device)[None]
-        slots = torch.gather(hidden, 1, index.unsqueeze(2).expand(-1, -1, hidden.shape[2]))
-        return self.head(slots)
+        return torch.gather(hidden, 1, index.unsqueeze(2).expand(-1, -1, hidden.shape[2]))
 
     def memory(self, encoder_hidden: Tensor, encoder_attention_mask: Tensor) -> Tensor:
         """What the drafter cross-attends: the encoder output through the drafter-only layers
@@ -256,22 +262,23 @@ def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int,
 
 
 def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0, window: int = 0,
-                              encoder_layers: int = 0, positions: str = "output") -> Drafter:
+                              encoder_layers: int = 0, positions: str = "output", ffn_dim: int | None = None
+                              ) -> Drafter:
     """A drafter shaped after ``model`` and initialised from it where shapes allow.
 
     Copied: the token embeddings, the output head (and BART/Marian's final_logits_bias), and
     the self- and cross-attention projections of the verifier's first ``layers`` decoder
     layers (the attention inner size is the verifier's, so these always fit). The rest
     (norms, feed-forward, positions, [MASK], drafter-only encoder layers) starts fresh:
-    families differ there.
+    families differ there. ``ffn_dim``: the feed-forward width (default: the verifier's).
     """
     from .families import family_for
 
     family = family_for(model.config)
     parts = family.decoder_parts(model)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    ffn_dim = int(getattr(model.config, "decoder_ffn_dim", None) or getattr(model.config, "d_ff", None)
-                  or 4 * model.config.d_model)
+    ffn_dim = ffn_dim or int(getattr(model.config, "decoder_ffn_dim", None) or getattr(model.config, "d_ff", None)
+                             or 4 * model.config.d_model)
     max_positions = int(getattr(model.config, "max_position_embeddings", 512) or 512) + k + 1
     config = DrafterConfig(
         vocab_size=vocab, d_model=int(model.config.d_model), num_heads=parts.num_heads, head_dim=parts.head_dim,
@@ -302,17 +309,39 @@ class DrafterGraph(nn.Module):
 
     Its ``encoder_hidden_states`` is what the drafter cross-attends: the encoder output, or, when
     the drafter has ``encoder_layers``, drafter_source.onnx's output (those layers run there,
-    once per request, not here)."""
+    once per request, not here).
 
-    def __init__(self, drafter: Drafter) -> None:
+    ``shortlist`` (a bundle with a lexical shortlist): the graph also takes ``output_ids``, each
+    row's allowed ids as the verifier gets them (-1 padded, one row per row), and argmaxes
+    over those rows of its head only. The head over the whole vocabulary is most of a small
+    drafter's cost (Bergamot's: 32,000 x 256 per slot, against a decoder layer of about a
+    million products per token); a draft outside the row's list could never be accepted anyway."""
+
+    def __init__(self, drafter: Drafter, shortlist: bool = False) -> None:
         super().__init__()
         self.drafter = drafter
+        self.shortlist = shortlist
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, slot_start: Tensor, position_offset: Tensor,
-                encoder_hidden_states: Tensor, encoder_attention_mask: Tensor) -> Tensor:
-        logits = self.drafter.slot_logits(input_ids, attention_mask, slot_start, encoder_hidden_states,
-                                          encoder_attention_mask, position_offset, memory=encoder_hidden_states)
-        return torch.argmax(logits, dim=-1)
+                encoder_hidden_states: Tensor, encoder_attention_mask: Tensor, *output_ids: Tensor) -> Tensor:
+        args = (input_ids, attention_mask, slot_start, encoder_hidden_states, encoder_attention_mask, position_offset)
+        if not self.shortlist:
+            return torch.argmax(self.drafter.slot_logits(*args, memory=encoder_hidden_states), dim=-1)
+        hidden = self.drafter.slot_hidden(*args, memory=encoder_hidden_states)
+        return shortlist_argmax(hidden, output_ids[0], self.drafter.head.weight, self.drafter.head.bias)
+
+
+def shortlist_argmax(hidden: Tensor, output_ids: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """The best id [B, k] of each slot of ``hidden`` [B, k, d] among its row's ``output_ids``
+    [B, L] (-1 pads, never chosen), by the verifier's shortlist projection
+    (export/shortlist_head.py) as a plain batched product: a drafter's slots need not equal
+    themselves computed alone. ``output_ids`` has a row per row (the graph's IO says so): with
+    one row for all, onnxruntime's symbolic shape inference, which its int8 quantization of the
+    drafter runs, cannot relate the broadcast rows to the batch."""
+    from .shortlist_head import shortlist_logits
+
+    logits, allowed = shortlist_logits(hidden, output_ids, weight, bias, per_position=False)  # [B, k, L] each
+    return torch.gather(allowed, 2, torch.argmax(logits, dim=-1, keepdim=True)).squeeze(-1)
 
 
 class DrafterSourceGraph(nn.Module):

@@ -56,7 +56,7 @@ import numpy as np
 
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
-from ..runtime.graph_specs import VERIFIER_GRAPHS
+from ..runtime.graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
 from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_verifier_graphs, cpu_session, isolate_positions,
                         validation_cases)
 
@@ -334,10 +334,12 @@ def _draft_agreement(reference: tuple[Driver, object, object], quantized: tuple[
         for driver, session, source in (reference, quantized):  # (driver, drafter, drafter_source or None)
             drafter = Drafter(session, int(manifest.draft_k or 0), int(manifest.mask_token_id or 0),
                               int(manifest.draft_window or 0), source,
-                              source_positions=manifest.draft_positions == "source")
+                              source_positions=manifest.draft_positions == "source",
+                              takes_output_ids=drafter_takes_output_ids(manifest))
             memory = drafter.memory(driver.encode(case)["hidden"], case.mask)
             sources = [ids[mask == 1] for ids, mask in zip(case.ids, case.mask)]
-            drafts.append(drafter.draft(prefixes, sources, memory, case.mask, manifest.pad_token_id))
+            every_id = np.arange(manifest.vocab_size, dtype=np.int64)[None]  # a shortlist drafter's output_ids
+            drafts.append(drafter.draft(prefixes, sources, memory, case.mask, manifest.pad_token_id, every_id))
         same += int((drafts[0] == drafts[1]).sum())
         total += drafts[0].size
     return round(same / max(total, 1), 6)

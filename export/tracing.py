@@ -59,13 +59,18 @@ def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec:
     return specs
 
 
-def trace_drafter(drafter, d_model: int, tmp: Path, opset: int) -> dict:
-    """Trace ``drafter`` (and its own encoder layers, if any) into ``tmp``; returns their specs."""
+def trace_drafter(drafter, d_model: int, tmp: Path, opset: int, shortlist: bool = False) -> dict:
+    """Trace ``drafter`` (and its own encoder layers, if any) into ``tmp``; returns their specs.
+    ``shortlist``: its head over each row's ``output_ids`` (DrafterGraph)."""
+    import torch
+
     from .drafter import DrafterGraph, DrafterSourceGraph
 
-    graphs = {"drafter": drafter_spec(d_model, drafter.config.k)}
-    trace(DrafterGraph(drafter).eval(), drafter_dummy(drafter, d_model), tmp / graphs["drafter"].file,
-           graphs["drafter"], opset)
+    graphs = {"drafter": drafter_spec(d_model, drafter.config.k, shortlist=shortlist)}
+    dummy = drafter_dummy(drafter, d_model)
+    if shortlist:  # distinct rows and length, -1 padded like the runtime's lists
+        dummy = (*dummy, torch.tensor([[0, 4, 7, 9, 11, 12, 13], [0, 3, 5, 6, 8, -1, -1]]))
+    trace(DrafterGraph(drafter, shortlist).eval(), dummy, tmp / graphs["drafter"].file, graphs["drafter"], opset)
     if drafter.config.encoder_layers:  # run once per request, so a graph of its own
         graphs["drafter_source"] = drafter_source_spec(d_model)
         trace(DrafterSourceGraph(drafter).eval(), drafter_dummy(drafter, d_model)[4:],

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ..runtime.errors import ExportError
 from ..runtime.decoding.alignment import source_position_offsets
 from .drafter import CONFIG_FILE, POSITIONS, WEIGHTS_FILE, Drafter, drafter_inputs, new_drafter_from_verifier
+from .marian.export import is_marian_folder
 
 DISTILL_FILE = "distill.jsonl"
 CHECKPOINT_DIR = "checkpoint"
@@ -61,6 +62,7 @@ _RESUMABLE_CHANGES = frozenset({"steps", "epochs", "checkpoint_every", "device",
 class TrainOptions:
     k: int = 25  # [MASK] slots drafted per call
     layers: int = 2  # drafter decoder layers
+    ffn_dim: int = 0  # the drafter layers' feed-forward width; 0: the verifier's
     encoder_layers: int = 0  # drafter-only layers over the verifier's encoder output (once per request)
     window: int = 16  # output tokens the drafter reads before its slots (0: all of them)
     positions: str = "output"  # "source": read tokens at their aligned source positions (DrafterConfig)
@@ -82,6 +84,12 @@ class TrainOptions:
 class _Example:
     source: list[int]  # tokenized source, specials included
     target: list[int]  # the verifier's greedy output after the decoder start, EOS included
+    # A Marian folder's examples (export/marian/teacher.py) also carry the source's encoder output
+    # [S, d], computed once (the verifier is frozen, and its 6 encoder layers cost more than the
+    # drafter's step), and the ids the sentence's shortlist allows (sorted): the drafter's head
+    # is trained and evaluated over them only, as the runtime's drafter argmaxes over them.
+    hidden: Tensor | None = field(default=None, compare=False, repr=False)
+    allowed: Tensor | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -144,15 +152,40 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
     saved = _load_checkpoint(out, options) if resume else None
     started = time.monotonic()
 
-    model, tokenizer = _load_verifier(src, device)
-    out.mkdir(parents=True, exist_ok=True)
-    targets = _distill(model, tokenizer, sources, src, out / DISTILL_FILE, options.max_new_tokens, device, progress)
+    teacher = None
+    if is_marian_folder(src):  # Marian's own format: the runtime's greedy is the teacher (marian/teacher.py)
+        from .marian.teacher import MarianTeacher, new_marian_drafter
 
-    drafter = new_drafter_from_verifier(model, layers=options.layers, k=options.k, seed=options.seed,
-                                        window=options.window, encoder_layers=options.encoder_layers,
-                                        positions=options.positions).to(device)
-    layout = _layout(model, tokenizer, drafter)
-    examples = _examples(tokenizer, sources, targets, layout, drafter.config.max_positions, _position_limit(model))
+        teacher = MarianTeacher(src, progress)
+        sources = [text for text, ok in zip(sources, teacher.usable(sources)) if ok]
+        if options.heldout >= len(sources):
+            raise ExportError(f"--heldout {options.heldout} leaves no sources to train on ({sources_path} has "
+                              f"{len(sources)} the model can take); pass a smaller --heldout or more sources.")
+        model = teacher.model.to(device)
+        out.mkdir(parents=True, exist_ok=True)
+        targets = _distill_marian(teacher, sources, src, out / DISTILL_FILE, options.max_new_tokens, progress)
+        drafter = new_marian_drafter(model, layers=options.layers, k=options.k, seed=options.seed,
+                                     window=options.window, encoder_layers=options.encoder_layers,
+                                     positions=options.positions, max_target_len=teacher.max_target_len,
+                                     ffn_dim=options.ffn_dim or None).to(device)
+        layout = _Layout(start=teacher.start, first_p=0, k=drafter.config.k, mask_id=drafter.config.mask_token_id,
+                         pad_id=drafter.config.pad_token_id, source_pad_id=teacher.pad_id, window=options.window,
+                         source_positions=False)
+        longest = drafter.config.max_positions - layout.k - len(layout.start)
+        examples = [_Example(source=ids, target=target[:longest], allowed=teacher.allowed(ids))
+                    for ids, target in zip(teacher.source_ids(sources), targets)]
+        examples = _with_encoder_outputs(model, examples, layout, device, progress)
+    else:
+        model, tokenizer = _load_verifier(src, device)
+        out.mkdir(parents=True, exist_ok=True)
+        targets = _distill(model, tokenizer, sources, src, out / DISTILL_FILE, options.max_new_tokens, device,
+                           progress)
+        drafter = new_drafter_from_verifier(model, layers=options.layers, k=options.k, seed=options.seed,
+                                            window=options.window, encoder_layers=options.encoder_layers,
+                                            positions=options.positions, ffn_dim=options.ffn_dim or None).to(device)
+        layout = _layout(model, tokenizer, drafter)
+        examples = _examples(tokenizer, sources, targets, layout, drafter.config.max_positions,
+                             _position_limit(model))
     cut = len(examples) - options.heldout
     train = [ex for ex in examples[:cut] if _trainable(ex, layout)]
     heldout = [ex for ex in examples[cut:] if _trainable(ex, layout)]
@@ -175,6 +208,8 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
     drafter.cpu().save(out)
     drafter.to(device)
     evaluation = _evaluate(drafter, model, heldout, layout, device) if heldout else {}
+    if teacher is not None:
+        teacher.close()
     if heldout and options.speed:
         evaluation["runtime"] = _speed_on_runtime(src, out, sources[len(sources) - options.heldout:], progress)
     report = {
@@ -222,6 +257,8 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"k must be at least 1 (tokens drafted per call), got {options.k}.")
     if options.layers < 1:
         raise ExportError(f"layers must be at least 1, got {options.layers}.")
+    if options.ffn_dim < 0:
+        raise ExportError(f"ffn_dim must be 0 (the verifier's) or a width, got {options.ffn_dim}.")
     if options.encoder_layers < 0:
         raise ExportError(f"encoder_layers must be 0 (none) or more, got {options.encoder_layers}.")
     if options.positions not in POSITIONS:
@@ -247,9 +284,12 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"sources file {str(sources)!r} does not exist; pass a text file with one source per line.")
     if not sources.read_text(encoding="utf-8").strip():
         raise ExportError(f"sources file {str(sources)!r} is empty; it needs one source per line.")
-    if not (src / "config.json").is_file():
-        raise ExportError(f"{str(src)!r} is not a checkpoint directory (no config.json); pass a local "
-                          "save_pretrained directory of the verifier.")
+    if not (src / "config.json").is_file() and not is_marian_folder(src):
+        raise ExportError(f"{str(src)!r} is not a checkpoint directory (no config.json, no Marian model*.bin or "
+                          "model*.npz); pass a local save_pretrained directory or a Marian model folder.")
+    if is_marian_folder(src) and options.positions != "output":
+        raise ExportError("a Marian drafter reads output positions (--positions output): translation has no "
+                          "source-aligned positions to follow.")
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {str(out)!r} is a file; choose a directory.")
     checkpoint = out / CHECKPOINT_DIR / CHECKPOINT_FILE
@@ -304,6 +344,35 @@ def _distill_key(src: Path, sources: Sequence[str], max_new_tokens: int) -> str:
     return digest.hexdigest()
 
 
+def _distill_marian(teacher: Any, sources: list[str], src: Path, cache: Path, max_new_tokens: int, progress: bool
+                    ) -> list[list[int]]:
+    """A Marian folder's targets: the runtime's greedy over each sentence's shortlist
+    (export/marian/teacher.py), cached like :func:`_distill`'s."""
+    digest = hashlib.sha256(b"marian-runtime-greedy")
+    for path in sorted(p for p in src.iterdir() if p.is_file()):  # weights, configs, shortlist, tokenizer
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    digest.update("\n".join(sources).encode("utf-8"))
+    digest.update(f"|max_new_tokens={max_new_tokens}".encode())
+    key = digest.hexdigest()
+    cached = _read_distill_cache(cache, key, len(sources))
+    if cached is not None:
+        return cached
+    targets = teacher.greedy(sources, max_new_tokens, progress)
+    _write_distill_cache(cache, key, targets)
+    return targets
+
+
+def _write_distill_cache(cache: Path, key: str, targets: list[list[int]]) -> None:
+    tmp = cache.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps({"format": _DISTILL_FORMAT, "key": key, "count": len(targets)}) + "\n")
+        handle.writelines(json.dumps(row) + "\n" for row in targets)
+    os.replace(tmp, cache)  # never leave a half-written cache behind
+
+
 def _read_distill_cache(path: Path, key: str, count: int) -> list[list[int]] | None:
     if not path.is_file():
         return None
@@ -344,11 +413,7 @@ def _distill(model: nn.Module, tokenizer: Any, sources: list[str], src: Path, ca
             for i, row in zip(chunk, out[:, 1:].tolist()):  # drop the decoder start token
                 targets[i] = row[: row.index(eos) + 1] if eos in row else row
             bar.update(len(chunk))
-    tmp = cache.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(json.dumps({"format": _DISTILL_FORMAT, "key": key, "count": len(sources)}) + "\n")
-        handle.writelines(json.dumps(row) + "\n" for row in targets)
-    os.replace(tmp, cache)  # never leave a half-written cache behind
+    _write_distill_cache(cache, key, targets)
     return targets
 
 
@@ -485,7 +550,54 @@ def _encode(model: nn.Module, examples: Sequence[_Example], layout: _Layout, dev
             ) -> tuple[Tensor, Tensor]:
     """The frozen verifier's encoder output (what the runtime hands the drafter) and its mask."""
     ids, mask = _source_batch(examples, layout.source_pad_id, device)
+    if all(ex.hidden is not None for ex in examples):  # computed once (Marian: _with_encoder_outputs)
+        hidden = torch.zeros((len(examples), ids.shape[1], examples[0].hidden.shape[1]), dtype=torch.float32)
+        for row, ex in enumerate(examples):
+            hidden[row, : len(ex.source)] = ex.hidden
+        return hidden.to(device), mask
     return model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state, mask
+
+
+@torch.no_grad()
+def _with_encoder_outputs(model: nn.Module, examples: list[_Example], layout: _Layout, device: torch.device,
+                          progress: bool) -> list[_Example]:
+    """``examples`` each with its encoder output, encoded in length-sorted batches of 64 (a pure
+    function of the examples, so a resumed run sees what a straight one saw)."""
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].source))
+    done: list[_Example | None] = [None] * len(examples)
+    for start in tqdm(range(0, len(order), 64), desc="encoding sources", unit="batch", file=sys.stderr,
+                      disable=not progress):
+        chunk = order[start : start + 64]
+        hidden, _mask = _encode(model, [examples[i] for i in chunk], layout, device)
+        for row, i in enumerate(chunk):
+            ex = examples[i]
+            done[i] = _Example(ex.source, ex.target, hidden[row, : len(ex.source)].cpu().clone(), ex.allowed)
+    return done  # type: ignore[return-value]
+
+
+def _shortlist_logits(drafter: Drafter, slots: Tensor, examples: Sequence[_Example], labels: Tensor | None = None
+                      ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Logits [B, k, U] of the slot states ``slots`` [B, k, d] over the union U of the rows'
+    shortlists, ids outside a row's own list at -inf; the union's ids [U]; and ``labels`` as
+    indices into the union (ignored slots kept). A label outside its row's list (none, when the
+    targets are the runtime's greedy over it) stays allowed, so the loss stays finite."""
+    union = torch.unique(torch.cat([ex.allowed for ex in examples])).to(slots.device)
+    allowed = torch.zeros((len(examples), union.numel()), dtype=torch.bool, device=slots.device)
+    for row, ex in enumerate(examples):
+        allowed[row, torch.searchsorted(union, ex.allowed.to(slots.device))] = True
+    mapped = None
+    if labels is not None:
+        real = labels != _IGNORE
+        where = torch.searchsorted(union, labels.clamp(min=0)).clamp(max=union.numel() - 1)
+        real &= union[where] == labels  # a label outside the union is left out of the loss
+        mapped = torch.where(real, where, torch.full_like(labels, _IGNORE))
+        rows = torch.arange(len(examples), device=slots.device).unsqueeze(1).expand_as(labels)
+        allowed[rows[real], where[real]] = True
+    weight, bias = drafter.head.weight[union], drafter.head.bias[union]
+    logits = torch.matmul(slots, weight.transpose(0, 1)) + bias
+    return logits.masked_fill(~allowed.unsqueeze(1), float("-inf")), union, mapped
 
 
 # ---------------------------------------------------------------------------------- training
@@ -533,7 +645,11 @@ def _train_step(drafter: Drafter, model: nn.Module, optimizer: torch.optim.Optim
         generator = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
         ids, labels = _glance(drafter, ids, mask, slot_start, offset, memory, memory_mask, labels, real,
                               options.glancing, generator)
-    logits = drafter.slot_logits(ids, mask, slot_start, memory, memory_mask, offset)
+    if examples[0].allowed is not None:  # the head over the rows' shortlists only (_shortlist_logits)
+        slots = drafter.slot_hidden(ids, mask, slot_start, memory, memory_mask, offset)
+        logits, union, labels = _shortlist_logits(drafter, slots, examples, labels)
+    else:
+        logits = drafter.slot_logits(ids, mask, slot_start, memory, memory_mask, offset)
     loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                        ignore_index=_IGNORE)
     for group in optimizer.param_groups:
@@ -601,8 +717,9 @@ def _save_checkpoint(out: Path, drafter: Drafter, optimizer: torch.optim.Optimiz
 def _load_checkpoint(out: Path, options: TrainOptions) -> dict[str, Any]:
     state = torch.load(out / CHECKPOINT_DIR / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
     saved = state["options"]
+    defaults = asdict(TrainOptions())  # an option added since the checkpoint was saved had its default
     changed = sorted(name for name, value in asdict(options).items()
-                     if name not in _RESUMABLE_CHANGES and saved.get(name) != value)
+                     if name not in _RESUMABLE_CHANGES and saved.get(name, defaults[name]) != value)
     if changed:
         details = ", ".join(f"{name} {saved.get(name)!r} -> {getattr(options, name)!r}" for name in changed)
         raise ExportError(f"cannot resume {str(out)!r} with different settings ({details}); use the original "
@@ -685,9 +802,14 @@ def _evaluate(drafter: Drafter, model: nn.Module, examples: list[_Example], layo
             ids, mask, slot_start, offset = layout.inputs([layout.prefix(chunk[row], p[row]) for row in active],
                                                           [chunk[row].source for row in active], device)
             index = torch.tensor(active, device=device)
-            drafts = drafter.slot_logits(ids, mask, slot_start, encoded.index_select(0, index),
-                                         memory_mask.index_select(0, index), offset,
-                                         memory=memory.index_select(0, index)).argmax(-1).tolist()
+            args = (ids, mask, slot_start, encoded.index_select(0, index), memory_mask.index_select(0, index),
+                    offset)
+            if chunk[0].allowed is not None:  # argmax over each row's shortlist, as the runtime's drafter
+                slots = drafter.slot_hidden(*args, memory=memory.index_select(0, index))
+                logits, union, _ = _shortlist_logits(drafter, slots, [chunk[row] for row in active])
+                drafts = union[logits.argmax(-1)].tolist()
+            else:
+                drafts = drafter.slot_logits(*args, memory=memory.index_select(0, index)).argmax(-1).tolist()
             for row, draft in zip(active, drafts):
                 expected = chunk[row].target[p[row] : p[row] + layout.k]
                 hits = [d == e for d, e in zip(draft, expected)]

@@ -241,20 +241,35 @@ class DrafterCase:
     encoder_attention_mask: np.ndarray
     logits: np.ndarray  # torch's slot logits [B, k, V]
     memory: np.ndarray  # what the drafter cross-attends: torch's drafter-only layers over encoder_hidden
+    # a shortlist drafter's output_ids (each row's allowed ids, -1 padded); None: no such input
+    output_ids: np.ndarray | None = None
 
     @property
     def feeds(self) -> dict[str, np.ndarray]:
         """drafter.onnx's inputs (its encoder_hidden_states: the memory drafter_source computes)."""
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "slot_start": self.slot_start,
                 "position_offset": self.position_offset, "encoder_hidden_states": self.memory,
-                "encoder_attention_mask": self.encoder_attention_mask}
+                "encoder_attention_mask": self.encoder_attention_mask,
+                **({"output_ids": self.output_ids} if self.output_ids is not None else {})}
+
+    def allowed_logits(self) -> np.ndarray:
+        """torch's slot logits with every id outside the row's output_ids at -inf."""
+        if self.output_ids is None:
+            return self.logits
+        rows = np.broadcast_to(self.output_ids, (self.logits.shape[0], self.output_ids.shape[1]))
+        allowed = np.zeros((self.logits.shape[0], self.logits.shape[2]), dtype=bool)
+        for row, ids in enumerate(rows):
+            allowed[row, ids[ids >= 0]] = True
+        return np.where(allowed[:, None, :], self.logits, -np.inf)
 
 
 @torch.no_grad()
 def drafter_cases(drafter: torch.nn.Module, model: torch.nn.Module, vocab: int, pad_id: int, start_id: int,
-                  seed: int = 1) -> list[DrafterCase]:
+                  seed: int = 1, shortlist: bool = False) -> list[DrafterCase]:
     """The drafter's torch slot logits at B in {1, 3} and prefixes of 1 to 9 tokens, and past its
-    window (prefixes it reads only the end of, at an offset)."""
+    window (prefixes it reads only the end of, at an offset). ``shortlist``: each case also feeds
+    ``output_ids``, alternately every id and random per-row lists of different
+    lengths, -1 padded, as the runtime feeds them."""
     from .drafter import drafter_inputs
 
     rng = np.random.default_rng(seed)
@@ -272,8 +287,16 @@ def drafter_cases(drafter: torch.nn.Module, model: torch.nn.Module, vocab: int, 
             memory = drafter.memory(hidden, torch.from_numpy(mask))
             logits = drafter.slot_logits(draft_ids, draft_mask, slot_start, hidden, torch.from_numpy(mask), offset,
                                          memory=memory)
+            output_ids = None
+            if shortlist and len(cases) % 2:
+                sizes = rng.integers(1, vocab + 1, size=batch)
+                output_ids = np.full((batch, int(sizes.max())), -1, dtype=np.int64)
+                for row, size in enumerate(sizes):
+                    output_ids[row, :size] = np.sort(rng.choice(vocab, size=size, replace=False))
+            elif shortlist:
+                output_ids = np.repeat(np.arange(vocab, dtype=np.int64)[None], batch, axis=0)
             cases.append(DrafterCase(draft_ids.numpy(), draft_mask.numpy(), slot_start.numpy(), offset.numpy(),
-                                     hidden.numpy(), mask, logits.numpy(), memory.numpy()))
+                                     hidden.numpy(), mask, logits.numpy(), memory.numpy(), output_ids))
     return cases
 
 
@@ -285,8 +308,11 @@ def validate_drafter(session, cases: list[DrafterCase], atol: float, rtol: float
                  f"{int((case.slot_start + case.position_offset).max())})")
         if draft_ids.shape != case.logits.shape[:2]:
             raise ValidationError(f"{label}: draft ids have shape {draft_ids.shape}, expected {case.logits.shape[:2]}.")
-        best = case.logits.max(axis=-1)
-        chosen = np.take_along_axis(case.logits, draft_ids[..., None], axis=-1)[..., 0]
+        if np.any(draft_ids < 0) or np.any(draft_ids >= case.logits.shape[2]):
+            raise ValidationError(f"{label}: a drafted id is outside the vocabulary ({draft_ids.min()}..{draft_ids.max()}).")
+        logits = case.allowed_logits()
+        best = logits.max(axis=-1)
+        chosen = np.take_along_axis(logits, draft_ids[..., None], axis=-1)[..., 0]
         tolerance = atol + rtol * (best - case.logits.min(axis=-1))
         if np.any(best - chosen > tolerance):
             raise ValidationError(f"{label}: a drafted id is not torch's argmax (logit gap up to "

@@ -27,6 +27,7 @@ from .bundle_checks import ADVICE
 from .bundle_schema import ACTIVATION_DTYPES, DRAFTER_GRAPHS
 from .decoding.cache import cross_names, self_cache_names
 from .errors import BundleError, GraphRunError
+from .graph_specs import drafter_takes_output_ids
 from .manifest import Manifest
 
 _PROBE_CAPACITY = 2  # decoder buffer positions the verifier probe gets (it writes two)
@@ -92,5 +93,6 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
         "position_offset": np.zeros(1, dtype=np.int64),
         "encoder_hidden_states": memory,
         "encoder_attention_mask": mask,
+        **({"output_ids": feeds["output_ids"]} if drafter_takes_output_ids(m) else {}),  # every id, as the verifier's
     }, f"{probe} and its [MASK] id {m.mask_token_id}")
     check_ids(drafted["draft_ids"], m.vocab_size, f"the {drafter} graph")

@@ -76,7 +76,9 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
     )
 
 
-def drafter_spec(d_model: int, k: int, act: str = "float32") -> GraphSpec:
+def drafter_spec(d_model: int, k: int, act: str = "float32", shortlist: bool = False) -> GraphSpec:
+    """``shortlist``: the drafter also takes ``output_ids``, as the verifier does (its head
+    projects onto each row's allowed ids only)."""
     return GraphSpec(
         file="drafter.onnx",
         inputs=(
@@ -89,6 +91,8 @@ def drafter_spec(d_model: int, k: int, act: str = "float32") -> GraphSpec:
             # the encoder output; in a bundle with drafter_source, that graph's drafter_memory
             TensorSpec("encoder_hidden_states", act, ("batch", "source_len", d_model)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
+            # one row per row (the verifier's may be one row for all: see export/drafter.py)
+            *((TensorSpec("output_ids", "int64", ("batch", "output_len")),) if shortlist else ()),
         ),
         outputs=(TensorSpec("draft_ids", "int64", ("batch", k)),),
     )
@@ -116,5 +120,14 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
                                      m.shortlist is not None, head) for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:
-        specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act)
+        specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act,
+                                                                drafter_takes_output_ids(m))
     return specs
+
+
+def drafter_takes_output_ids(manifest: Manifest) -> bool:
+    """Whether the bundle's drafter drafts over each row's shortlist (takes ``output_ids``):
+    a shortlist bundle's drafter does since it was added; one exported before drafts over the
+    whole vocabulary and is fed as before."""
+    drafter = manifest.graphs.get("drafter")
+    return manifest.shortlist is not None and drafter is not None and "output_ids" in drafter.input_names()

@@ -18,7 +18,7 @@ from .decoding.gad import Drafter
 from .decoding.shortlist import Shortlist, load_shortlist
 from .devices import SessionRequest, session_factory
 from .errors import BundleError, InputError, ProviderError
-from .graph_specs import VERIFIER_GRAPHS
+from .graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
 from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
 from .session import Session
 from .tokenizer import TextCodec
@@ -130,7 +130,8 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     if chosen is not None:
         drafter = Drafter(sessions[chosen], int(manifest.draft_k or 0), int(manifest.mask_token_id or 0),
                           int(manifest.draft_window or 0), sessions.get("drafter_source"),
-                          source_positions=manifest.draft_positions == "source", vocab_size=manifest.vocab_size)
+                          source_positions=manifest.draft_positions == "source", vocab_size=manifest.vocab_size,
+                          takes_output_ids=drafter_takes_output_ids(manifest))
     return OpenedBundle(root=root, manifest=manifest, codec=codec, sessions=sessions, drafter=drafter,
                         drafter_graph=chosen, request=request, io_binding=bound,
                         shortlist=load_shortlist(files, manifest) if shortlist else None)

@@ -121,6 +121,8 @@ def test_train_drafter_refuses_bad_arguments_in_one_line(random_checkpoint, tmp_
                                   "--out", str(tmp_path / "d")), "nope.txt")
     assert_one_clean_error(aggdec("train-drafter", checkpoint, "--sources", str(sources), "--out",
                                   str(tmp_path / "d"), "--k", "0"), "k")
+    assert_one_clean_error(aggdec("train-drafter", checkpoint, "--sources", str(sources), "--out",
+                                  str(tmp_path / "d"), "--ffn-dim", "-1"), "ffn_dim")
 
 
 def test_train_drafter_then_export_and_gad(random_checkpoint, tmp_path):

@@ -16,11 +16,13 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", metavar="SRC_DIR", help="the verifier: a local save_pretrained directory")
+    parser.add_argument("src", metavar="SRC_DIR", help="the verifier: a local save_pretrained directory, or a Marian model folder as it ships")
     parser.add_argument("--sources", required=True, metavar="FILE", help="training sources, one per line")
     parser.add_argument("--out", required=True, metavar="DIR", help="where the drafter and checkpoints go")
     parser.add_argument("--k", type=int, default=25, help="tokens drafted per call (25)")
     parser.add_argument("--layers", type=int, default=2, help="drafter decoder layers (2)")
+    parser.add_argument("--ffn-dim", type=int, default=None,
+                        help="the drafter layers' feed-forward width (default: the verifier's)")
     parser.add_argument("--encoder-layers", type=int, default=0,
                         help="drafter-only layers over the verifier's encoder output, run once per request (0)")
     parser.add_argument("--window", type=int, default=16,

@@ -203,7 +203,9 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     say(progress, "[2/5] computing float references")
     # Marian's graphs mask <unk> before their log-softmax (Manifest.suppression "before_log_softmax")
     encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed, suppress_after=False)
-    draft_cases = drafter_cases(drafter, model, vocab, eos, eos) if drafter is not None else []
+    # a shortlist bundle's drafter argmaxes over each row's list too (export/drafter.py DrafterGraph)
+    draft_cases = drafter_cases(drafter, model, vocab, eos, eos, shortlist=table is not None) \
+        if drafter is not None else []
     tmp = None
     try:
         tmp = make_temp(out)
@@ -238,7 +240,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:
-            graphs.update(trace_drafter(drafter, config.d_model, tmp, opset))
+            graphs.update(trace_drafter(drafter, config.d_model, tmp, opset, shortlist=table is not None))
 
         say(progress, "[4/5] validating the graphs against the float reference with onnxruntime")
         options = ort.SessionOptions()

@@ -43,9 +43,12 @@ class Drafter:
     has them; :meth:`memory` runs it once per source, and every :meth:`draft` reads its output."""
 
     def __init__(self, session: Session, k: int, mask_id: int, window: int = 0, source: Session | None = None,
-                 source_positions: bool = False, vocab_size: int | None = None) -> None:
+                 source_positions: bool = False, vocab_size: int | None = None, takes_output_ids: bool = False
+                 ) -> None:
         """``vocab_size``: the verifier's; a draft outside it is refused (BundleError), as the
-        verifier could not embed it (None: not checked)."""
+        verifier could not embed it (None: not checked). ``takes_output_ids``: a shortlist
+        bundle's drafter, which drafts among each row's allowed ids (the verifier's
+        ``output_ids``)."""
         self.session = session
         self.k = k
         self.mask_id = mask_id
@@ -55,6 +58,7 @@ class Drafter:
         # the manifest's draft_positions)
         self.source_positions = source_positions
         self.vocab_size = vocab_size
+        self.takes_output_ids = takes_output_ids
 
     def memory(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """What :meth:`draft` reads of sources whose encoder output is ``hidden`` [m, S, d]: the
@@ -64,9 +68,10 @@ class Drafter:
         return self.source.run({"encoder_hidden_states": hidden, "encoder_attention_mask": mask})["drafter_memory"]
 
     def draft(self, prefixes: Sequence[list[int]], sources: Sequence[Sequence[int]], memory: np.ndarray,
-              mask: np.ndarray, pad_id: int) -> np.ndarray:
+              mask: np.ndarray, pad_id: int, output_ids: np.ndarray | None = None) -> np.ndarray:
         """[rows, k] drafts after each prefix (the output, decoder start included) of a row with
-        ``sources`` (token ids); ``memory``: :meth:`memory` of those sources."""
+        ``sources`` (token ids); ``memory``: :meth:`memory` of those sources; ``output_ids``
+        (a drafter that takes them): the rows' allowed ids, [rows or 1, L], -1 padded."""
         seen = [prefix[-self.window:] if self.window else prefix for prefix in prefixes]
         width = max(len(p) for p in seen) + self.k
         ids = np.full((len(seen), width), pad_id, dtype=np.int64)
@@ -78,14 +83,21 @@ class Drafter:
         offsets = np.array([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=np.int64)
         if self.source_positions:
             offsets = source_position_offsets(offsets.tolist(), prefixes, sources, self.window)
-        out = self.session.run({
+        feeds = {
             "input_ids": ids,
             "attention_mask": attention,
             "slot_start": np.array([len(p) for p in seen], dtype=np.int64),
             "position_offset": offsets,
             "encoder_hidden_states": memory,
             "encoder_attention_mask": mask,
-        })
+        }
+        if self.takes_output_ids:
+            if output_ids is None:
+                raise ValueError("this drafter drafts over each row's shortlist: pass output_ids")
+            if output_ids.shape[0] != len(seen):  # one row for every row (the whole vocabulary)
+                output_ids = np.ascontiguousarray(np.broadcast_to(output_ids, (len(seen), output_ids.shape[1])))
+            feeds["output_ids"] = output_ids
+        out = self.session.run(feeds)
         if self.vocab_size is not None:
             check_ids(out["draft_ids"], self.vocab_size, "the drafter")
         return out["draft_ids"]
@@ -162,10 +174,15 @@ class DrafterDraft:
             return drafts
         started = time.perf_counter()
         hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
+        # the verifier's per-row shortlists (or one row of every id): a row drafts among its own
+        output_ids = batch.output_ids() if self.drafter.takes_output_ids else None
         if len(drafting) < len(rows):
             hidden, mask = hidden[drafting], mask[drafting]
+            if output_ids is not None and output_ids.shape[0] > 1:
+                output_ids = output_ids[drafting]
         drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting],
-                                     [rows[slot].source for slot in drafting], hidden, mask, self.pad_id)
+                                     [rows[slot].source for slot in drafting], hidden, mask, self.pad_id,
+                                     output_ids)
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
         self.costs.observe_drafter(elapsed, len(rows))
