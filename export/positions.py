@@ -28,6 +28,23 @@ from ..runtime.manifest import Manifest
 ISOLATE_ROWS = "/IsolateRows"  # the name suffix of the Unsqueeze that makes a position a one-row matrix
 
 
+def fresh_names(graph):
+    """A function that returns a name no node, input, output or initializer of ``graph`` (an
+    onnx GraphProto) uses yet, ``base`` itself when it is free, and remembers it: for the nodes
+    and initializers a rewrite adds."""
+    names = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
+
+    def fresh(base: str) -> str:
+        name, index = base, 0
+        while name in names:
+            index += 1
+            name = f"{base}_{index}"
+        names.add(name)
+        return name
+
+    return fresh
+
+
 def isolate_positions(model) -> tuple[object, int]:
     """Make every MatMul between two activations (attention scores Q.K^T, weights.V) compute
     each position as a matrix of its own row: A [..., T, K] -> [..., T, 1, K], B [..., K, N] ->
@@ -47,16 +64,8 @@ def isolate_positions(model) -> tuple[object, int]:
 
     graph = model.graph
     inits = {init.name for init in graph.initializer}
-    names = {n for node in graph.node for n in (*node.input, *node.output)} | inits
+    fresh = fresh_names(graph)
     axes: dict[int, str] = {}
-
-    def fresh(base: str) -> str:
-        name, index = base, 0
-        while name in names:
-            index += 1
-            name = f"{base}_{index}"
-        names.add(name)
-        return name
 
     def axis(value: int) -> str:
         if value not in axes:

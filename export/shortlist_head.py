@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .positions import fresh_names
+
 PER_POSITION = "/PerPositionMatMul"  # the name suffix of the product in the Scan's body
 
 DOMAIN = "aggdec.shortlist"
@@ -80,15 +82,7 @@ def per_position_products(model) -> int:
     from onnx import TensorProto, helper
 
     graph = model.graph
-    names = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
-
-    def fresh(base: str) -> str:
-        name, index = base, 0
-        while name in names:
-            index += 1
-            name = f"{base}_{index}"
-        names.add(name)
-        return name
+    fresh = fresh_names(graph)
 
     rewritten, count = [], 0
     for node in graph.node:

@@ -332,9 +332,15 @@ def _load_verifier(src: Path, device: torch.device) -> tuple[nn.Module, Any]:
 
 def _distill_key(src: Path, sources: Sequence[str], max_new_tokens: int) -> str:
     """What the targets depend on: weights, configs (generation settings), sources and length cap."""
-    digest = hashlib.sha256()
     patterns = ("*.safetensors", "*.bin", "config.json", "generation_config.json")
-    for path in sorted({p for pattern in patterns for p in src.glob(pattern)}):
+    return _files_key(sorted({p for pattern in patterns for p in src.glob(pattern)}), sources, max_new_tokens)
+
+
+def _files_key(paths: Sequence[Path], sources: Sequence[str], max_new_tokens: int, salt: bytes = b"") -> str:
+    """A digest of ``paths``' names and bytes, the sources and the length cap: a distillation
+    cache's key."""
+    digest = hashlib.sha256(salt)
+    for path in paths:
         digest.update(path.name.encode())
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
@@ -348,15 +354,9 @@ def _distill_marian(teacher: Any, sources: list[str], src: Path, cache: Path, ma
                     ) -> list[list[int]]:
     """A Marian folder's targets: the runtime's greedy over each sentence's shortlist
     (export/marian/teacher.py), cached like :func:`_distill`'s."""
-    digest = hashlib.sha256(b"marian-runtime-greedy")
-    for path in sorted(p for p in src.iterdir() if p.is_file()):  # weights, configs, shortlist, tokenizer
-        digest.update(path.name.encode())
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    digest.update("\n".join(sources).encode("utf-8"))
-    digest.update(f"|max_new_tokens={max_new_tokens}".encode())
-    key = digest.hexdigest()
+    # weights, configs, shortlist, tokenizer
+    key = _files_key(sorted(p for p in src.iterdir() if p.is_file()), sources, max_new_tokens,
+                     salt=b"marian-runtime-greedy")
     cached = _read_distill_cache(cache, key, len(sources))
     if cached is not None:
         return cached
