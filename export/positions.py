@@ -45,6 +45,25 @@ def fresh_names(graph):
     return fresh
 
 
+def replace_placeholders(model, domain: str, op_type: str, replacement) -> int:
+    """Replace each ``domain::op_type`` node of ``model`` (an onnx ModelProto; a placeholder a
+    traced torch.autograd.Function left) by ``replacement(node, index)``'s node, in place, and
+    drop the placeholder's domain from the opset imports; returns how many were replaced."""
+    graph = model.graph
+    rewritten, count = [], 0
+    for node in graph.node:
+        if node.domain == domain and node.op_type == op_type:
+            node = replacement(node, count)
+            count += 1
+        rewritten.append(node)
+    del graph.node[:]
+    graph.node.extend(rewritten)
+    kept = [op for op in model.opset_import if op.domain != domain]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    return count
+
+
 def isolate_positions(model) -> tuple[object, int]:
     """Make every MatMul between two activations (attention scores Q.K^T, weights.V) compute
     each position as a matrix of its own row: A [..., T, K] -> [..., T, 1, K], B [..., K, N] ->

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .positions import fresh_names
+from .positions import fresh_names, replace_placeholders
 
 PER_POSITION = "/PerPositionMatMul"  # the name suffix of the product in the Scan's body
 
@@ -84,13 +84,9 @@ def per_position_products(model) -> int:
     graph = model.graph
     fresh = fresh_names(graph)
 
-    rewritten, count = [], 0
-    for node in graph.node:
-        if node.domain != DOMAIN or node.op_type != OP:
-            rewritten.append(node)
-            continue
+    def scan(node, index: int):
         weight, ids, hidden = node.input
-        base = f"shortlist_logits_{count}"
+        base = f"shortlist_logits_{index}"
         first, last = fresh(f"{base}_axis_0"), fresh(f"{base}_axis_m1")
         graph.initializer.extend([helper.make_tensor(first, TensorProto.INT64, [1], [0]),
                                   helper.make_tensor(last, TensorProto.INT64, [1], [-1])])
@@ -108,13 +104,8 @@ def per_position_products(model) -> int:
              helper.make_tensor_value_info(row_hidden, TensorProto.FLOAT, None)],
             [helper.make_tensor_value_info(row_logits, TensorProto.FLOAT, None)],
         )
-        rewritten.append(helper.make_node(
+        return helper.make_node(
             "Scan", [ids, hidden], [node.output[0]], name=f"/{base}/Scan", body=body, num_scan_inputs=2,
-            scan_input_axes=[0, 0], scan_output_axes=[0]))
-        count += 1
-    del graph.node[:]
-    graph.node.extend(rewritten)
-    kept = [op for op in model.opset_import if op.domain != DOMAIN]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
-    return count
+            scan_input_axes=[0, 0], scan_output_axes=[0])
+
+    return replace_placeholders(model, DOMAIN, OP, scan)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
                       candidates)
+from ..positions import replace_placeholders
 from ..shortlist_head import shortlist_logits
 from .model import MarianModel, recur
 
@@ -49,15 +50,9 @@ def recurrence_as_scan(model) -> int:
     computing c = f * c + u step by step along axis 1; returns how many were replaced."""
     from onnx import TensorProto, helper
 
-    graph = model.graph
-    replaced = []
-    count = 0
-    for node in graph.node:
-        if node.domain != RECURRENCE_DOMAIN or node.op_type != RECURRENCE_OP:
-            replaced.append(node)
-            continue
+    def scan(node, index: int):
         forget, update, state = node.input
-        base = f"recurrence_{count}"
+        base = f"recurrence_{index}"
         body = helper.make_graph(
             [helper.make_node("Mul", ["f_t", "c_prev"], ["kept"]),
              helper.make_node("Add", ["kept", "u_t"], ["c_next"]),
@@ -69,16 +64,11 @@ def recurrence_as_scan(model) -> int:
             [helper.make_tensor_value_info("c_next", TensorProto.FLOAT, None),
              helper.make_tensor_value_info("c_out", TensorProto.FLOAT, None)],
         )
-        replaced.append(helper.make_node(
+        return helper.make_node(
             "Scan", [state, forget, update], [f"{base}_last", node.output[0]], name=f"/{base}/Scan",
-            body=body, num_scan_inputs=2, scan_input_axes=[1, 1], scan_output_axes=[1]))
-        count += 1
-    del graph.node[:]
-    graph.node.extend(replaced)
-    kept = [op for op in model.opset_import if op.domain != RECURRENCE_DOMAIN]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
-    return count
+            body=body, num_scan_inputs=2, scan_input_axes=[1, 1], scan_output_axes=[1])
+
+    return replace_placeholders(model, RECURRENCE_DOMAIN, RECURRENCE_OP, scan)
 
 
 def attention_parts(model: MarianModel) -> DecoderParts:

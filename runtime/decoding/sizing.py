@@ -115,17 +115,14 @@ class AcceptancePrior:
 
 
 class BlockSizer:
-    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None, first_rest: int = 1) -> None:
-        """``first_rest``: the length of the first rest (with ``allow_none``), doubling from
-        there after each failed try."""
+    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None) -> None:
         self.options = options
         self.prior = prior
         start = (options.prior_accepted, options.prior_rejected) if prior is None else prior.start(options)
         self._start = start  # a probe after a rest drafts as a fresh row would
         self._accepted, self._rejected = start
         self._resting = 0  # plain steps left before drafting is tried again
-        self._first_rest = first_rest
-        self._rest = first_rest  # the next rest's length: doubles after each failed try
+        self._rest = 1  # the next rest's length: doubles after each failed try
         self._trying = False
         self._probing = False  # the last draft was such a try
         ks = np.arange(1, options.max_block + 1, dtype=np.float64)
@@ -145,7 +142,7 @@ class BlockSizer:
         value = self._gain(self._accepted, self._rejected) / (cost + fixed_cost)
         best = int(np.argmax(value))
         if not allow_none or value[best] >= 1.0:
-            self._rest = self._first_rest
+            self._rest = 1
             return int(self._ks[best])
         # one token for one plain call beats drafting: rest, then try once more; each failed
         # try doubles the rest, so a row that never accepts pays for a few drafter calls only
@@ -170,11 +167,6 @@ class BlockSizer:
         p = min(accepted / (accepted + rejected), 0.999)
         return (1.0 - p ** (self._ks + 1.0)) / (1.0 - p)
 
-    @property
-    def resting(self) -> bool:
-        """The next :meth:`size` with ``allow_none`` is 0 whatever the costs (a rest's plain step)."""
-        return self.options.adaptive and self._resting > 0
-
     def skipped(self) -> None:
         """An iteration without a draft."""
         if self._resting > 0:
@@ -188,7 +180,7 @@ class BlockSizer:
             self._probing = False
             if 2 * accepted >= drafted:  # the try mostly passed: drafting pays again, start afresh
                 self._accepted, self._rejected = self._start
-                self._rest = self._first_rest
+                self._rest = 1
                 return
         decay = self.options.decay
         self._accepted = decay * self._accepted + accepted
