@@ -27,8 +27,12 @@ class TextCodec:
         self._tokenizer.no_truncation()
         unk = self._tokenizer.token_to_id("<unk>")
         self._unk_id: int | None = unk
-        # the word-start marker of Metaspace tokenizers (SentencePiece style), if any
-        self._word_marker = "\u2581"
+        # The word-start marker of SentencePiece-style tokenizers, where the decoder turns it into
+        # a space; a restored word-initial text takes it. Found by behaviour, not by component
+        # names: other tokenizers (word level, byte-level BPE) would print it literally.
+        decoder = self._tokenizer.decoder
+        marked = decoder is not None and decoder.decode(["a", "\u2581b"]) == "a b"
+        self._word_marker = "\u2581" if marked else None
         self._special_ids = [i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special]
 
     @property
@@ -73,7 +77,8 @@ class TextCodec:
             if token == unk:
                 word_start = start == 0 or source[start - 1].isspace()
                 after_marker = index > 0 and encoding.tokens[index - 1] == self._word_marker
-                spans.append((self._word_marker if word_start and not after_marker else "") + source[start:end])
+                marker = self._word_marker if self._word_marker and word_start and not after_marker else ""
+                spans.append(marker + source[start:end])
         wanted = ids.count(unk)
         if len(spans) != wanted:
             if len(set(spans)) != 1:
@@ -84,4 +89,5 @@ class TextCodec:
         tokens = [next(restored) if token == unk else self._tokenizer.id_to_token(token)
                   for token in ids if token == unk or token not in special]
         decoder = self._tokenizer.decoder
-        return decoder.decode(tokens) if decoder is not None else "".join(tokens)
+        # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
+        return decoder.decode(tokens) if decoder is not None else " ".join(tokens)

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.tokenizer import TextCodec
+from tests.support.tiny import default_words
 
-REFERENCE_TOKENIZER = Path(__file__).resolve().parents[2] / "benchmarks/models/uagec/model/tokenizer.json"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "uagec"
 RARE = ["Площа 5 км³ і 😀 тут.", "³ на початку", "два ³ і ⁴ символи", "знак 🜁 тут", "кінець ⁂"]
 
 
 @pytest.fixture(scope="module")
-def codec() -> TextCodec:
-    return TextCodec(REFERENCE_TOKENIZER)
+def codec(tmp_path_factory) -> TextCodec:
+    """The reference recipe's BPE *without* byte fallback, trained on real UA-GEC sentences
+    (seconds): characters outside its pieces become <unk>. (The committed reference model's
+    own tokenizer has byte fallback and never produces <unk>.)"""
+    pytest.importorskip("ua_gec")
+    sys.path.insert(0, str(RECIPE))
+    import data  # the recipe's modules are scripts beside their data, not a package
+    import train
+
+    pairs = data.load_pairs("train")[:1500]
+    out = tmp_path_factory.mktemp("bpe-without-byte-fallback")
+    train.train_tokenizer([p.source for p in pairs] + [p.target for p in pairs], 2000, out)
+    return TextCodec(out / "tokenizer.json")
 
 
 @pytest.mark.parametrize("text", RARE)
@@ -41,13 +55,33 @@ def test_restoring_follows_the_output_not_the_source(codec):
     assert codec.decode_restoring(plain, "без рідкісних знаків") == codec.decode(plain)
 
 
-def test_generate_restores_the_sources_text_for_an_unk_it_outputs(reference_bundle):
-    """Through Generator: the result's text is decoded with the source at hand. (The reference
-    model itself never emits <unk>: it was trained on targets without it and writes some other
-    token instead, e.g. `км³` -> `кмбій`; only a byte-fallback tokenizer fixes that model.)"""
-    generator = Generator(reference_bundle)
-    text = "Площа становить 5 км³ ."
-    result = generator.generate([text])[0]
-    assert result.text == generator.codec.decode_restoring(list(result.ids), text)
-    copied = generator.encode([text])[0]
-    assert generator.codec.decode_restoring(copied, text) == text
+@pytest.fixture(scope="module")
+def unk_writing_bundle(random_checkpoint, tmp_path_factory) -> Path:
+    """A tiny Marian whose output bias makes it write <unk> first: a model that emits <unk>."""
+    from transformers import MarianMTModel
+
+    from aggdec.export import export_bundle
+
+    checkpoint = tmp_path_factory.mktemp("unk-writer") / "model"
+    shutil.copytree(random_checkpoint("marian"), checkpoint)
+    model = MarianMTModel.from_pretrained(checkpoint)
+    unk = TextCodec(checkpoint / "tokenizer.json").unk_id
+    model.final_logits_bias[0, unk] = 1e4
+    model.save_pretrained(checkpoint)
+    out = checkpoint.parent / "bundle"
+    export_bundle(checkpoint, out, progress=None)
+    return out
+
+
+def test_generate_restores_the_sources_text_for_an_unk_it_outputs(unk_writing_bundle):
+    """Through Generator: an output <unk> takes the source text it stands for, in every mode."""
+    generator = Generator(unk_writing_bundle)
+    first, second = default_words()[:2]
+    text = f"{first} zzqx {second}"
+    source_ids = generator.encode([text])[0]
+    assert source_ids.count(generator.codec.unk_id) == 1  # the one unknown word
+    for mode in ("greedy", "iad"):
+        result = generator.generate([text], mode=mode, max_new_tokens=1)[0]
+        assert list(result.ids) == [generator.codec.unk_id]
+        assert generator.codec.decode(list(result.ids)) == ""  # what plain decoding would give
+        assert result.text == "zzqx"
