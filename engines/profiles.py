@@ -14,7 +14,10 @@ derived from the manifest alone:
 - ``capacity``: the self-attention buffers' current capacity, a power of two from
   ``MIN_CAPACITY`` up to ``max_target_len + SLACK`` (format 2's fixed allocation);
 - ``draft_len``: the drafter's input, the output tokens it reads (the last ``draft_window``
-  of them, or all) plus k [MASK] slots, k + 1 .. ``min(draft_window, max_target_len + SLACK) + k``.
+  of them, or all) plus k [MASK] slots, k + 1 .. ``min(draft_window, max_target_len + SLACK) + k``;
+- ``output_rows`` and ``output_len`` (a shortlist bundle's ``output_ids``): one row per row or
+  one row for all, 1 .. ``--max-batch``; a row's allowed ids, at most the whole vocabulary
+  (``--no-shortlist`` feeds every id).
 
 Fixed dims (heads, head_dim, d_model, top-k) are the manifest's integers. A dim name this
 module does not know is refused: an engine with a guessed range would fail at run time.
@@ -48,6 +51,8 @@ ENGINES_MANIFEST = "engines.json"
 TIMING_CACHE = "timing.cache"
 DEFAULT_MAX_BLOCK = tuning_for("tensorrt").max_block  # the runtime's IAD max block on a GPU
 GRAPHS = ("encoder", "verifier", "verifier_argmax", "drafter", "drafter_source")
+# a typical sentence's shortlist: Marian's first ids plus a few dozen per source token
+SHORTLIST_OPT_LEN = 512
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ def dim_ranges(manifest: Manifest, options: ProfileOptions) -> dict[str, Range]:
         "new_len": (1, min(16, new_max), new_max),
         "capacity": (capacity_min, max(capacity_min, min(64, capacity_max)), capacity_max),
     }
+    if manifest.shortlist is not None:
+        ranges["output_rows"] = (1, options.opt_batch, options.max_batch)
+        ranges["output_len"] = (1, min(SHORTLIST_OPT_LEN, manifest.vocab_size), manifest.vocab_size)
     if manifest.draft_k:
         k = int(manifest.draft_k)
         # the drafter reads the last draft_window output tokens (format 3; 0 or None: all of them)

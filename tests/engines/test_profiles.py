@@ -68,11 +68,11 @@ def test_every_input_gets_a_profile_with_the_manifest_dims(reference_bundle):
     assert built["drafter"]["input_ids"]["min"][1] == manifest.draft_k + 1
 
 
-def test_the_runtime_never_feeds_a_shape_outside_the_profiles(reference_bundle):
-    """Decode real sentences batched with every mode, recording each graph call's input shapes
-    (the unbound path feeds every input as an array, the same shapes the bound path binds)."""
-    # the float drafter: TensorRT builds engines of it (drafter_int8, the CPU's copy, has the same IO)
-    generator = Generator(reference_bundle, io_binding=False, int8_drafter=False)
+def _assert_fed_shapes_within_profiles(generator: Generator, texts: list[str], modes: tuple[str, ...],
+                                       options: ProfileOptions) -> set[str]:
+    """Decode ``texts`` batched in each mode, recording each graph call's input shapes (the
+    unbound path feeds every input as an array, the same shapes the bound path binds), and
+    require every one inside the bundle's profiles. Returns the graphs that were run."""
     seen: dict[str, list[dict]] = {name: [] for name in generator._sessions}
     for name, session in generator._sessions.items():
         original = session.run
@@ -82,19 +82,48 @@ def test_the_runtime_never_feeds_a_shape_outside_the_profiles(reference_bundle):
             return original(inputs)
 
         session.run = recording
-    sample = Path(__file__).resolve().parents[2] / "examples" / "uagec_test_sample.tsv"
-    texts = [line.split("\t")[0] for line in sample.read_text(encoding="utf-8").splitlines()[:24]]
-    for mode in ("greedy", "iad", "gad", "gad++"):  # gad++ runs the top-K verifier graph, the others the argmax one
-        generator.generate(texts, mode=mode, batch_size=8)
-    built = profiles(generator.manifest, ProfileOptions(max_batch=8, max_block=64))
+    for mode in modes:
+        generator.generate(texts, mode=mode, batch_size=options.max_batch)
+    built = profiles(generator.manifest, options)
     for graph, calls in seen.items():
-        assert calls, graph
         for call in calls:
             for name, shape in call.items():
                 shapes = built[graph][name]
                 assert shape_error(name, shape, shapes["min"], shapes["max"]) is None, (graph, name, shape, shapes)
+    return {graph for graph, calls in seen.items() if calls}
+
+
+def test_the_runtime_never_feeds_a_shape_outside_the_profiles(reference_bundle):
+    # the float drafter: TensorRT builds engines of it (drafter_int8, the CPU's copy, has the same IO)
+    generator = Generator(reference_bundle, io_binding=False, int8_drafter=False)
+    sample = Path(__file__).resolve().parents[2] / "examples" / "uagec_test_sample.tsv"
+    texts = [line.split("\t")[0] for line in sample.read_text(encoding="utf-8").splitlines()[:24]]
+    # gad++ runs the top-K verifier graph, the others the argmax one
+    ran = _assert_fed_shapes_within_profiles(generator, texts, ("greedy", "iad", "gad", "gad++"),
+                                             ProfileOptions(max_batch=8, max_block=64))
+    assert ran == set(generator._sessions)
     # and a batch larger than the profile is what the engine would refuse, by name
     assert "dim 0 is 9" in shape_error("input_ids", (9, 1), [1, 1], [8, 66])
+
+
+def test_shortlist_bundles_get_profiles_for_each_rows_output_ids(tmp_path):
+    """A Marian bundle with a lexical shortlist: its graphs' output_ids are bounded too, with
+    each sentence's own list and with --no-shortlist's one row of every id."""
+    from aggdec.export import export_bundle
+    from tests.support.marian import WORDS, add_shortlist, write_model
+
+    folder = write_model(tmp_path / "model", "ssru")[0]
+    add_shortlist(folder)
+    export_bundle(folder, tmp_path / "bundle", progress=None, max_source_len=64, max_target_len=64)
+    manifest = load_manifest(tmp_path / "bundle")
+    options = ProfileOptions(max_batch=4, max_block=8)
+    verifier = profiles(manifest, options)["verifier"]["output_ids"]
+    assert verifier["max"] == [4, manifest.vocab_size] and verifier["min"] == [1, 1]
+    texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(1 + i % 7)) for i in range(10)]
+    for shortlist in (True, False):
+        generator = Generator(tmp_path / "bundle", io_binding=False, shortlist=shortlist)
+        ran = _assert_fed_shapes_within_profiles(generator, texts, ("greedy", "iad"), options)
+        assert {"encoder", "verifier_argmax"} <= ran
 
 
 def test_unknown_dims_and_bad_options_are_refused(reference_bundle):
