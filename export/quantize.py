@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -76,39 +74,6 @@ class QuantizeOptions:
     # int8 encoder activations: "per-call" (onnxruntime's dynamic quantization; the runtime then
     # encodes one source per call) or "per-row" (as the verifier); bundle_schema.ENCODER_QUANTIZATION
     encoder: str = "per-call"
-    # the per-row products' weights (WEIGHT_SCHEMES): "7bit" per output column, |q| <= 64, for
-    # u8 x s8 products that AVX2's saturating pair sums keep exact; or "8bit": the whole int8
-    # range, and a matrix that already lies on one int8 grid (Marian's int8 weights: value =
-    # q / multiplier, |q| <= 127) keeps exactly those values (no second rounding); its products
-    # are u8 x u8 (weights shifted by 128), which every x86 kernel widens to 16 bits: exact too
-    weights: str = "7bit"
-    # 1: each activation row in int8 (absmax / 127); 2: also the row's rounding residual, in a
-    # second int8 product (about 15-bit activations, twice the integer work)
-    activation_passes: int = 1
-    # a regular expression: products whose weight initializer's name matches it (re.search) stay
-    # float32, in every graph (e.g. "ssru" for a Marian SSRU decoder's recurrence)
-    float_products: str | None = None
-
-
-WEIGHT_SCHEMES = ("7bit", "8bit")
-ACTIVATION_PASSES = (1, 2)
-WEIGHT_ZERO_POINT = 128  # "8bit" weights as uint8: q + 128
-
-
-def on_int8_grid(weight: np.ndarray) -> tuple[np.ndarray, np.float32] | None:
-    """``weight``'s int8 values and multiplier when it is exactly q / multiplier with integer
-    |q| <= 127 and max |q| = 127 (how Marian stores int8 matrices: docs/marian.md), else None.
-    The multiplier found, 127 / max|w|, reproduces every value to float32 rounding."""
-    peak = float(np.abs(weight).max())
-    if peak == 0.0 or not np.isfinite(peak):
-        return None
-    multiplier = np.float32(127.0 / peak)
-    scaled = weight.astype(np.float64) * float(multiplier)
-    q = np.round(scaled)
-    if np.abs(scaled - q).max() > 1e-3 or not np.allclose((q / multiplier).astype(np.float32), weight, rtol=1e-6,
-                                                           atol=0.0):
-        return None
-    return q.astype(np.int8), multiplier
 
 
 # ------------------------------------------------------------------ one graph
@@ -131,10 +96,8 @@ class _Rewriter:
         self.TensorProto, self.numpy_helper = TensorProto, numpy_helper
         self.names: set[str] = {n for node in self.graph.node for n in (*node.input, *node.output)} | set(self.inits)
         self.weights: dict[str, tuple[str, str]] = {}  # fp32 weight -> (int8 weight, column scales)
-        # activation -> [(uint8 rows, row scales)], one pair per pass (activation_passes)
-        self.rows: dict[str, list[tuple[str, str]]] = {}
-        self.float_products = re.compile(options.float_products) if options.float_products else None
-        self.quantized = self.on_grid = 0
+        self.rows: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales)
+        self.quantized = 0
 
     def _name(self, base: str) -> str:
         name, index = base, 0
@@ -150,50 +113,28 @@ class _Rewriter:
         return name
 
     def _weight(self, name: str) -> tuple[str, str]:
-        """The int8 weight and its column scales: "7bit" per column with onnxruntime's
-        quantize_data (reduce_range); "8bit" the matrix's own int8 grid when it has one, else
-        per column over the whole range, stored as uint8 (q + 128) for u8 x u8 products."""
+        """Per-column symmetric int8 (7-bit range) with onnxruntime's quantize_data."""
         if name not in self.weights:
+            from onnxruntime.quantization.quant_utils import quantize_data
+
             weight = self.numpy_helper.to_array(self.inits[name]).astype(np.float32)
-            if self.options.weights == "8bit":
-                quantized, scales = self._weight_8bit(weight)
-                stored = quantized if os.environ.get("WS8") else (quantized.astype(np.int16) + WEIGHT_ZERO_POINT).astype(np.uint8)
-            else:
-                stored, scales = self._weight_7bit(weight)
-            self.weights[name] = (self._constant(f"{name}_int8", stored),
+            quantized = np.empty(weight.shape, dtype=np.int8)
+            scales = np.empty(weight.shape[1], dtype=np.float32)
+            for column in range(weight.shape[1]):
+                values = weight[:, column]
+                if not np.any(values):  # quantize_data would divide by a zero range
+                    quantized[:, column], scales[column] = 0, 1.0
+                    continue
+                _, scale, q = quantize_data(values, self.TensorProto.INT8, symmetric=True, reduce_range=True)
+                quantized[:, column], scales[column] = q, np.float32(scale)
+            self.weights[name] = (self._constant(f"{name}_int8", quantized),
                                   self._constant(f"{name}_column_scale", scales))
         return self.weights[name]
 
-    def _weight_7bit(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        from onnxruntime.quantization.quant_utils import quantize_data
-
-        quantized = np.empty(weight.shape, dtype=np.int8)
-        scales = np.empty(weight.shape[1], dtype=np.float32)
-        for column in range(weight.shape[1]):
-            values = weight[:, column]
-            if not np.any(values):  # quantize_data would divide by a zero range
-                quantized[:, column], scales[column] = 0, 1.0
-                continue
-            _, scale, q = quantize_data(values, self.TensorProto.INT8, symmetric=True, reduce_range=True)
-            quantized[:, column], scales[column] = q, np.float32(scale)
-        return quantized, scales
-
-    def _weight_8bit(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        grid = on_int8_grid(weight)
-        if grid is not None:
-            self.on_grid += 1
-            q, multiplier = grid
-            return q, np.full(weight.shape[1], 1.0 / multiplier, dtype=np.float32)
-        peak = np.abs(weight).max(axis=0)
-        scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
-        return np.clip(np.round(weight / scales), -127, 127).astype(np.int8), scales
-
-    def _rows(self, activation: str, nodes: list) -> list[tuple[str, str]]:
+    def _rows(self, activation: str, nodes: list) -> tuple[str, str]:
         """Per-row (per-position) symmetric quantization of ``activation``, shared by every
         MatMul that reads it (q/k/v projections). Hand-written because onnxruntime's dynamic
-        quantization (DynamicQuantizeLinear) has one scale per tensor, coupling positions.
-        With two passes, the second quantizes what the first rounded off (|residual| <= half a
-        first-pass step, so its scale is the first's / 254): still per row, per element."""
+        quantization (DynamicQuantizeLinear) has one scale per tensor, coupling positions."""
         if activation in self.rows:
             return self.rows[activation]
         from onnx import helper
@@ -214,42 +155,17 @@ class _Rewriter:
                                       [raw_scale], name=self._name(f"{base}/RowScale")))
         nodes.append(helper.make_node("Max", [raw_scale, self._constant(f"{base}_tiny", np.array(TINY_SCALE,
                                       np.float32))], [scale], name=self._name(f"{base}/RowScaleFloor")))
-        passes = [self._round_rows(activation, scale, base, nodes)]
-        if max(self._passes(w) for w in self.readers.get(activation, [""])) == 2:
-            rounded = passes[0][2]
-            approx, residual = self._name(f"{base}_approx"), self._name(f"{base}_residual")
-            fine = self._name(f"{base}_residual_scale")
-            nodes.append(helper.make_node("Mul", [rounded, scale], [approx], name=self._name(f"{base}/Approx")))
-            nodes.append(helper.make_node("Sub", [activation, approx], [residual], name=self._name(f"{base}/Residual")))
-            nodes.append(helper.make_node("Div", [scale, self._constant(f"{base}_residual_steps",
-                                          np.array(2 * ROW_QMAX, np.float32))], [fine],
-                                          name=self._name(f"{base}/ResidualScale")))
-            passes.append(self._round_rows(residual, fine, f"{base}_residual", nodes))
-        self.rows[activation] = [(quantized, row_scale) for quantized, row_scale, _ in passes]
-        return self.rows[activation]
-
-    def _round_rows(self, values: str, scale: str, base: str, nodes: list) -> tuple[str, str, str]:
-        """``values`` / ``scale`` rounded and shifted to uint8: (uint8, scale, the rounded floats)."""
-        from onnx import helper
-
         scaled, rounded, shifted, quantized = (self._name(f"{base}_{s}") for s in ("scaled", "rounded", "shifted",
                                                                                   "uint8"))
-        nodes.append(helper.make_node("Div", [values, scale], [scaled], name=self._name(f"{base}/Scale")))
-        # |scaled| <= 127 (plus rounding error of the scale, which Round absorbs): no Clip needed;
-        # a residual is at most half a step of the first pass, 127 of its own (plus the same)
+        nodes.append(helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")))
+        # |scaled| <= 127 (plus rounding error of the scale, which Round absorbs): no Clip needed
         nodes.append(helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")))
         nodes.append(helper.make_node("Add", [rounded, self._constant(f"{base}_zero_point_f",
                                       np.array(A_ZERO_POINT, np.float32))], [shifted], name=self._name(f"{base}/Shift")))
         nodes.append(helper.make_node("Cast", [shifted], [quantized], to=self.TensorProto.UINT8,
                                       name=self._name(f"{base}/ToUint8")))
-        return quantized, scale, rounded
-
-    def _passes(self, weight: str) -> int:
-        import os
-        if self.options.activation_passes == 1:
-            return 1
-        only = os.environ.get("TWO_PASS")
-        return 2 if not only or re.search(only, weight) else 1
+        self.rows[activation] = (quantized, scale)
+        return self.rows[activation]
 
     def _quantizable(self, node) -> bool:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.input[1] not in self.inits:
@@ -257,53 +173,35 @@ class _Rewriter:
         weight = self.inits[node.input[1]]
         if weight.data_type != self.TensorProto.FLOAT or len(weight.dims) != 2:
             return False
-        if self.float_products is not None and self.float_products.search(node.input[1]):
-            return False
         return weight.dims[1] != self.vocab_size or self.options.output_projection
 
     def run(self):
         from onnx import helper
 
-        zero_points = None
-        self.readers: dict[str, list[str]] = {}
-        for node in self.graph.node:
-            if self._quantizable(node):
-                self.readers.setdefault(node.input[0], []).append(node.input[1])
+        zero_point = None
         rewritten = []
         replaced_weights: set[str] = set()
         for node in self.graph.node:
             if not self._quantizable(node):
                 rewritten.append(node)
                 continue
-            if zero_points is None:
-                zero_points = [self._constant("row_zero_point", np.array(A_ZERO_POINT, dtype=np.uint8))]
-                if self.options.weights == "8bit" and not os.environ.get("WS8"):
-                    zero_points.append(self._constant("weight_zero_point", np.array(WEIGHT_ZERO_POINT,
-                                                                                    dtype=np.uint8)))
+            if zero_point is None:
+                zero_point = self._constant("row_zero_point", np.array(A_ZERO_POINT, dtype=np.uint8))
             activation, weight = node.input
             base = (node.name or node.output[0]).strip("/").replace("/", "_")
-            passes = self._rows(activation, rewritten)[:self._passes(weight)]
+            rows, row_scale = self._rows(activation, rewritten)
             quantized_weight, column_scale = self._weight(weight)
             replaced_weights.add(weight)
-            scaled = []
-            for index, (rows, row_scale) in enumerate(passes):
-                suffix = "" if index == 0 else f"_pass{index + 1}"
-                accumulated, as_float, by_row = (self._name(f"{base}_{s}{suffix}")
-                                                 for s in ("int32", "float", "row_scaled"))
-                rewritten += [
-                    helper.make_node("MatMulInteger", [rows, quantized_weight, *zero_points], [accumulated],
-                                     name=self._name(f"{base}/MatMulInteger{suffix}")),
-                    helper.make_node("Cast", [accumulated], [as_float], to=self.TensorProto.FLOAT,
-                                     name=self._name(f"{base}/ToFloat{suffix}")),
-                    helper.make_node("Mul", [as_float, row_scale], [by_row], name=self._name(f"{base}/RowScaleMul{suffix}")),
-                ]
-                scaled.append(by_row)
-            if len(scaled) == 2:
-                summed = self._name(f"{base}_passes")
-                rewritten.append(helper.make_node("Add", scaled, [summed], name=self._name(f"{base}/AddPasses")))
-                scaled = [summed]
-            rewritten.append(helper.make_node("Mul", [scaled[0], column_scale], [node.output[0]],
-                                              name=self._name(f"{base}/ColumnScaleMul")))
+            accumulated, as_float, by_row = (self._name(f"{base}_{s}") for s in ("int32", "float", "row_scaled"))
+            rewritten += [
+                helper.make_node("MatMulInteger", [rows, quantized_weight, zero_point], [accumulated],
+                                 name=self._name(f"{base}/MatMulInteger")),
+                helper.make_node("Cast", [accumulated], [as_float], to=self.TensorProto.FLOAT,
+                                 name=self._name(f"{base}/ToFloat")),
+                helper.make_node("Mul", [as_float, row_scale], [by_row], name=self._name(f"{base}/RowScaleMul")),
+                helper.make_node("Mul", [by_row, column_scale], [node.output[0]],
+                                 name=self._name(f"{base}/ColumnScaleMul")),
+            ]
             self.quantized += 1
         del self.graph.node[:]
         self.graph.node.extend(rewritten)
@@ -323,7 +221,7 @@ def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOp
     return model, rewriter.quantized
 
 
-def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False, float_products: str | None = None) -> int:
+def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> int:
     """The fp32 graph ``src`` with int8 products, written to ``dst``, by onnxruntime's own dynamic
     quantization (fused ``DynamicQuantizeMatMul``, int8 weights per column, 7-bit so that AVX2's
     int16 pair sums cannot saturate), not the per-row rewrite above.
@@ -338,9 +236,7 @@ def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False, floa
     default onnxruntime also quantizes the embedding (Gather) and, after its pre-processing,
     fuses differently; on the reference encoder that was 5% slower and further from fp32 (encoder
     output error 0.0097 of its largest value against 0.0079, median of 1,000 test sentences, a
-    scratch timing). ``float_products`` (with ``matmuls_only``): products whose weight's name
-    matches it stay float32 (QuantizeOptions.float_products). Returns the number of int8
-    products (MatMulInteger) written."""
+    scratch timing). Returns the number of int8 products (MatMulInteger) written."""
     import tempfile
 
     import onnx
@@ -352,26 +248,13 @@ def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False, floa
     with _without_preprocessing_advice():
         if matmuls_only:
             quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True},
-                             nodes_to_exclude=_float_product_nodes(src, float_products), **settings)
+                             **settings)
         else:
             with tempfile.TemporaryDirectory(prefix=".dynamic-int8.", dir=dst.parent) as scratch:
                 prepared = Path(scratch) / "prepared.onnx"
                 quant_pre_process(str(src), str(prepared))  # shape inference, as onnxruntime's quantizer asks
                 quantize_dynamic(prepared, dst, **settings)
     return sum(node.op_type == "MatMulInteger" for node in onnx.load(str(dst)).graph.node)
-
-
-def _float_product_nodes(path: Path, float_products: str | None) -> list[str]:
-    """The MatMul nodes of the graph at ``path`` whose weight's name matches ``float_products``."""
-    if not float_products:
-        return []
-    import onnx
-
-    pattern = re.compile(float_products)
-    graph = onnx.load(str(path), load_external_data=False).graph
-    weights = {init.name for init in graph.initializer}
-    return [node.name for node in graph.node
-            if node.op_type == "MatMul" and node.input[1] in weights and pattern.search(node.input[1])]
 
 
 class _PreprocessingAdvice(logging.Filter):
@@ -517,7 +400,7 @@ def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest
     elif name in ("drafter", "drafter_source"):  # proposals only: onnxruntime's dynamic quantization will do
         return write_dynamic_int8(src, dst)
     elif name == "encoder" and options.encoder == "per-call":  # the runtime gives it one source per call
-        return write_dynamic_int8(src, dst, matmuls_only=True, float_products=options.float_products)
+        return write_dynamic_int8(src, dst, matmuls_only=True)
     else:
         model, count = quantize_model(model, manifest.vocab_size, options)
         if name in VERIFIER_GRAPHS:
