@@ -361,7 +361,7 @@ def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOp
     return model, rewriter.quantized
 
 
-def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> int:
+def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False, float_products: str | None = None) -> int:
     """The fp32 graph ``src`` with int8 products, written to ``dst``, by onnxruntime's own dynamic
     quantization (fused ``DynamicQuantizeMatMul``, int8 weights per column, 7-bit so that AVX2's
     int16 pair sums cannot saturate), not the per-row rewrite above.
@@ -376,7 +376,9 @@ def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> i
     default onnxruntime also quantizes the embedding (Gather) and, after its pre-processing,
     fuses differently; on the reference encoder that was 5% slower and further from fp32 (encoder
     output error 0.0097 of its largest value against 0.0079, median of 1,000 test sentences, a
-    scratch timing). Returns the number of int8 products (MatMulInteger) written."""
+    scratch timing). ``float_products`` (with ``matmuls_only``): products whose weight's name
+    matches it stay float32 (QuantizeOptions.float_products). Returns the number of int8
+    products (MatMulInteger) written."""
     import tempfile
 
     import onnx
@@ -388,13 +390,26 @@ def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> i
     with _without_preprocessing_advice():
         if matmuls_only:
             quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True},
-                             **settings)
+                             nodes_to_exclude=_float_product_nodes(src, float_products), **settings)
         else:
             with tempfile.TemporaryDirectory(prefix=".dynamic-int8.", dir=dst.parent) as scratch:
                 prepared = Path(scratch) / "prepared.onnx"
                 quant_pre_process(str(src), str(prepared))  # shape inference, as onnxruntime's quantizer asks
                 quantize_dynamic(prepared, dst, **settings)
     return sum(node.op_type == "MatMulInteger" for node in onnx.load(str(dst)).graph.node)
+
+
+def _float_product_nodes(path: Path, float_products: str | None) -> list[str]:
+    """The MatMul nodes of the graph at ``path`` whose weight's name matches ``float_products``."""
+    if not float_products:
+        return []
+    import onnx
+
+    pattern = re.compile(float_products)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {init.name for init in graph.initializer}
+    return [node.name for node in graph.node
+            if node.op_type == "MatMul" and node.input[1] in weights and pattern.search(node.input[1])]
 
 
 class _PreprocessingAdvice(logging.Filter):
