@@ -41,3 +41,22 @@ for v in $VARIANTS; do
 done
 python benchmarks/ab.py "$W/fp32" --modes greedy iad --a bundle="$W/int8" --b bundle="$W/two-pass" --data "$W/test.txt" \
     --limit 300 > "$W/ab-two-pass-vs-int8-iad.txt" 2>/dev/null
+# pt->en (added after the en->pt run, 05:21-05:24 UTC, same code): its input is the en->pt float
+# bundle's Portuguese for the test verses
+[ -d "$W/pten" ] || aggdec export "$M/pten-1693087646" "$W/pten"
+[ -d "$W/pten-int8" ] || aggdec quantize "$W/pten" "$W/pten-int8" 2>/dev/null
+[ -d "$W/pten-two-pass" ] || aggdec quantize "$W/pten" "$W/pten-two-pass" --activations two-pass 2>/dev/null
+python - "$W" <<'PY'
+import sys
+from aggdec import Generator
+w = sys.argv[1]
+lines = open(f"{w}/test.txt", encoding="utf-8").read().splitlines()
+pt = [r.text for r in Generator(f"{w}/fp32", threads=1).generate(lines, batch_size=16)]
+open(f"{w}/test.pt.txt", "w", encoding="utf-8").write("\n".join(pt) + "\n")
+PY
+python benchmarks/int8_quality.py "$W/pten" "$W/pten-int8" "$W/pten-two-pass" --data "$W/test.pt.txt" --limit 300 \
+    > "$W/quality-pten-test.md" 2>/dev/null
+for ref in pten pten-int8; do
+    python benchmarks/ab.py "$W/pten" --a bundle="$W/$ref" --b bundle="$W/pten-two-pass" --data "$W/test.pt.txt" \
+        --limit 300 > "$W/ab-pten-two-pass-vs-$ref.txt" 2>/dev/null
+done
