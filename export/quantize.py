@@ -38,6 +38,14 @@ source, and one scale per call couples only the rows of that call, so the bundle
 alone, at any batch size, and every mode reads the same encoding. ``"per-row"`` quantizes the
 encoder as the verifier, for one batched call (README, int8 bundles, has the measurement).
 
+``activations="two-pass"`` trades speed for closeness to fp32: each row is divided by its
+absmax / 63 and sent as two 7-bit passes, the rounded value and its rounding residual x 126
+(about 13 bits together), against 8-bit weights; a matrix that already lies on one int8 grid
+(a Marian int8 model's) keeps exactly those values, where 7 bits per column would round them a
+second time. |activation| <= 127 after the shift by 64 and |w| <= 127 keep AVX2's pair sums
+exact as above (2 * 127 * 127 = 32258). Each pass is one ``MatMulIntegerToFloat``; nothing
+mixes positions either (decision 028 has what it gains and costs).
+
 This module needs onnx and onnxruntime, not torch: an existing bundle can be quantized on a
 machine that cannot export.
 """
@@ -148,7 +156,8 @@ class _Rewriter:
         return name
 
     def _weight(self, name: str) -> tuple[str, str]:
-        """Per-column symmetric int8 (7-bit range) with onnxruntime's quantize_data."""
+        """Per-column symmetric int8 (7-bit range) with onnxruntime's quantize_data; two-pass:
+        8-bit (``_weight_8bit``)."""
         if name not in self.weights and self.two_pass:
             quantized, scales = self._weight_8bit(self.numpy_helper.to_array(self.inits[name]).astype(np.float32))
             self.weights[name] = (self._constant(f"{name}_int8", quantized),
@@ -225,8 +234,7 @@ class _Rewriter:
             helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")),
             helper.make_node("Sub", [scaled, rounded], [residual], name=self._name(f"{base}/Residual")),
             helper.make_node("QuantizeLinear", [residual, self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS)),
-                                                 zero_point], [second],
-                             name=self._name(f"{base}/SecondPass")),
+                                                zero_point], [second], name=self._name(f"{base}/SecondPass")),
         ]
         self.rows[activation] = (first, second, scale)
         return self.rows[activation]
@@ -246,21 +254,7 @@ class _Rewriter:
         from onnx import helper
 
         base = activation.strip("/").replace("/", "_") or "x"
-        absolute = self._name(f"{base}_abs")
-        absmax = self._name(f"{base}_absmax")
-        nodes.append(helper.make_node("Abs", [activation], [absolute], name=self._name(f"{base}/Abs")))
-        if self.opset >= 18:  # ReduceMax takes its axes as an input from opset 18
-            axes = self._constant(f"{base}_last_axis", np.array([-1], dtype=np.int64))
-            nodes.append(helper.make_node("ReduceMax", [absolute, axes], [absmax], keepdims=1,
-                                          name=self._name(f"{base}/RowMax")))
-        else:
-            nodes.append(helper.make_node("ReduceMax", [absolute], [absmax], axes=[-1], keepdims=1,
-                                          name=self._name(f"{base}/RowMax")))
-        raw_scale, scale = self._name(f"{base}_row_scale_raw"), self._name(f"{base}_row_scale")
-        nodes.append(helper.make_node("Div", [absmax, self._constant(f"{base}_qmax", np.array(ROW_QMAX, np.float32))],
-                                      [raw_scale], name=self._name(f"{base}/RowScale")))
-        nodes.append(helper.make_node("Max", [raw_scale, self._constant(f"{base}_tiny", np.array(TINY_SCALE,
-                                      np.float32))], [scale], name=self._name(f"{base}/RowScaleFloor")))
+        scale = self._row_scale(activation, base, ROW_QMAX, nodes)
         scaled, rounded, shifted, quantized = (self._name(f"{base}_{s}") for s in ("scaled", "rounded", "shifted",
                                                                                   "uint8"))
         nodes.append(helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")))
@@ -292,14 +286,14 @@ class _Rewriter:
         rows: list = []
         first, second, row_scale = self._two_pass_rows(node.input[0], rows)
         weight, column_scale = self._weight(node.input[1])
-        zero_point, one = self._shared("pass_zero_point", np.uint8(PASS_ZERO_POINT)), self._shared("one", np.float32(1))
+        zero_point = self._shared("pass_zero_point", np.uint8(PASS_ZERO_POINT))
+        one, step = self._shared("one", np.float32(1)), self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS))
         coarse, fine, summed = (self._name(f"{base}_{s}") for s in ("first_pass", "second_pass", "passes"))
         return rows + [
             helper.make_node("MatMulIntegerToFloat", [first, weight, one, column_scale, zero_point], [coarse],
                              domain="com.microsoft", name=self._name(f"{base}/FirstPassMatMul")),
-            helper.make_node("MatMulIntegerToFloat", [second, weight, self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS)),
-                                                     column_scale, zero_point],
-                             [fine], domain="com.microsoft", name=self._name(f"{base}/SecondPassMatMul")),
+            helper.make_node("MatMulIntegerToFloat", [second, weight, step, column_scale, zero_point], [fine],
+                             domain="com.microsoft", name=self._name(f"{base}/SecondPassMatMul")),
             helper.make_node("Add", [coarse, fine], [summed], name=self._name(f"{base}/AddPasses")),
             helper.make_node("Mul", [summed, row_scale], [node.output[0]], name=self._name(f"{base}/RowScaleMul")),
         ]
@@ -544,7 +538,8 @@ def _check_options(precision: str, options: QuantizeOptions) -> None:
         try:
             re.compile(options.float_products)
         except re.error as exc:
-            raise ExportError(f"float_products {options.float_products!r} is not a regular expression: {exc}.") from None
+            raise ExportError(f"float_products {options.float_products!r} is not a regular expression: "
+                              f"{exc}.") from None
 
 
 def quantize_bundle(src_dir: str | Path, out_dir: str | Path, *, precision: str = "int8", force: bool = False,

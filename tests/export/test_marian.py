@@ -560,8 +560,9 @@ def test_two_pass_int8_keeps_marians_int8_weights_and_decodes_exactly_against_it
     """`aggdec quantize --activations two-pass`: a .bin's int8 matrices keep their own int8 values
     (each weight's int8 times its one scale gives the fp32 bundle's weight back to float32
     rounding; a float .npz's are quantized per column instead); the verifier is closer to fp32
-    than the per-row scheme's (far closer with the .bin's own weights); greedy does not depend on batching, and IAD equals it at
-    batch 1 and 8 with IO binding on and off (over each row's shortlist, and without it)."""
+    than the per-row scheme's (far closer with the .bin's own weights); greedy does not depend
+    on batching, and IAD equals it at batch 1 and 8 with IO binding on and off (over each row's
+    shortlist, and without it)."""
     _folder, bundle = tiny(decoder, fmt, 0.0, shortlist)
     two_pass = _quantize_cli(bundle, tmp_path / "two-pass", "--activations", "two-pass")
     per_row = _quantize_cli(bundle, tmp_path / "per-row", "--encoder-quantization", "per-row")
