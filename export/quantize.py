@@ -38,6 +38,14 @@ source, and one scale per call couples only the rows of that call, so the bundle
 alone, at any batch size, and every mode reads the same encoding. ``"per-row"`` quantizes the
 encoder as the verifier, for one batched call (README, int8 bundles, has the measurement).
 
+``activations="two-pass"`` trades speed for closeness to fp32: each row is divided by its
+absmax / 63 and sent as two 7-bit passes, the rounded value and its rounding residual x 126
+(about 13 bits together), against 8-bit weights; a matrix that already lies on one int8 grid
+(a Marian int8 model's) keeps exactly those values, where 7 bits per column would round them a
+second time. |activation| <= 127 after the shift by 64 and |w| <= 127 keep AVX2's pair sums
+exact as above (2 * 127 * 127 = 32258). Each pass is one ``MatMulIntegerToFloat``; nothing
+mixes positions either (decision 028 has what it gains and costs).
+
 This module needs onnx and onnxruntime, not torch: an existing bundle can be quantized on a
 machine that cannot export.
 """
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -74,6 +83,37 @@ class QuantizeOptions:
     # int8 encoder activations: "per-call" (onnxruntime's dynamic quantization; the runtime then
     # encodes one source per call) or "per-row" (as the verifier); bundle_schema.ENCODER_QUANTIZATION
     encoder: str = "per-call"
+    # how activations and weights meet (ACTIVATION_SCHEMES): "per-row" (above) or "two-pass" (module
+    # docstring): much closer to fp32 (a Marian int8 model's outputs nearly all equal its float
+    # ones), slower; the encoder is then quantized per row too
+    activations: str = "per-row"
+    # a regular expression: products whose weight initializer's name matches it (re.search) stay
+    # float32, in every graph (e.g. "ssru" for a Marian decoder's recurrence)
+    float_products: str | None = None
+
+
+ACTIVATION_SCHEMES = ("per-row", "two-pass")
+# two-pass: activations in 7 bits a pass (|q| <= 63, shifted by 64 to [1, 127]) against 8-bit
+# weights (|w| <= 127): a pair of products is at most 2 * 127 * 127 = 32258 < 32767
+PASS_QMAX = 63.0
+PASS_ZERO_POINT = 64
+RESIDUAL_STEPS = 2 * PASS_QMAX  # a residual is at most half a first-pass step: 126 steps of its own
+
+
+def on_int8_grid(weight: np.ndarray) -> tuple[np.ndarray, np.float32] | None:
+    """``weight``'s int8 values and multiplier when it is exactly q / multiplier with integers
+    |q| <= 127 and max |q| = 127 (how Marian stores its int8 matrices: docs/marian.md), else
+    None. The multiplier, 127 / max |w|, gives back every value to float32 rounding."""
+    peak = float(np.abs(weight).max()) if weight.size else 0.0
+    if peak == 0.0 or not np.isfinite(peak):
+        return None
+    multiplier = np.float32(127.0 / peak)
+    scaled = weight.astype(np.float64) * float(multiplier)
+    q = np.round(scaled)
+    if np.abs(scaled - q).max() > 1e-3 or not np.allclose((q / multiplier).astype(np.float32), weight, rtol=1e-6,
+                                                           atol=0.0):
+        return None
+    return q.astype(np.int8), multiplier
 
 
 # ------------------------------------------------------------------ one graph
@@ -97,7 +137,10 @@ class _Rewriter:
         self.names: set[str] = {n for node in self.graph.node for n in (*node.input, *node.output)} | set(self.inits)
         self.weights: dict[str, tuple[str, str]] = {}  # fp32 weight -> (int8 weight, column scales)
         self.rows: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales)
-        self.quantized = 0
+        self.two_pass = options.activations == "two-pass"
+        self.float_products = re.compile(options.float_products) if options.float_products else None
+        self.scalars: dict[str, str] = {}
+        self.quantized = self.on_grid = 0
 
     def _name(self, base: str) -> str:
         name, index = base, 0
@@ -113,7 +156,12 @@ class _Rewriter:
         return name
 
     def _weight(self, name: str) -> tuple[str, str]:
-        """Per-column symmetric int8 (7-bit range) with onnxruntime's quantize_data."""
+        """Per-column symmetric int8 (7-bit range) with onnxruntime's quantize_data; two-pass:
+        8-bit (``_weight_8bit``)."""
+        if name not in self.weights and self.two_pass:
+            quantized, scales = self._weight_8bit(self.numpy_helper.to_array(self.inits[name]).astype(np.float32))
+            self.weights[name] = (self._constant(f"{name}_int8", quantized),
+                                  self._constant(f"{name}_column_scale", scales))
         if name not in self.weights:
             from onnxruntime.quantization.quant_utils import quantize_data
 
@@ -131,15 +179,23 @@ class _Rewriter:
                                   self._constant(f"{name}_column_scale", scales))
         return self.weights[name]
 
-    def _rows(self, activation: str, nodes: list) -> tuple[str, str]:
-        """Per-row (per-position) symmetric quantization of ``activation``, shared by every
-        MatMul that reads it (q/k/v projections). Hand-written because onnxruntime's dynamic
-        quantization (DynamicQuantizeLinear) has one scale per tensor, coupling positions."""
-        if activation in self.rows:
-            return self.rows[activation]
+    def _weight_8bit(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Two-pass weights: the matrix's own int8 grid when it lies on one (Marian's int8
+        matrices: rounding them again to 7 bits per column was most of the error), else per
+        output column over the whole int8 range."""
+        grid = on_int8_grid(weight)
+        if grid is not None:
+            self.on_grid += 1
+            q, multiplier = grid
+            return q, np.full(weight.shape[1], 1.0 / multiplier, dtype=np.float32)
+        peak = np.abs(weight).max(axis=0)
+        scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+        return np.clip(np.round(weight / scales), -127, 127).astype(np.int8), scales
+
+    def _row_scale(self, activation: str, base: str, qmax: float, nodes: list) -> str:
+        """absmax over the last axis / qmax, floored at the smallest normal float32."""
         from onnx import helper
 
-        base = activation.strip("/").replace("/", "_") or "x"
         absolute = self._name(f"{base}_abs")
         absmax = self._name(f"{base}_absmax")
         nodes.append(helper.make_node("Abs", [activation], [absolute], name=self._name(f"{base}/Abs")))
@@ -151,10 +207,54 @@ class _Rewriter:
             nodes.append(helper.make_node("ReduceMax", [absolute], [absmax], axes=[-1], keepdims=1,
                                           name=self._name(f"{base}/RowMax")))
         raw_scale, scale = self._name(f"{base}_row_scale_raw"), self._name(f"{base}_row_scale")
-        nodes.append(helper.make_node("Div", [absmax, self._constant(f"{base}_qmax", np.array(ROW_QMAX, np.float32))],
+        nodes.append(helper.make_node("Div", [absmax, self._constant(f"{base}_qmax", np.array(qmax, np.float32))],
                                       [raw_scale], name=self._name(f"{base}/RowScale")))
         nodes.append(helper.make_node("Max", [raw_scale, self._constant(f"{base}_tiny", np.array(TINY_SCALE,
                                       np.float32))], [scale], name=self._name(f"{base}/RowScaleFloor")))
+        return scale
+
+    def _two_pass_rows(self, activation: str, nodes: list) -> tuple[str, str, str]:
+        """Two-pass rows of ``activation``: t = x / row scale, the first pass round(t), the
+        second round((t - round(t)) * 126), both 7-bit and shifted to uint8 by QuantizeLinear
+        (scalar scale: one node for round, shift and cast). Per element after the row's
+        absmax, like the one-pass rows. Returns (first pass, second pass, row scale)."""
+        if activation in self.rows:
+            return self.rows[activation]
+        from onnx import helper
+
+        base = activation.strip("/").replace("/", "_") or "x"
+        scale = self._row_scale(activation, base, PASS_QMAX, nodes)
+        scaled, rounded, residual, first, second = (self._name(f"{base}_{s}") for s in (
+            "scaled", "rounded", "residual", "uint8", "residual_uint8"))
+        zero_point = self._shared("pass_zero_point", np.uint8(PASS_ZERO_POINT))
+        nodes += [
+            helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")),
+            helper.make_node("QuantizeLinear", [scaled, self._shared("one", np.float32(1)), zero_point], [first],
+                             name=self._name(f"{base}/FirstPass")),
+            helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")),
+            helper.make_node("Sub", [scaled, rounded], [residual], name=self._name(f"{base}/Residual")),
+            helper.make_node("QuantizeLinear", [residual, self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS)),
+                                                zero_point], [second], name=self._name(f"{base}/SecondPass")),
+        ]
+        self.rows[activation] = (first, second, scale)
+        return self.rows[activation]
+
+    def _shared(self, base: str, value: np.generic) -> str:
+        """A scalar constant made once per graph (zero points, pass steps)."""
+        if base not in self.scalars:
+            self.scalars[base] = self._constant(base, np.array(value))
+        return self.scalars[base]
+
+    def _rows(self, activation: str, nodes: list) -> tuple[str, str]:
+        """Per-row (per-position) symmetric quantization of ``activation``, shared by every
+        MatMul that reads it (q/k/v projections). Hand-written because onnxruntime's dynamic
+        quantization (DynamicQuantizeLinear) has one scale per tensor, coupling positions."""
+        if activation in self.rows:
+            return self.rows[activation]
+        from onnx import helper
+
+        base = activation.strip("/").replace("/", "_") or "x"
+        scale = self._row_scale(activation, base, ROW_QMAX, nodes)
         scaled, rounded, shifted, quantized = (self._name(f"{base}_{s}") for s in ("scaled", "rounded", "shifted",
                                                                                   "uint8"))
         nodes.append(helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")))
@@ -173,7 +273,30 @@ class _Rewriter:
         weight = self.inits[node.input[1]]
         if weight.data_type != self.TensorProto.FLOAT or len(weight.dims) != 2:
             return False
+        if self.float_products is not None and self.float_products.search(node.input[1]):
+            return False
         return weight.dims[1] != self.vocab_size or self.options.output_projection
+
+    def _two_pass_product(self, node, base: str) -> list:
+        """x·W as row scale * (first·W + second·W / 126) * column scales: each pass one
+        MatMulIntegerToFloat (onnxruntime's u8 x s8 product with its int32 sum scaled to float,
+        per column; exact integer sums whatever the kernel), then an Add and the row's Mul."""
+        from onnx import helper
+
+        rows: list = []
+        first, second, row_scale = self._two_pass_rows(node.input[0], rows)
+        weight, column_scale = self._weight(node.input[1])
+        zero_point = self._shared("pass_zero_point", np.uint8(PASS_ZERO_POINT))
+        one, step = self._shared("one", np.float32(1)), self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS))
+        coarse, fine, summed = (self._name(f"{base}_{s}") for s in ("first_pass", "second_pass", "passes"))
+        return rows + [
+            helper.make_node("MatMulIntegerToFloat", [first, weight, one, column_scale, zero_point], [coarse],
+                             domain="com.microsoft", name=self._name(f"{base}/FirstPassMatMul")),
+            helper.make_node("MatMulIntegerToFloat", [second, weight, step, column_scale, zero_point], [fine],
+                             domain="com.microsoft", name=self._name(f"{base}/SecondPassMatMul")),
+            helper.make_node("Add", [coarse, fine], [summed], name=self._name(f"{base}/AddPasses")),
+            helper.make_node("Mul", [summed, row_scale], [node.output[0]], name=self._name(f"{base}/RowScaleMul")),
+        ]
 
     def run(self):
         from onnx import helper
@@ -185,10 +308,15 @@ class _Rewriter:
             if not self._quantizable(node):
                 rewritten.append(node)
                 continue
-            if zero_point is None:
+            if zero_point is None and not self.two_pass:
                 zero_point = self._constant("row_zero_point", np.array(A_ZERO_POINT, dtype=np.uint8))
             activation, weight = node.input
             base = (node.name or node.output[0]).strip("/").replace("/", "_")
+            if self.two_pass:
+                rewritten += self._two_pass_product(node, base)
+                replaced_weights.add(weight)
+                self.quantized += 1
+                continue
             rows, row_scale = self._rows(activation, rewritten)
             quantized_weight, column_scale = self._weight(weight)
             replaced_weights.add(weight)
@@ -205,6 +333,8 @@ class _Rewriter:
             self.quantized += 1
         del self.graph.node[:]
         self.graph.node.extend(rewritten)
+        if self.two_pass and self.quantized and not any(o.domain == "com.microsoft" for o in self.model.opset_import):
+            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         still_used = {name for node in self.graph.node for name in node.input}
         unused = [init for init in self.graph.initializer if init.name in replaced_weights and init.name not in
                   still_used]
@@ -213,15 +343,19 @@ class _Rewriter:
         return self.model
 
 
-def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOptions()):
-    """Rewrite ``model`` (an onnx ModelProto, changed in place and returned) to per-row int8.
-    Returns the model and the number of MatMuls made int8."""
+def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOptions(),
+                   counts: dict[str, int] | None = None):
+    """Rewrite ``model`` (an onnx ModelProto, changed in place and returned) to per-row (or
+    two-pass) int8. Returns the model and the number of MatMuls made int8; ``counts``, if given,
+    gets ``int8_grid_matrices`` added: two-pass weights that kept their own int8 grid."""
     rewriter = _Rewriter(model, vocab_size, options)
     rewriter.run()
+    if counts is not None:
+        counts["int8_grid_matrices"] = counts.get("int8_grid_matrices", 0) + rewriter.on_grid
     return model, rewriter.quantized
 
 
-def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> int:
+def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False, float_products: str | None = None) -> int:
     """The fp32 graph ``src`` with int8 products, written to ``dst``, by onnxruntime's own dynamic
     quantization (fused ``DynamicQuantizeMatMul``, int8 weights per column, 7-bit so that AVX2's
     int16 pair sums cannot saturate), not the per-row rewrite above.
@@ -236,7 +370,9 @@ def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> i
     default onnxruntime also quantizes the embedding (Gather) and, after its pre-processing,
     fuses differently; on the reference encoder that was 5% slower and further from fp32 (encoder
     output error 0.0097 of its largest value against 0.0079, median of 1,000 test sentences, a
-    scratch timing). Returns the number of int8 products (MatMulInteger) written."""
+    scratch timing). ``float_products`` (with ``matmuls_only``): products whose weight's name
+    matches it stay float32 (QuantizeOptions.float_products). Returns the number of int8
+    products (MatMulInteger) written."""
     import tempfile
 
     import onnx
@@ -248,13 +384,26 @@ def write_dynamic_int8(src: Path, dst: Path, *, matmuls_only: bool = False) -> i
     with _without_preprocessing_advice():
         if matmuls_only:
             quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True},
-                             **settings)
+                             nodes_to_exclude=_float_product_nodes(src, float_products), **settings)
         else:
             with tempfile.TemporaryDirectory(prefix=".dynamic-int8.", dir=dst.parent) as scratch:
                 prepared = Path(scratch) / "prepared.onnx"
                 quant_pre_process(str(src), str(prepared))  # shape inference, as onnxruntime's quantizer asks
                 quantize_dynamic(prepared, dst, **settings)
     return sum(node.op_type == "MatMulInteger" for node in onnx.load(str(dst)).graph.node)
+
+
+def _float_product_nodes(path: Path, float_products: str | None) -> list[str]:
+    """The MatMul nodes of the graph at ``path`` whose weight's name matches ``float_products``."""
+    if not float_products:
+        return []
+    import onnx
+
+    pattern = re.compile(float_products)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {init.name for init in graph.initializer}
+    return [node.name for node in graph.node
+            if node.op_type == "MatMul" and node.input[1] in weights and pattern.search(node.input[1])]
 
 
 class _PreprocessingAdvice(logging.Filter):
@@ -369,6 +518,30 @@ SCHEMES = {"int8": ("per-row-int8", "per-row int8 activations, per-column int8 w
            "fp16": ("fp16", "float16 weights and activations; norms, softmax, log-softmax and top-k in float32")}
 
 
+TWO_PASS_SCHEME = ("two-pass-int8", "two 7-bit int8 passes per activation row (the value and its rounding "
+                   "residual), 8-bit weights (their own int8 grid where they have one)")
+
+
+def _check_options(precision: str, options: QuantizeOptions) -> None:
+    """Refuse option combinations this module does not write, naming the option."""
+    if options.activations not in ACTIVATION_SCHEMES:
+        raise ExportError(f"int8 activations are quantized {', or '.join(ACTIVATION_SCHEMES)}, not "
+                          f"{options.activations!r}.")
+    if precision != "int8" and (options.activations != "per-row" or options.float_products):
+        raise ExportError(f"activations={options.activations!r} and float_products are int8 options; an "
+                          f"{precision} bundle converts every product.")
+    if options.activations == "two-pass" and options.encoder == "per-call":
+        raise ExportError("two-pass activations quantize the encoder per row too (onnxruntime's per-call "
+                          "quantization has neither the second pass nor 8-bit weights): pass encoder='per-row' "
+                          "(--encoder-quantization per-row).")
+    if options.float_products:
+        try:
+            re.compile(options.float_products)
+        except re.error as exc:
+            raise ExportError(f"float_products {options.float_products!r} is not a regular expression: "
+                              f"{exc}.") from None
+
+
 def quantize_bundle(src_dir: str | Path, out_dir: str | Path, *, precision: str = "int8", force: bool = False,
                     options: QuantizeOptions = QuantizeOptions(),
                     progress: Callable[[str], None] | None = print) -> Manifest:
@@ -386,7 +559,8 @@ def quantize_bundle(src_dir: str | Path, out_dir: str | Path, *, precision: str 
                                      progress=progress)
 
 
-def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest, options: QuantizeOptions) -> int:
+def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest, options: QuantizeOptions,
+             counts: dict[str, int]) -> int:
     """Write graph ``name`` of the bundle at ``precision``; returns its converted matrix products."""
     import onnx
 
@@ -400,9 +574,9 @@ def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest
     elif name in ("drafter", "drafter_source"):  # proposals only: onnxruntime's dynamic quantization will do
         return write_dynamic_int8(src, dst)
     elif name == "encoder" and options.encoder == "per-call":  # the runtime gives it one source per call
-        return write_dynamic_int8(src, dst, matmuls_only=True)
+        return write_dynamic_int8(src, dst, matmuls_only=True, float_products=options.float_products)
     else:
-        model, count = quantize_model(model, manifest.vocab_size, options)
+        model, count = quantize_model(model, manifest.vocab_size, options, counts)
         if name in VERIFIER_GRAPHS:
             isolate_positions(model)
     onnx.save(model, str(dst))
@@ -424,6 +598,7 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
     if options.encoder not in ENCODER_QUANTIZATION:
         raise ExportError(f"the encoder's int8 activations are quantized {', or '.join(ENCODER_QUANTIZATION)}, not "
                           f"{options.encoder!r}.")
+    _check_options(precision, options)
     ort = require_onnxruntime()
     src, out = Path(src_dir), Path(out_dir)
     started = time.perf_counter()
@@ -434,6 +609,10 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
     check_destination(src, out, force)
     say = progress or (lambda message: None)
     scheme, described = SCHEMES[precision]
+    if precision == "int8" and options.activations == "two-pass":
+        scheme, described = TWO_PASS_SCHEME
+    if options.float_products:
+        described += f"; products whose weight matches {options.float_products!r} stay float32"
     # the runtime will encode one source per call (Manifest.encodes_one_source_per_call): so do the checks
     per_call_encoder = precision == "int8" and options.encoder == "per-call"
     if per_call_encoder:
@@ -444,7 +623,8 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         # an fp32 bundle's int8 copy of its drafter is not carried over: the new bundle's drafter is converted
         graphs = {name: spec for name, spec in manifest.graphs.items() if name != "drafter_int8"}
         say(f"[1/3] converting {', '.join(graphs)} to {precision} ({described})")
-        counts = {name: _convert(precision, name, src / spec.file, tmp / spec.file, manifest, options)
+        grid: dict[str, int] = {}
+        counts = {name: _convert(precision, name, src / spec.file, tmp / spec.file, manifest, options, grid)
                   for name, spec in graphs.items()}
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         if manifest.shortlist is not None:  # the table the runtime builds each row's output ids from
@@ -487,7 +667,10 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         quantization = {"scheme": scheme, "reference": "fp32 graphs",
                         **({"encoder": options.encoder} if precision == "int8" else {}),
                         "output_projection": options.output_projection,
-                        "quantized_matmuls": int(sum(counts.values())), **figures}
+                        "quantized_matmuls": int(sum(counts.values())), **figures,
+                        **({"float_products": options.float_products} if options.float_products else {}),
+                        **({"int8_grid_matrices": grid.get("int8_grid_matrices", 0)}
+                           if options.activations == "two-pass" else {})}
         exporter = {**manifest.exporter, "onnx": onnx.__version__, "quantized_with_onnxruntime": ort.__version__}
         new = dataclasses.replace(manifest, precision=precision, quantization=quantization, files=files,
                                   exporter=exporter, graphs=_with_activation_type(graphs, precision))

@@ -270,7 +270,7 @@ ENCODER_QUANTIZATION = ("per-row", "per-call")
 
 # what `aggdec quantize` records about an int8 bundle: its scheme and how far it is from fp32
 QUANTIZATION = obj({
-    "scheme": one_of(("per-row-int8", "fp16")),
+    "scheme": one_of(("per-row-int8", "two-pass-int8", "fp16")),
     "encoder": one_of(ENCODER_QUANTIZATION),  # may be absent (optional_keys), never null
     "reference": text,
     "output_projection": boolean,
@@ -280,7 +280,9 @@ QUANTIZATION = obj({
     "max_logprob_error": number(0.0),
     "mean_logprob_error": number(0.0),
     "draft_agreement": optional(number(0.0, 1.0)),
-}, optional_keys=frozenset({"encoder"}))
+    "float_products": text,  # QuantizeOptions.float_products, when set
+    "int8_grid_matrices": integer(0, 1 << 20),  # two-pass: weights that kept their own int8 grid
+}, optional_keys=frozenset({"encoder", "float_products", "int8_grid_matrices"}))
 
 # where the verifier masks suppressed ids (Manifest.suppression)
 SUPPRESSION_ORDERS = ("before_log_softmax", "after_log_softmax")

@@ -30,7 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder-quantization", choices=ENCODER_QUANTIZATION,
                         help="int8 only: how the encoder quantizes its activations. per-call (default): "
                              "onnxruntime's dynamic quantization, faster, and the runtime encodes one source per "
-                             "call; per-row: as the verifier, a batch encoded in one call")
+                             "call; per-row: as the verifier, a batch encoded in one call (the only choice, and the "
+                             "default, with --activations two-pass)")
+    parser.add_argument("--activations", choices=("per-row", "two-pass"), default="per-row",
+                        help="int8 only: per-row (default): one 8-bit pass per activation row against 7-bit "
+                             "weights; two-pass: two 7-bit passes (the value and its rounding residual) against "
+                             "8-bit weights, a Marian int8 model's own weights kept exactly: much closer to fp32, "
+                             "slower (docs/quantization.md has the figures)")
+    parser.add_argument("--float-products", metavar="REGEX",
+                        help="int8 only: keep in float32 the products whose weight's name matches REGEX "
+                             "(Python re.search on the graph's initializer names)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,11 +49,19 @@ def run(args: argparse.Namespace) -> int:
         raise AggdecError(
             f"`aggdec quantize` needs onnx ({exc.name} is not installed): pip install onnx, or 'aggdec[export]'"
         ) from None
-    if args.encoder_quantization is not None and args.precision != "int8":
-        raise InputError(f"--encoder-quantization is for int8 bundles; an {args.precision} encoder is converted "
-                         "like the rest of the bundle.")
+    int8_only = [flag for flag, given in (("--encoder-quantization", args.encoder_quantization is not None),
+                                          ("--activations", args.activations != "per-row"),
+                                          ("--float-products", args.float_products is not None)) if given]
+    if int8_only and args.precision != "int8":
+        raise InputError(f"{int8_only[0]} is for int8 bundles; an {args.precision} bundle converts every product "
+                         "the same way.")
+    if args.activations == "two-pass" and args.encoder_quantization == "per-call":
+        raise InputError("--activations two-pass quantizes the encoder per row: leave out --encoder-quantization, "
+                         "or give per-row.")
+    default_encoder = "per-row" if args.activations == "two-pass" else QuantizeOptions.encoder
     quantize_bundle(args.bundle, args.out, precision=args.precision, force=args.force,
                     options=QuantizeOptions(output_projection=not args.fp32_output_projection,
-                                            encoder=args.encoder_quantization or QuantizeOptions.encoder),
+                                            encoder=args.encoder_quantization or default_encoder,
+                                            activations=args.activations, float_products=args.float_products),
                     progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0

@@ -539,3 +539,118 @@ def test_beam_search_is_refused_on_marian_bundles_with_the_reason(tiny):
     with pytest.raises(InputError, match="masks its banned ids before the log-softmax"):
         generator.generate(["a"], num_beams=2)
     assert generator.generate([WORDS[0]], max_new_tokens=4)[0].ids  # greedy still decodes
+
+
+def _quantize_cli(bundle: Path, out: Path, *flags: str) -> Path:
+    if not out.exists():
+        assert main(["quantize", str(bundle), str(out), *flags]) == 0
+    return out
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    return {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+
+
+@pytest.mark.parametrize("decoder,fmt,shortlist", [("ssru", "bin", True), ("self-attention", "npz", False)])
+def test_two_pass_int8_keeps_marians_int8_weights_and_decodes_exactly_against_its_own_greedy(
+        tiny, tmp_path, decoder, fmt, shortlist):
+    """`aggdec quantize --activations two-pass`: a .bin's int8 matrices keep their own int8 values
+    (each weight's int8 times its one scale gives the fp32 bundle's weight back to float32
+    rounding; a float .npz's are quantized per column instead); the verifier is closer to fp32
+    than the per-row scheme's (far closer with the .bin's own weights); greedy does not depend
+    on batching, and IAD equals it at batch 1 and 8 with IO binding on and off (over each row's
+    shortlist, and without it)."""
+    _folder, bundle = tiny(decoder, fmt, 0.0, shortlist)
+    two_pass = _quantize_cli(bundle, tmp_path / "two-pass", "--activations", "two-pass")
+    per_row = _quantize_cli(bundle, tmp_path / "per-row", "--encoder-quantization", "per-row")
+    q, rows = load_manifest(two_pass).quantization, load_manifest(per_row).quantization
+    assert q["scheme"] == "two-pass-int8" and q["encoder"] == "per-row" and q["quantized_matmuls"] > 0
+    assert q["int8_grid_matrices"] == (q["quantized_matmuls"] if fmt == "bin" else 0)
+    if fmt == "bin":  # weights exact: only the ~13-bit activations' rounding is left
+        assert q["max_logprob_error"] < rows["max_logprob_error"] / 4 and q["top1_agreement"] >= rows["top1_agreement"]
+    else:  # float weights are rounded to 8 bits per column (7 in the per-row scheme): closer, not by as much
+        assert q["mean_logprob_error"] < rows["mean_logprob_error"]
+
+    fp32 = _initializers(bundle / "verifier.onnx")
+    converted = _initializers(two_pass / "verifier.onnx")
+    weights = [name[: -len("_int8")] for name in converted if name.endswith("_int8")]
+    assert weights and not set(weights) & set(converted)  # every quantized weight's float copy is gone
+    for name in weights:
+        q8, scale = converted[f"{name}_int8"], converted[f"{name}_column_scale"]
+        assert q8.dtype == np.int8 and int(np.abs(q8).max()) == 127, name
+        if fmt == "bin":  # one scale per matrix: the .bin's own grid
+            assert np.all(scale == scale[0]) and np.allclose(q8 * scale, fp32[name], rtol=2e-7, atol=0), name
+        else:
+            assert len(np.unique(scale)) > 1, name
+
+    for use_shortlist in ((True, False) if shortlist else (True,)):
+        for io_binding in (True, False):
+            generator = Generator(two_pass, io_binding=io_binding, shortlist=use_shortlist)
+            greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
+            assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=1)] == greedy
+            for batch_size in (1, 8):
+                iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+                assert [r.ids for r in iad] == greedy, (use_shortlist, io_binding, batch_size)
+
+
+def test_float_products_stay_float_and_the_bundle_stays_exact(tiny, tmp_path):
+    """--float-products REGEX: the SSRU's products stay MatMuls on their fp32 weights, the others
+    are int8, the manifest says so, and IAD still equals the bundle's greedy."""
+    _folder, bundle = tiny("ssru", "bin")
+    out = _quantize_cli(bundle, tmp_path / "int8", "--float-products", "ssru")
+    import onnx
+
+    graph = onnx.load(str(out / "verifier.onnx")).graph
+    float_weights = {node.input[1] for node in graph.node if node.op_type == "MatMul"} & {
+        i.name for i in graph.initializer}
+    assert float_weights and all("ssru" in name for name in float_weights)
+    assert {"gate", "candidate"} <= {name.split(".")[-2] for name in float_weights}
+    assert any(node.op_type == "MatMulInteger" for node in graph.node)
+    assert load_manifest(out).quantization["float_products"] == "ssru"
+    generator = Generator(out)
+    greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
+    assert [r.ids for r in generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=8)] == greedy
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--activations", "two-pass", "--encoder-quantization", "per-call"], "quantizes the encoder per row"),
+    (["--precision", "fp16", "--activations", "two-pass"], "--activations is for int8 bundles"),
+    (["--precision", "fp16", "--float-products", "ssru"], "--float-products is for int8 bundles"),
+    (["--float-products", "ssru("], "is not a regular expression"),
+])
+def test_quantize_options_are_refused_with_one_line(tiny, tmp_path, capsys, flags, needle):
+    _folder, bundle = tiny("ssru", "bin")
+    out = tmp_path / "out"
+    code = main(["quantize", str(bundle), str(out), *flags])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("aggdec:")]
+    assert code == 2 and len(errors) == 1 and needle in errors[0], errors
+    assert not out.exists()
+
+
+def test_two_pass_with_a_per_call_encoder_is_refused_by_the_api(tiny, tmp_path):
+    from aggdec.export.quantize import QuantizeOptions, quantize_bundle
+
+    _folder, bundle = tiny("ssru", "bin")
+    with pytest.raises(ExportError, match="encoder='per-row'"):
+        quantize_bundle(bundle, tmp_path / "out", options=QuantizeOptions(activations="two-pass"), progress=None)
+    with pytest.raises(ExportError, match="not 'three-pass'"):
+        quantize_bundle(bundle, tmp_path / "out", options=QuantizeOptions(activations="three-pass"), progress=None)
+
+
+def test_on_int8_grid_finds_marians_storage_and_nothing_else():
+    from aggdec.export.quantize import on_int8_grid
+    from tests.support.marian import quantize
+
+    rng = np.random.default_rng(0)
+    values = (rng.standard_normal((64, 48)) * 0.3).astype(np.float32)
+    q, multiplier = quantize(values)
+    stored = q.astype(np.float32) / np.float32(multiplier)  # what the reader gives the exporter
+    found = on_int8_grid(stored)
+    assert found is not None and np.array_equal(found[0], q)
+    assert np.allclose(found[1], multiplier, rtol=1e-6)
+    assert on_int8_grid(values) is None  # float weights: not on a grid
+    assert on_int8_grid(stored * np.float32(1.0001) + np.float32(1e-4)) is None  # shifted off the grid
+    assert on_int8_grid(np.zeros((4, 4), np.float32)) is None

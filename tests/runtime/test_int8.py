@@ -188,7 +188,7 @@ def int8_copy(bundle, int8, tmp_path):
     (lambda m: _set(m, ("quantization", "top1_agreement"), 1.5), "top1_agreement must be a number from 0.0 to 1.0"),
     (lambda m: _set(m, ("quantization", "max_logprob_error"), "0.1"), "max_logprob_error must be a finite number"),
     (lambda m: _set(m, ("quantization", "output_projection"), 1), "output_projection must be true or false"),
-    (lambda m: _set(m, ("quantization", "scheme"), "per-tensor"), "scheme must be one of per-row-int8, fp16"),
+    (lambda m: _set(m, ("quantization", "scheme"), "per-tensor"), "scheme must be one of per-row-int8, two-pass-int8, fp16"),
     (lambda m: _set(m, ("quantization", "extra"), 1), "has unknown keys 'extra'"),
     (lambda m: _set(m, ("quantization", "encoder"), "per-tensor"), "encoder must be one of per-row, per-call"),
     (lambda m: _set(m, ("quantization", "encoder"), None), "encoder must be one of per-row, per-call, got None"),
