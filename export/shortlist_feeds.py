@@ -11,11 +11,19 @@ import numpy as np
 
 class WholeVocabulary:
     """An onnxruntime session of a shortlist verifier fed every output id: how the shared
-    validation against the float reference (which scores the whole vocabulary) drives it."""
+    validation against the float reference (which scores the whole vocabulary) drives it.
 
-    def __init__(self, session, vocab: int) -> None:  # noqa: ANN001
+    A verifier that takes ``output_rows`` (graph_specs.takes_output_rows) is fed an empty one
+    here, so it gathers each row's matrix itself; :class:`RowShortlists` given the output
+    matrix feeds the gathered rows, as the runtime does."""
+
+    def __init__(self, session, vocab: int, matrix: np.ndarray | None = None) -> None:  # noqa: ANN001
         self.session = session
         self.vocab = vocab
+        self.matrix = matrix  # the output matrix [V, D], to feed each row's rows of it
+        inputs = {value.name: value for value in session.get_inputs()}
+        rows = inputs.get("output_rows")
+        self.d_model = rows.shape[-1] if rows is not None else None
 
     def output_ids(self, rows: int) -> np.ndarray:
         return np.arange(self.vocab, dtype=np.int64)[None]
@@ -24,7 +32,12 @@ class WholeVocabulary:
         return self.session.get_outputs()
 
     def run(self, names, feeds: dict):  # noqa: ANN001, ANN201
-        return self.session.run(names, {**feeds, "output_ids": self.output_ids(len(feeds["input_ids"]))})
+        ids = self.output_ids(len(feeds["input_ids"]))
+        extra = {"output_ids": ids}
+        if self.d_model is not None:
+            extra["output_rows"] = (np.zeros((1, 0, self.d_model), np.float32) if self.matrix is None
+                                    else np.ascontiguousarray(self.matrix[np.maximum(ids, 0)]))
+        return self.session.run(names, {**feeds, **extra})
 
 
 class RowShortlists(WholeVocabulary):

@@ -101,26 +101,58 @@ def attention_parts(model: MarianModel) -> DecoderParts:
                         cross_kv=cross_kv)
 
 
+class ShortlistEncoderGraph(nn.Module):
+    """The encoder graph of a shortlist bundle: the shared encoder's outputs, then
+    ``output_rows`` [rows, L, D], the rows of the output matrix that ``output_ids`` [rows, L]
+    names (-1 pads: row 0, whose logit the verifier's -inf bias hides).
+
+    Why in the encoder: a row's shortlist, and so its gathered matrix, is fixed for its whole
+    output, and the encoder runs once per row when it is admitted; the runtime keeps the matrix
+    per slot beside the cross keys and values, and the verifier multiplies it every call without
+    gathering it (the gather was about a quarter of a batch-16 verifier call). ``output_ids`` is
+    optional in the graph (:func:`optional_output_ids`), so callers that encode alone still can."""
+
+    def __init__(self, encoder: nn.Module, model: MarianModel) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, output_ids: Tensor) -> tuple[Tensor, ...]:
+        return (*self.encoder(input_ids, attention_mask), self.model.output_weight[torch.clamp(output_ids, min=0)])
+
+
+def optional_output_ids(model) -> None:
+    """Give the traced :class:`ShortlistEncoderGraph` (an onnx ModelProto) a default for its
+    ``output_ids`` input, an empty [1, 0] (no rows to gather), so that it may be left out."""
+    from onnx import TensorProto, helper
+
+    model.graph.initializer.append(helper.make_tensor("output_ids", TensorProto.INT64, [1, 0], []))
+
+
 class RecurrentVerifierGraph(nn.Module):
     """T new tokens after per-row recurrent states -> top-K log-probs/ids per position and the states written."""
 
     def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...], shortlist: bool,
-                 head: str = "top_k") -> None:
+                 head: str = "top_k", output_rows: bool = False) -> None:
         """``shortlist``: the graph takes ``output_ids`` [rows or 1, L], each row's allowed output ids
         (-1 pads a row's list; [1, V] of every id decodes over the whole vocabulary), and projects
-        onto those rows of the output matrix only."""
+        onto those rows of the output matrix only. ``output_rows``: it also takes those rows of the
+        matrix already gathered, [rows, L, D] (:class:`ShortlistEncoderGraph`), or an empty
+        [1, 0, D] to gather them itself."""
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.top_k = top_k
         self.head = head  # what it returns of each position (export/graphs.py candidates)
         self.shortlist = shortlist
+        self.output_rows = output_rows
         bias = torch.zeros(model.config.target_vocab)
         bias[list(suppressed_ids)] = float("-inf")
         self.register_buffer("suppress_bias", bias, persistent=False)
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
         """``buffers``: per layer its state buffer [B, H, C, Dh]; then per layer cross key, cross
-        value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids``."""
+        value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids`` (and
+        with ``output_rows``, that input)."""
         model = self.model
         config = model.config
         layers, heads, head_dim = config.decoder_layers, config.heads, config.head_dim
@@ -159,18 +191,19 @@ class RecurrentVerifierGraph(nn.Module):
             hidden = context.norm(hidden + context.o(_merge_heads(attended)))
             hidden = layer.ffn(hidden)
         if self.shortlist:
-            return (*self._shortlisted(hidden, buffers[-1]), *written)
+            rows = buffers[3 * layers + 2] if self.output_rows else None
+            return (*self._shortlisted(hidden, buffers[3 * layers + 1], rows), *written)
         logits = model.logits(hidden).to(torch.float32) + self.suppress_bias
         return (*candidates(logits, self.top_k, self.head), *written)
 
-    def _shortlisted(self, hidden: Tensor, output_ids: Tensor) -> tuple[Tensor, ...]:
+    def _shortlisted(self, hidden: Tensor, output_ids: Tensor, rows: Tensor | None) -> tuple[Tensor, ...]:
         """The candidates over each row's shortlist: logits of the gathered output rows only.
 
         The candidates are chosen on the logits, which do not depend on how long the padded
         lists of a call are; their log-probs are then read from the row's log-softmax."""
         model = self.model
         logits, allowed = shortlist_logits(hidden, output_ids, model.output_weight,
-                                           model.output_bias + self.suppress_bias)  # [B, T, L] each
+                                           model.output_bias + self.suppress_bias, rows=rows)  # [B, T, L] each
         chosen = candidates(logits, self.top_k, self.head)  # over the row's list: local indices
         if self.head == "argmax":
             return (torch.gather(allowed, 2, chosen[0].unsqueeze(-1)).squeeze(-1),)
