@@ -39,11 +39,13 @@ ENCODER_CALL_TOKENS = {"cpu": 6, "cuda": 2048}  # by the session's device (a Ten
 # The most slots a batch may have and still keep each row's gathered shortlist matrix
 # (graph_specs.takes_output_rows; Tuning.kept_matrix_slots); a wider batch feeds an empty
 # output_rows and the verifier gathers every call, as before. Kept, a row's matrix (about 1 MB
-# for Bergamot's lists) is read from memory by every call's product; gathered, the rows come
-# from the output matrix's often-shared rows and are multiplied while in the cache. Measured on
-# Bergamot en-pt, CPU, 1 thread, greedy, time kept over gathered (benchmarks/results/
-# marian-rows-cpu): 0.86 at batch 1, 0.85-0.95 at 16, 0.92 at 32, 1.08 at 64.
-KEPT_MATRIX_SLOTS = 32
+# for Bergamot's lists) is read from memory by every call's product; gathered, its rows come
+# from the output matrix's rows that most lists share (cached) and are multiplied while in the
+# cache: the gather pays while the kept matrices of the batch stay in the cache. Measured on
+# Bergamot en-pt, CPU, 1 thread, greedy, 1,024 verses, time kept over gathered
+# (benchmarks/results/marian-kept-rows-cpu): 0.91-0.92 at batch 1, 0.935 at 4, 0.99 at 8,
+# 0.94-1.07 at 16, 1.02-1.07 at 32, 1.00-1.08 at 64.
+KEPT_MATRIX_SLOTS = 4
 
 
 def length_groups(lengths: list[int], call_tokens: int) -> list[range]:
