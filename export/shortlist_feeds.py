@@ -24,6 +24,8 @@ class WholeVocabulary:
         inputs = {value.name: value for value in session.get_inputs()}
         rows = inputs.get("output_rows")
         self.d_model = rows.shape[-1] if rows is not None else None
+        # the bundle's activation type (float16 in an fp16 bundle)
+        self.dtype = np.float16 if rows is not None and rows.type == "tensor(float16)" else np.float32
 
     def output_ids(self, rows: int) -> np.ndarray:
         return np.arange(self.vocab, dtype=np.int64)[None]
@@ -35,8 +37,8 @@ class WholeVocabulary:
         ids = self.output_ids(len(feeds["input_ids"]))
         extra = {"output_ids": ids}
         if self.d_model is not None:
-            extra["output_rows"] = (np.zeros((1, 0, self.d_model), np.float32) if self.matrix is None
-                                    else np.ascontiguousarray(self.matrix[np.maximum(ids, 0)]))
+            extra["output_rows"] = (np.zeros((1, 0, self.d_model), self.dtype) if self.matrix is None
+                                    else np.ascontiguousarray(self.matrix[np.maximum(ids, 0)], dtype=self.dtype))
         return self.session.run(names, {**feeds, **extra})
 
 

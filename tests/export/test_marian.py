@@ -506,6 +506,26 @@ def test_int8_shortlist_bundle_decodes_exactly_against_its_own_greedy_over_each_
                     assert set(ids) <= set(lists.for_source(source).tolist())
 
 
+def test_fp16_shortlist_bundle_keeps_and_gathers_its_matrices_alike(tiny, converted):
+    """`aggdec quantize --precision fp16` of an SSRU bundle with a shortlist (its encoder's
+    output_rows and the verifier's input become float16): greedy with the matrices kept equals
+    greedy with them gathered every call, and IAD equals greedy, batch 1 and 8."""
+    from aggdec.runtime.tuning import Tuning
+
+    _folder, bundle = tiny("ssru", "bin", 0.0, True)
+    fp16 = converted(bundle, "fp16")
+    assert load_manifest(fp16).graphs["encoder"].outputs[-1].dtype == "float16"
+    outputs = {}
+    for kept in (0, 8):
+        generator = Generator(fp16, tuning=Tuning(kept_matrix_slots=kept))
+        greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
+        for batch_size in (1, 8):
+            iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in iad] == greedy, (kept, batch_size)
+        outputs[kept] = greedy
+    assert outputs[0] == outputs[8]
+
+
 @pytest.fixture(scope="module")
 def gad_marian(tmp_path_factory):
     """A tiny SSRU Marian folder exported with a random (untrained) drafter of k = 6."""
