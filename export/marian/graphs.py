@@ -160,11 +160,12 @@ class RecurrentVerifierGraph(nn.Module):
         batch, new_len = input_ids.shape[0], input_ids.shape[1]
         positions = past_lengths.unsqueeze(1) + torch.arange(new_len, dtype=torch.int64).unsqueeze(0)  # [B, T]
         rows = torch.arange(batch, dtype=torch.int64)
-        index = torch.stack([
-            rows.view(-1, 1, 1).expand(-1, heads, new_len),
-            torch.arange(heads, dtype=torch.int64).view(1, -1, 1).expand(batch, -1, new_len),
-            positions.unsqueeze(1).expand(-1, heads, -1),
-        ], dim=-1)
+        # [B, H, T, 3] = (row, head, position) by broadcasting sums: the same ids as stacking
+        # expanded copies, without the tracer's shape arithmetic for each expand (a batch-1 call
+        # is mostly per-node cost; export/shape_folding.py)
+        unit = torch.eye(3, dtype=torch.int64)
+        index = (rows.view(-1, 1, 1, 1) * unit[0] + torch.arange(heads, dtype=torch.int64).view(1, -1, 1, 1) * unit[1]
+                 + positions.unsqueeze(1).unsqueeze(-1) * unit[2])
         last = torch.clamp(past_lengths - 1, min=0)  # the state each row goes on from (none at length 0)
         started = (past_lengths > 0).view(-1, 1)
         neg = torch.finfo(torch.float32).min
@@ -175,11 +176,11 @@ class RecurrentVerifierGraph(nn.Module):
         # each row's state at its last kept position, read as [B, H, 1, Dh] by GatherElements:
         # indexing buffer[rows, :, last, :] traces into a Transpose of the whole buffer (a copy
         # of every row's every position per layer and call, about 5% of a batch-16 call)
-        last_position = last.view(-1, 1, 1, 1).expand(batch, heads, 1, head_dim)
+        last_position = last.view(-1, 1, 1, 1) + torch.zeros(1, heads, 1, head_dim, dtype=torch.int64)
         for layer_index, layer in enumerate(model.decoder_layers):
             buffer = states_in[layer_index]
             previous = torch.gather(buffer, 2, last_position).reshape(batch, heads * head_dim)
-            previous = torch.where(started, previous, torch.zeros_like(previous))
+            previous = torch.where(started, previous, 0.0)  # where, not a product: 0 * NaN is NaN
             forget, update = layer.ssru.inputs(hidden)
             states = _Recurrence.apply(forget, update, previous)  # [B, T, D]
             written.append(_WriteCache.apply(buffer, index, _split_heads(states, heads, head_dim)))
