@@ -53,7 +53,8 @@ class _PerPositionLogits(torch.autograd.Function):
 def shortlist_logits(hidden: Tensor, output_ids: Tensor, weight: Tensor, bias: Tensor,
                      per_position: bool = True, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Logits [B, T, L] of ``hidden`` [B, T, D] over each row's ``output_ids`` [B or 1, L] (-1
-    pads), and the ids they stand for [B, T, L] (a padding slot's id is -1 and its logit -inf).
+    pads), and each row's ids [B, L] (a padding slot's id is -1 and its logit -inf):
+    :func:`ids_at` reads the ids of chosen slots from them.
 
     ``weight`` [V, D] is the output matrix, ``bias`` [V] the output bias with any suppression
     already added (-inf on a suppressed id). ``per_position``: the verifier's bitwise
@@ -66,7 +67,7 @@ def shortlist_logits(hidden: Tensor, output_ids: Tensor, weight: Tensor, bias: T
     when a row is admitted, kept per slot by the runtime), so that the call does not gather it;
     an empty [B or 1, 0, D] (or None) gathers it from ``weight`` as before (the whole
     vocabulary, and callers that feed ``output_ids`` alone)."""
-    batch, new_len = hidden.shape[0], hidden.shape[1]
+    batch = hidden.shape[0]
     output_ids = output_ids.expand(batch, -1)
     valid = output_ids >= 0
     ids = torch.clamp(output_ids, min=0)  # [B, L]
@@ -77,8 +78,14 @@ def shortlist_logits(hidden: Tensor, output_ids: Tensor, weight: Tensor, bias: T
         logits = _PerPositionLogits.apply(weight, ids, hidden, rows)
     else:
         logits = torch.matmul(hidden, weight[ids].transpose(1, 2))
-    allowed = output_ids.unsqueeze(1).expand(batch, new_len, -1)
-    return logits + row_bias.unsqueeze(1), allowed
+    return logits + row_bias.unsqueeze(1), output_ids
+
+
+def ids_at(row_ids: Tensor, local: Tensor) -> Tensor:
+    """The ids [B, ...] at slots ``local`` [B, ...] (indices into each row's list) of ``row_ids``
+    [B, L]: one gather over the flattened slots, not a copy of the list per position (an expand
+    over the block traced into a dozen small nodes)."""
+    return torch.gather(row_ids, 1, local.flatten(1)).view_as(local)
 
 
 def per_position_products(model) -> int:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
                       candidates)
 from ..positions import replace_placeholders
-from ..shortlist_head import shortlist_logits
+from ..shortlist_head import ids_at, shortlist_logits
 from .model import MarianModel, recur
 
 RECURRENCE_DOMAIN = "aggdec.marian"
@@ -203,10 +203,10 @@ class RecurrentVerifierGraph(nn.Module):
         The candidates are chosen on the logits, which do not depend on how long the padded
         lists of a call are; their log-probs are then read from the row's log-softmax."""
         model = self.model
-        logits, allowed = shortlist_logits(hidden, output_ids, model.output_weight,
-                                           model.output_bias + self.suppress_bias, rows=rows)  # [B, T, L] each
+        logits, row_ids = shortlist_logits(hidden, output_ids, model.output_weight,
+                                           model.output_bias + self.suppress_bias, rows=rows)  # [B, T, L], [B, L]
         chosen = candidates(logits, self.top_k, self.head)  # over the row's list: local indices
         if self.head == "argmax":
-            return (torch.gather(allowed, 2, chosen[0].unsqueeze(-1)).squeeze(-1),)
+            return (ids_at(row_ids, chosen[0]),)
         top_logprobs, local = chosen
-        return top_logprobs, torch.gather(allowed, 2, local)
+        return top_logprobs, ids_at(row_ids, local)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from aggdec.export.shortlist_head import DOMAIN, per_position_products, shortlist_logits
+from aggdec.export.shortlist_head import DOMAIN, ids_at, per_position_products, shortlist_logits
 
 VOCAB, DIM = 300, 64
 
@@ -40,7 +40,7 @@ def test_both_products_score_each_rows_list_and_padding_never_wins():
     output_ids = _lists(3)
     exact, allowed = shortlist_logits(hidden, output_ids, weight, bias)
     plain, allowed_plain = shortlist_logits(hidden, output_ids, weight, bias, per_position=False)
-    assert torch.equal(allowed, allowed_plain) and allowed.shape == (3, 5, output_ids.shape[1])
+    assert torch.equal(allowed, allowed_plain) and torch.equal(allowed, output_ids)  # each row's ids, [B, L]
     finite = output_ids.unsqueeze(1).expand_as(exact) >= 0
     assert torch.isneginf(exact[~finite]).all() and torch.isfinite(exact[finite]).all()
     torch.testing.assert_close(exact[finite], plain[finite], rtol=1e-5, atol=1e-5)
@@ -48,8 +48,9 @@ def test_both_products_score_each_rows_list_and_padding_never_wins():
     for row in range(3):
         ids = output_ids[row][output_ids[row] >= 0]
         torch.testing.assert_close(exact[row, :, : len(ids)], full[row][:, ids], rtol=1e-5, atol=1e-5)
-        best = allowed[row].gather(1, exact[row].argmax(-1, keepdim=True)).squeeze(1)
+        best = ids_at(allowed, exact.argmax(-1))[row]  # [T]: each position's best id
         assert (best >= 0).all()  # a padding slot is never the best
+        assert torch.equal(best, output_ids[row][exact[row].argmax(-1)])
 
 
 class _Head(torch.nn.Module):
