@@ -32,12 +32,17 @@ def main(bundle: Path) -> None:
     drafters = {"drafter_int8": session("drafter.int8.onnx"), "drafter_fp32": session("drafter.onnx")}
     source = np.array([[23, 400, 77, 1200, 56, 88, 3000, 41, 952, 12, 7, 800, 331, 90, 5, 1400, 21, 66, 70, 0] * 2])
     mask = np.ones_like(source)
-    encoded = dict(zip([o.name for o in encoder.get_outputs()],
-                       encoder.run(None, {"input_ids": source, "attention_mask": mask})))
     output_ids = np.sort(np.random.default_rng(0).choice(m["vocab_size"], 440, replace=False)).astype(np.int64)[None]
+    # a bundle whose encoder gathers each row's output matrix (output_rows) feeds it to the
+    # verifier, as the runtime does at batch 1 (docs/decisions/029)
+    gathers = "output_ids" in {i.name for i in encoder.get_overridable_initializers()}
+    encoded = dict(zip([o.name for o in encoder.get_outputs()],
+                       encoder.run(None, {"input_ids": source, "attention_mask": mask,
+                                          **({"output_ids": output_ids} if gathers else {})})))
     k, window = m["draft_k"], m["draft_window"]
     feeds = {"input_ids": np.array([[5]], dtype=np.int64), "past_lengths": np.array([10], dtype=np.int64), "encoder_attention_mask": mask,
-             "output_ids": output_ids, **{name: encoded[name] for name in encoded if name.startswith("cross")}}
+             "output_ids": output_ids, **{name: encoded[name] for name in encoded if name.startswith("cross")},
+             **({"output_rows": encoded["output_rows"]} if gathers else {})}
     for layer in range(m["decoder_layers"]):
         feeds[f"self_state.{layer}"] = np.zeros((1, m["num_heads"], 64, m["head_dim"]), np.float32)
     names = {i.name for i in verifier.get_inputs()}

@@ -338,10 +338,10 @@ def shortlist_argmax(hidden: Tensor, output_ids: Tensor, weight: Tensor, bias: T
     themselves computed alone. ``output_ids`` has a row per row (the graph's IO says so): with
     one row for all, onnxruntime's symbolic shape inference, which its int8 quantization of the
     drafter runs, cannot relate the broadcast rows to the batch."""
-    from .shortlist_head import shortlist_logits
+    from .shortlist_head import ids_at, shortlist_logits
 
-    logits, allowed = shortlist_logits(hidden, output_ids, weight, bias, per_position=False)  # [B, k, L] each
-    return torch.gather(allowed, 2, torch.argmax(logits, dim=-1, keepdim=True)).squeeze(-1)
+    logits, row_ids = shortlist_logits(hidden, output_ids, weight, bias, per_position=False)  # [B, k, L], [B, L]
+    return ids_at(row_ids, torch.argmax(logits, dim=-1))
 
 
 class DrafterSourceGraph(nn.Module):

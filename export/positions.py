@@ -47,14 +47,17 @@ def fresh_names(graph):
 
 def replace_placeholders(model, domain: str, op_type: str, replacement) -> int:
     """Replace each ``domain::op_type`` node of ``model`` (an onnx ModelProto; a placeholder a
-    traced torch.autograd.Function left) by ``replacement(node, index)``'s node, in place, and
-    drop the placeholder's domain from the opset imports; returns how many were replaced."""
+    traced torch.autograd.Function left) by ``replacement(node, index)``'s node (or list of
+    nodes, in order), in place, and drop the placeholder's domain from the opset imports;
+    returns how many were replaced."""
     graph = model.graph
     rewritten, count = [], 0
     for node in graph.node:
         if node.domain == domain and node.op_type == op_type:
-            node = replacement(node, count)
+            replaced = replacement(node, count)
+            rewritten.extend(replaced if isinstance(replaced, list) else [replaced])
             count += 1
+            continue
         rewritten.append(node)
     del graph.node[:]
     graph.node.extend(rewritten)

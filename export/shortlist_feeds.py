@@ -11,11 +11,21 @@ import numpy as np
 
 class WholeVocabulary:
     """An onnxruntime session of a shortlist verifier fed every output id: how the shared
-    validation against the float reference (which scores the whole vocabulary) drives it."""
+    validation against the float reference (which scores the whole vocabulary) drives it.
 
-    def __init__(self, session, vocab: int) -> None:  # noqa: ANN001
+    A verifier that takes ``output_rows`` (graph_specs.takes_output_rows) is fed an empty one
+    here, so it gathers each row's matrix itself; :class:`RowShortlists` given the output
+    matrix feeds the gathered rows, as the runtime does."""
+
+    def __init__(self, session, vocab: int, matrix: np.ndarray | None = None) -> None:  # noqa: ANN001
         self.session = session
         self.vocab = vocab
+        self.matrix = matrix  # the output matrix [V, D], to feed each row's rows of it
+        inputs = {value.name: value for value in session.get_inputs()}
+        rows = inputs.get("output_rows")
+        self.d_model = rows.shape[-1] if rows is not None else None
+        # the bundle's activation type (float16 in an fp16 bundle)
+        self.dtype = np.float16 if rows is not None and rows.type == "tensor(float16)" else np.float32
 
     def output_ids(self, rows: int) -> np.ndarray:
         return np.arange(self.vocab, dtype=np.int64)[None]
@@ -24,7 +34,12 @@ class WholeVocabulary:
         return self.session.get_outputs()
 
     def run(self, names, feeds: dict):  # noqa: ANN001, ANN201
-        return self.session.run(names, {**feeds, "output_ids": self.output_ids(len(feeds["input_ids"]))})
+        ids = self.output_ids(len(feeds["input_ids"]))
+        extra = {"output_ids": ids}
+        if self.d_model is not None:
+            extra["output_rows"] = (np.zeros((1, 0, self.d_model), self.dtype) if self.matrix is None
+                                    else np.ascontiguousarray(self.matrix[np.maximum(ids, 0)], dtype=self.dtype))
+        return self.session.run(names, {**feeds, **extra})
 
 
 class RowShortlists(WholeVocabulary):

@@ -47,7 +47,10 @@ def _is_float(dtype: str) -> bool:
 def _real(session: Any, side: str) -> list[TensorSpec]:
     """A session's IO as TensorSpecs (dims: int where fixed, a name or None where not)."""
     session = getattr(session, "_session", session)  # accept aggdec's OrtSession wrapper too
-    args = session.get_inputs() if side == "inputs" else session.get_outputs()
+    # inputs with a default (an initializer of the same name, e.g. a shortlist encoder's
+    # output_ids) are inputs a caller may feed: onnxruntime lists them apart
+    args = ([*session.get_inputs(), *session.get_overridable_initializers()] if side == "inputs"
+            else session.get_outputs())
     dtypes = {ort: ours for ours, ort in DTYPES.items()}
     return [TensorSpec(a.name, dtypes.get(a.type, a.type), tuple(a.shape or ())) for a in args]
 

@@ -27,7 +27,7 @@ from .bundle_checks import ADVICE
 from .bundle_schema import ACTIVATION_DTYPES, DRAFTER_GRAPHS
 from .decoding.cache import cross_names, self_cache_names
 from .errors import BundleError, GraphRunError
-from .graph_specs import drafter_takes_output_ids
+from .graph_specs import drafter_takes_output_ids, takes_output_rows
 from .manifest import Manifest
 
 _PROBE_CAPACITY = 2  # decoder buffer positions the verifier probe gets (it writes two)
@@ -58,7 +58,10 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     source = np.array([[last, m.eos_token_id]], dtype=np.int64)
     mask = np.ones_like(source)
     probe = f"token id {last}, the last of manifest vocab_size {m.vocab_size}"
-    encoded = _run(sessions["encoder"], "encoder", {"input_ids": source, "attention_mask": mask}, probe)
+    rows = takes_output_rows(m)
+    # an encoder that gathers each row's output matrix gathers the vocabulary's last row here
+    encoded = _run(sessions["encoder"], "encoder", {"input_ids": source, "attention_mask": mask,
+                                                    **({"output_ids": np.array([[last]])} if rows else {})}, probe)
     empty = np.zeros((1, m.num_heads, _PROBE_CAPACITY, m.head_dim), dtype=act)
     feeds = {
         "input_ids": np.array([[m.decoder_start_token_id, last]], dtype=np.int64),
@@ -69,6 +72,8 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
         # a shortlist bundle's verifier projects onto the ids it is given: all of them, so that
         # the vocabulary's last row is looked up too
         **({"output_ids": np.arange(m.vocab_size, dtype=np.int64)[None]} if m.shortlist is not None else {}),
+        # and gathers their rows itself (an empty output_rows)
+        **({"output_rows": np.zeros((1, 0, m.d_model), dtype=act)} if rows else {}),
     }
     verified = _run(sessions["verifier"], "verifier", feeds, probe)
     check_ids(verified["top_ids"], m.vocab_size, "the verifier")

@@ -193,7 +193,8 @@ class Generator:
         self._sessions = bundle.sessions
         self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
                                  self.tuning.encoder_call_tokens, bundle.shortlist,
-                                 bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None)
+                                 bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None,
+                                 self.tuning.kept_matrix_slots)
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured; IAD's too when
         # load-adaptive (Tuning.load_adaptive: fitted per batch width)

@@ -13,19 +13,26 @@ from .bundle_schema import ACTIVATION_DTYPES
 from .manifest import GraphSpec, Manifest, TensorSpec
 
 
-def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str = "float32") -> GraphSpec:
+def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str = "float32",
+                 output_rows: bool = False) -> GraphSpec:
     """``act`` (in every spec): the element type of the float tensors between graphs (the
-    bundle's ``ACTIVATION_DTYPES[precision]``)."""
+    bundle's ``ACTIVATION_DTYPES[precision]``). ``output_rows`` (a shortlist bundle's encoder,
+    :func:`takes_output_rows`): it also takes ``output_ids``, each new row's shortlist (-1
+    padded; optional, an empty [1, 0] when not fed), and returns ``output_rows``, those rows of
+    the output matrix, which the runtime keeps per slot and feeds the verifier every call."""
     cross = ("batch", heads, "source_len", head_dim)
+    rows = ("output_rows", "output_len")
     return GraphSpec(
         file="encoder.onnx",
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "source_len")),
             TensorSpec("attention_mask", "int64", ("batch", "source_len")),
+            *((TensorSpec("output_ids", "int64", rows),) if output_rows else ()),
         ),
         outputs=(
             TensorSpec("encoder_hidden_states", act, ("batch", "source_len", d_model)),
             *(TensorSpec(name, act, cross) for name in cross_names(layers)),
+            *((TensorSpec("output_rows", act, (*rows, d_model)),) if output_rows else ()),
         ),
     )
 
@@ -41,10 +48,14 @@ VERIFIER_GRAPHS = {"verifier": "top_k", "verifier_argmax": "argmax"}
 
 
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
-                  cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k") -> GraphSpec:
+                  cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k",
+                  d_model: int | None = None) -> GraphSpec:
     """``shortlist``: the verifier also takes ``output_ids``, each row's allowed output ids
     (decoding/shortlist.py), -1 padded, or one row of every id. ``head``: what it returns of
-    each position (:data:`VERIFIER_GRAPHS`)."""
+    each position (:data:`VERIFIER_GRAPHS`). ``d_model`` (a shortlist verifier that takes
+    ``output_rows``, :func:`takes_output_rows`): it also takes each row's gathered output
+    matrix, [rows, L, d_model] as the encoder returned it for that row's ``output_ids``, or an
+    empty [1, 0, d_model] to gather it itself from ``output_ids`` (every id, one row for all)."""
     # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
     # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
@@ -66,6 +77,9 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             *(TensorSpec(name, act, cross) for name in cross_names(layers)),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
             *((TensorSpec("output_ids", "int64", ("output_rows", "output_len")),) if shortlist else ()),
+            # not the output_ids dims: empty ([1, 0, d]) when every id is fed
+            *((TensorSpec("output_rows", act, ("matrix_rows", "matrix_len", d_model)),)
+              if shortlist and d_model is not None else ()),
         ),
         outputs=(
             *candidates,
@@ -115,9 +129,11 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     """The IO this runtime drives each graph a bundle may have with, for ``manifest``'s sizes."""
     m = manifest
     act = ACTIVATION_DTYPES[m.precision]
-    specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act),
+    rows = takes_output_rows(m)
+    specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act, rows),
              **{graph: verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
-                                     m.shortlist is not None, head) for graph, head in VERIFIER_GRAPHS.items()},
+                                     m.shortlist is not None, head, m.d_model if rows else None)
+                for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:
         specs["drafter"] = specs["drafter_int8"] = drafter_spec(m.d_model, m.draft_k, act,
@@ -131,3 +147,12 @@ def drafter_takes_output_ids(manifest: Manifest) -> bool:
     whole vocabulary and is fed as before."""
     drafter = manifest.graphs.get("drafter")
     return manifest.shortlist is not None and drafter is not None and "output_ids" in drafter.input_names()
+
+
+def takes_output_rows(manifest: Manifest) -> bool:
+    """Whether the bundle's verifier takes each row's gathered output matrix (``output_rows``,
+    made by its encoder when the row is admitted) instead of gathering it every call: a
+    shortlist bundle's does since it was added (docs/marian.md); one exported before gathers
+    and is fed ``output_ids`` alone, as before."""
+    verifier = manifest.graphs.get("verifier")
+    return manifest.shortlist is not None and verifier is not None and "output_rows" in verifier.input_names()

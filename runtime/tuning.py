@@ -20,7 +20,7 @@ from .decoding.alignment import MIN_REPEAT
 from .decoding.gad import DECAY
 from .decoding.loop import WIDTH_QUANTILE
 from .decoding.sizing import MAX_REST, is_finite_real, is_integer
-from .decoding.verifier import ENCODER_CALL_TOKENS
+from .decoding.verifier import ENCODER_CALL_TOKENS, KEPT_MATRIX_SLOTS
 from .errors import InputError
 
 
@@ -59,6 +59,9 @@ class Tuning:
     at the batch's current width (decoding/sizing.py CallCost ``by_rows``), so a loaded batch
     drafts less (IAD only with the default blocks: a caller's BlockOptions keep their own
     ``cost_ratio``); False: GAD's costs fitted over every call and IAD's ``cost_ratio`` prior.
+    ``kept_matrix_slots``: a batch of at most this many slots keeps each row's gathered
+    shortlist matrix from its admission on (a bundle whose verifier takes ``output_rows``);
+    a wider one gathers it every call; 0: never kept (decoding/verifier.py: KEPT_MATRIX_SLOTS).
     """
 
     cost_ratio: float = 0.05
@@ -73,12 +76,15 @@ class Tuning:
     shared_prior: bool = True
     argmax_graph: bool = True
     load_adaptive: bool = True
+    kept_matrix_slots: int = KEPT_MATRIX_SLOTS
 
     def __post_init__(self) -> None:
         for name in ("max_block", "encoder_call_tokens", "min_repeat", "max_rest"):
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise InputError(f"tuning {name} must be an integer of at least 1, got {value!r}.")
+        if not is_integer(self.kept_matrix_slots) or self.kept_matrix_slots < 0:
+            raise InputError(f"tuning kept_matrix_slots must be an integer of at least 0, got {self.kept_matrix_slots!r}.")
         for name in ("cost_ratio", "beam_cost_ratio"):
             value = getattr(self, name)
             if not is_finite_real(value) or value < 0:

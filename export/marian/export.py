@@ -25,6 +25,7 @@ from ...runtime.errors import ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ..positions import check_verifier_graphs, cpu_session, validation_cases
 from ..safety import check_destination, check_options, make_temp, publish, remove_temp
+from ..shape_folding import constant_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
@@ -165,7 +166,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     from ..graphs import EncoderGraph, VerifierGraph
     from ..tracing import check_drafter, encoder_dummy, load_drafter, say, trace, trace_drafter, trace_verifiers
     from ..validate import drafter_cases
-    from .graphs import RecurrentVerifierGraph, attention_parts, recurrence_as_scan
+    from .graphs import (RecurrentVerifierGraph, ShortlistEncoderGraph, attention_parts, optional_output_ids,
+                         recurrence_as_scan)
     from .model import MarianModel
 
     ort = require_onnxruntime()
@@ -209,10 +211,20 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     tmp = None
     try:
         tmp = make_temp(out)
-        enc_spec = encoder_spec(layers, heads, head_dim, config.d_model)
+        enc_spec = encoder_spec(layers, heads, head_dim, config.d_model, output_rows=table is not None)
         say(progress, f"[3/5] tracing the encoder and the {'SSRU' if recurrent else 'self-attention'} verifier")
         parts = attention_parts(model)
-        trace(EncoderGraph(model, model.encoder, parts).eval(), encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+        encoder = EncoderGraph(model, model.encoder, parts)
+        if table is None:
+            trace(encoder.eval(), encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+        else:  # it also gathers each new row's output matrix (ShortlistEncoderGraph); 3 lists of 4 ids
+            rows_dummy = torch.tensor([[0, 4, 7, -1], [1, 2, 3, 5], [6, 8, -1, -1]])
+            trace(ShortlistEncoderGraph(encoder, model).eval(), (*encoder_dummy(), rows_dummy), tmp / enc_spec.file,
+                  enc_spec, opset)
+            graph = onnx.load(str(tmp / enc_spec.file))
+            optional_output_ids(graph)
+            onnx.checker.check_model(graph)
+            onnx.save(graph, str(tmp / enc_spec.file))
         batch, new, capacity, source = 2, 3, 9, 5  # distinct sizes so the tracer cannot confuse one dim with another
         own = layers if recurrent else 2 * layers
         dummy = (torch.randint(3, 10, (batch, new)), torch.tensor([4, 3], dtype=torch.int64),
@@ -220,10 +232,12 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
                  *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
                  torch.ones(batch, source, dtype=torch.int64))
         if table is not None:  # distinct rows and length, padded like the runtime's lists
-            dummy = (*dummy, torch.tensor([[0, 4, 7, 9, 11, 12, 13, 15, 17, 18, 19], [0, 3, 5, 6, 8, 10, 14, 16, 20, -1, -1]]))
+            dummy = (*dummy, torch.tensor([[0, 4, 7, 9, 11, 12, 13, 15, 17, 18, 19], [0, 3, 5, 6, 8, 10, 14, 16, 20, -1, -1]]),
+                     torch.randn(batch, 11, config.d_model))  # and their gathered rows (output_rows)
 
         def verifier(head: str):  # noqa: ANN202
-            return (RecurrentVerifierGraph(model, top_k, suppressed, table is not None, head) if recurrent
+            return (RecurrentVerifierGraph(model, top_k, suppressed, table is not None, head, table is not None)
+                    if recurrent
                     else VerifierGraph(model, parts, top_k, suppressed, vocab, head))
 
         def scan(path: Path) -> None:
@@ -231,11 +245,13 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             if recurrence_as_scan(graph) != layers:
                 raise ExportError("the traced SSRU verifier does not hold one recurrence per layer; this is a bug "
                                   "in aggdec's Marian exporter.")
+            constant_reshapes(graph)  # fewer nodes per call; the checks below prove the values unchanged
             onnx.checker.check_model(graph)
             onnx.save(graph, str(path))
 
         verifiers = trace_verifiers(verifier, dummy, tmp, lambda head: verifier_spec(
-            layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None, head=head), opset,
+            layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None, head=head,
+            d_model=config.d_model if table is not None else None), opset,
             scan if recurrent else None, argmax_graph=argmax_graph)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
@@ -289,9 +305,10 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             max_length_factor=factor,
         )
         checks = {name: cpu_session(ort, tmp / spec.file) for name, spec in verifiers.items()}
-        if table is not None:
+        if table is not None:  # with each row's matrix gathered, as the runtime feeds it
+            matrix = model.output_weight.detach().numpy()
             for check in checks.values():
-                check.session = RowShortlists(check.session, vocab)
+                check.session = RowShortlists(check.session, vocab, matrix)
         checked = check_verifier_graphs(cpu_session(ort, tmp / enc_spec.file), checks, manifest,
                                         validation_cases(manifest))
         say(progress, f"      {checked} verifier positions bitwise equal alone and in blocks")

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
                       candidates)
 from ..positions import replace_placeholders
-from ..shortlist_head import shortlist_logits
+from ..shortlist_head import ids_at, shortlist_logits
 from .model import MarianModel, recur
 
 RECURRENCE_DOMAIN = "aggdec.marian"
@@ -101,26 +101,58 @@ def attention_parts(model: MarianModel) -> DecoderParts:
                         cross_kv=cross_kv)
 
 
+class ShortlistEncoderGraph(nn.Module):
+    """The encoder graph of a shortlist bundle: the shared encoder's outputs, then
+    ``output_rows`` [rows, L, D], the rows of the output matrix that ``output_ids`` [rows, L]
+    names (-1 pads: row 0, whose logit the verifier's -inf bias hides).
+
+    Why in the encoder: a row's shortlist, and so its gathered matrix, is fixed for its whole
+    output, and the encoder runs once per row when it is admitted; the runtime keeps the matrix
+    per slot beside the cross keys and values, and the verifier multiplies it every call without
+    gathering it (the gather was about a quarter of a batch-16 verifier call). ``output_ids`` is
+    optional in the graph (:func:`optional_output_ids`), so callers that encode alone still can."""
+
+    def __init__(self, encoder: nn.Module, model: MarianModel) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, output_ids: Tensor) -> tuple[Tensor, ...]:
+        return (*self.encoder(input_ids, attention_mask), self.model.output_weight[torch.clamp(output_ids, min=0)])
+
+
+def optional_output_ids(model) -> None:
+    """Give the traced :class:`ShortlistEncoderGraph` (an onnx ModelProto) a default for its
+    ``output_ids`` input, an empty [1, 0] (no rows to gather), so that it may be left out."""
+    from onnx import TensorProto, helper
+
+    model.graph.initializer.append(helper.make_tensor("output_ids", TensorProto.INT64, [1, 0], []))
+
+
 class RecurrentVerifierGraph(nn.Module):
     """T new tokens after per-row recurrent states -> top-K log-probs/ids per position and the states written."""
 
     def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...], shortlist: bool,
-                 head: str = "top_k") -> None:
+                 head: str = "top_k", output_rows: bool = False) -> None:
         """``shortlist``: the graph takes ``output_ids`` [rows or 1, L], each row's allowed output ids
         (-1 pads a row's list; [1, V] of every id decodes over the whole vocabulary), and projects
-        onto those rows of the output matrix only."""
+        onto those rows of the output matrix only. ``output_rows``: it also takes those rows of the
+        matrix already gathered, [rows, L, D] (:class:`ShortlistEncoderGraph`), or an empty
+        [1, 0, D] to gather them itself."""
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.top_k = top_k
         self.head = head  # what it returns of each position (export/graphs.py candidates)
         self.shortlist = shortlist
+        self.output_rows = output_rows
         bias = torch.zeros(model.config.target_vocab)
         bias[list(suppressed_ids)] = float("-inf")
         self.register_buffer("suppress_bias", bias, persistent=False)
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
         """``buffers``: per layer its state buffer [B, H, C, Dh]; then per layer cross key, cross
-        value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids``."""
+        value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids`` (and
+        with ``output_rows``, that input)."""
         model = self.model
         config = model.config
         layers, heads, head_dim = config.decoder_layers, config.heads, config.head_dim
@@ -128,11 +160,12 @@ class RecurrentVerifierGraph(nn.Module):
         batch, new_len = input_ids.shape[0], input_ids.shape[1]
         positions = past_lengths.unsqueeze(1) + torch.arange(new_len, dtype=torch.int64).unsqueeze(0)  # [B, T]
         rows = torch.arange(batch, dtype=torch.int64)
-        index = torch.stack([
-            rows.view(-1, 1, 1).expand(-1, heads, new_len),
-            torch.arange(heads, dtype=torch.int64).view(1, -1, 1).expand(batch, -1, new_len),
-            positions.unsqueeze(1).expand(-1, heads, -1),
-        ], dim=-1)
+        # [B, H, T, 3] = (row, head, position) by broadcasting sums: the same ids as stacking
+        # expanded copies, without the tracer's shape arithmetic for each expand (a batch-1 call
+        # is mostly per-node cost; export/shape_folding.py)
+        unit = torch.eye(3, dtype=torch.int64)
+        index = (rows.view(-1, 1, 1, 1) * unit[0] + torch.arange(heads, dtype=torch.int64).view(1, -1, 1, 1) * unit[1]
+                 + positions.unsqueeze(1).unsqueeze(-1) * unit[2])
         last = torch.clamp(past_lengths - 1, min=0)  # the state each row goes on from (none at length 0)
         started = (past_lengths > 0).view(-1, 1)
         neg = torch.finfo(torch.float32).min
@@ -143,11 +176,11 @@ class RecurrentVerifierGraph(nn.Module):
         # each row's state at its last kept position, read as [B, H, 1, Dh] by GatherElements:
         # indexing buffer[rows, :, last, :] traces into a Transpose of the whole buffer (a copy
         # of every row's every position per layer and call, about 5% of a batch-16 call)
-        last_position = last.view(-1, 1, 1, 1).expand(batch, heads, 1, head_dim)
+        last_position = last.view(-1, 1, 1, 1) + torch.zeros(1, heads, 1, head_dim, dtype=torch.int64)
         for layer_index, layer in enumerate(model.decoder_layers):
             buffer = states_in[layer_index]
             previous = torch.gather(buffer, 2, last_position).reshape(batch, heads * head_dim)
-            previous = torch.where(started, previous, torch.zeros_like(previous))
+            previous = torch.where(started, previous, 0.0)  # where, not a product: 0 * NaN is NaN
             forget, update = layer.ssru.inputs(hidden)
             states = _Recurrence.apply(forget, update, previous)  # [B, T, D]
             written.append(_WriteCache.apply(buffer, index, _split_heads(states, heads, head_dim)))
@@ -159,20 +192,21 @@ class RecurrentVerifierGraph(nn.Module):
             hidden = context.norm(hidden + context.o(_merge_heads(attended)))
             hidden = layer.ffn(hidden)
         if self.shortlist:
-            return (*self._shortlisted(hidden, buffers[-1]), *written)
+            rows = buffers[3 * layers + 2] if self.output_rows else None
+            return (*self._shortlisted(hidden, buffers[3 * layers + 1], rows), *written)
         logits = model.logits(hidden).to(torch.float32) + self.suppress_bias
         return (*candidates(logits, self.top_k, self.head), *written)
 
-    def _shortlisted(self, hidden: Tensor, output_ids: Tensor) -> tuple[Tensor, ...]:
+    def _shortlisted(self, hidden: Tensor, output_ids: Tensor, rows: Tensor | None) -> tuple[Tensor, ...]:
         """The candidates over each row's shortlist: logits of the gathered output rows only.
 
         The candidates are chosen on the logits, which do not depend on how long the padded
         lists of a call are; their log-probs are then read from the row's log-softmax."""
         model = self.model
-        logits, allowed = shortlist_logits(hidden, output_ids, model.output_weight,
-                                           model.output_bias + self.suppress_bias)  # [B, T, L] each
+        logits, row_ids = shortlist_logits(hidden, output_ids, model.output_weight,
+                                           model.output_bias + self.suppress_bias, rows=rows)  # [B, T, L], [B, L]
         chosen = candidates(logits, self.top_k, self.head)  # over the row's list: local indices
         if self.head == "argmax":
-            return (torch.gather(allowed, 2, chosen[0].unsqueeze(-1)).squeeze(-1),)
+            return (ids_at(row_ids, chosen[0]),)
         top_logprobs, local = chosen
-        return top_logprobs, torch.gather(allowed, 2, local)
+        return top_logprobs, ids_at(row_ids, local)

@@ -242,7 +242,7 @@ class MarianModel(nn.Module):
         """Scaled embeddings plus sinusoids; position 0 (the start) is Marian's zero embedding."""
         tokens = self.target_weight[ids] * self.embed_scale
         start = (positions == 0).unsqueeze(-1)
-        return torch.where(start, torch.zeros_like(tokens), tokens) + self.positions[self.clamp(positions)]
+        return torch.where(start, 0.0, tokens) + self.positions[self.clamp(positions)]
 
     def clamp(self, positions: Tensor) -> Tensor:
         # real tokens never pass the table (export sizes it for the max lengths); a batch's

@@ -66,6 +66,17 @@ def cross_names(layers: int) -> list[str]:
     return [f"cross_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
 
 
+# A shortlist row's gathered output matrix (SlotBuffers.matrices) is kept [slots, L, d], L at
+# least the longest current list: every call multiplies the padding too, so L follows the rows,
+# but each change of L copies every row's matrix (about 100 MB at batch 64, some 30 ms), so it
+# grows by at least a quarter and shrinks only when a third of it is unused, in MATRIX_STEPs.
+MATRIX_STEP = 64
+
+
+def _matrix_step(length: int) -> int:
+    return -length // MATRIX_STEP * -MATRIX_STEP
+
+
 def bucket(needed: int, limit: int) -> int:
     """The smallest power of two >= ``needed`` (at least MIN_CAPACITY), capped at ``limit``."""
     size = MIN_CAPACITY
@@ -123,7 +134,9 @@ class SlotBuffers:
 
     def __init__(self, layers: int, heads: int, head_dim: int, d_model: int, slots: int, max_target: int,
                  max_source: int, device: str, bound: bool, keep_hidden: bool, dtype: str = "float32",
-                 cache_kind: str = "attention") -> None:
+                 cache_kind: str = "attention", matrices: bool = False) -> None:
+        """``matrices``: each row also keeps its shortlist's gathered output matrix (a verifier
+        that takes ``output_rows``, graph_specs.takes_output_rows), written when it is admitted."""
         self.dtype = np.dtype(dtype)
         self.layers, self.heads, self.head_dim, self.d_model = layers, heads, head_dim, d_model
         self.slots, self.max_target, self.max_source = slots, max_target, max_source
@@ -137,6 +150,10 @@ class SlotBuffers:
         self._hidden = _Flat(slots * max_source * d_model, False, self.dtype) if keep_hidden else None
         self.keep_hidden = keep_hidden
         self.mask = np.zeros((slots, max_source), dtype=np.int64)
+        # host-side even with IO binding on CUDA (bound as a CPU input, copied once per layout)
+        self.keeps_matrices = matrices
+        self._matrices = np.zeros((slots, 0, d_model), self.dtype)
+        self._matrix_lens = np.zeros(slots, dtype=np.int64)  # each row's list length
         self.rows = 0
         self.capacity = min(MIN_CAPACITY, max_target)
         self.source_capacity = 0
@@ -156,6 +173,28 @@ class SlotBuffers:
         """The encoder output of the current rows, [rows, source_capacity, d_model]."""
         assert self._hidden is not None, "this batch keeps no encoder output"
         return self._hidden.view((self.rows, self.source_capacity, self.d_model))
+
+    def matrices(self) -> np.ndarray:
+        """The current rows' gathered output matrices, [rows, L, d_model], rows zero past a
+        row's own list (the verifier gives those ids -inf from its -1 padded output_ids)."""
+        return self._matrices[: self.rows]
+
+    @property
+    def matrix_len(self) -> int:
+        return self._matrices.shape[1]
+
+    def reserve_matrices(self, needed: int) -> None:
+        """Make room for lists of ``needed`` ids before rows are added (once for all the rows
+        an admission adds, not once per encoder call)."""
+        if needed > self.matrix_len:
+            self._resize_matrices(max(_matrix_step(needed), _matrix_step(self.matrix_len * 5 // 4)))
+
+    def _resize_matrices(self, length: int) -> None:
+        resized = np.zeros((self.slots, length, self.d_model), self.dtype)
+        keep = min(length, self.matrix_len)
+        resized[: self.rows, :keep] = self._matrices[: self.rows, :keep]
+        self._matrices = resized
+        self.layout += 1
 
     def source_mask(self) -> np.ndarray:
         return np.ascontiguousarray(self.mask[: self.rows, : self.source_capacity])
@@ -220,9 +259,16 @@ class SlotBuffers:
         source = bucket(int(self.mask[: self.rows].sum(axis=1).max()), self.max_source)
         if source < self.source_capacity:
             self._resize_source(source)
+        if self.keeps_matrices:
+            longest = _matrix_step(int(self._matrix_lens[: self.rows].max()))
+            if 2 * longest <= self.matrix_len:
+                self._resize_matrices(longest)
 
-    def add_rows(self, cross: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray | None) -> range:
-        """Append rows from one encoder call (cross [m, H, S, Dh] per layer and kind); their slots."""
+    def add_rows(self, cross: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray | None,
+                 matrices: np.ndarray | None = None, matrix_lens: np.ndarray | None = None) -> range:
+        """Append rows from one encoder call (cross [m, H, S, Dh] per layer and kind); their slots.
+        ``matrices`` [m, L, d_model] (with :attr:`keeps_matrices`): each row's gathered output
+        matrix, the first ``matrix_lens[row]`` of its L rows its own."""
         count, length = mask.shape
         if self.rows + count > self.slots:
             raise ValueError(f"{count} more rows do not fit in {self.slots} slots ({self.rows} in use)")
@@ -240,6 +286,12 @@ class SlotBuffers:
             view = self.hidden()
             view[first:, :length] = hidden
             view[first:, length:] = 0.0
+        if matrices is not None and matrix_lens is not None:
+            needed = matrices.shape[1]
+            self.reserve_matrices(needed)
+            self._matrices[first : self.rows, :needed] = matrices
+            self._matrices[first : self.rows, needed:] = 0.0
+            self._matrix_lens[first : self.rows] = matrix_lens
         return range(first, self.rows)
 
     def copy_rows(self, sources: list[int], targets: list[int]) -> None:
@@ -268,6 +320,9 @@ class SlotBuffers:
                         view = data[: int(np.prod(shape))].reshape(shape)
                         view[slot] = view[last]
             self.mask[slot] = self.mask[last]
+            if self.keeps_matrices:
+                self._matrices[slot] = self._matrices[last]
+                self._matrix_lens[slot] = self._matrix_lens[last]
             if self._hidden is not None:
                 view = self.hidden()
                 view[slot] = view[last]
@@ -275,6 +330,8 @@ class SlotBuffers:
         self.layout += 1
         if self.rows == 0:  # an empty batch starts small again: nothing to re-lay
             self.source_capacity = 0
+            if self.matrix_len:
+                self._matrices = np.zeros((self.slots, 0, self.d_model), self.dtype)
             self.capacity = min(MIN_CAPACITY, self.max_target)
         return last if slot != last else None
 

@@ -31,7 +31,7 @@ from aggdec.runtime.decoding.cache import self_cache_names, self_cache_out_names
 from aggdec.runtime.decoding.iad import BlockOptions
 from aggdec.runtime.decoding.shortlist import Shortlist, load_shortlist
 from aggdec.runtime.generator import Generator
-from aggdec.runtime.errors import ExportError
+from aggdec.runtime.errors import ExportError, InputError
 from aggdec.runtime.manifest import BundleFiles, Manifest, load_manifest
 from aggdec.runtime.tokenizer import TextCodec
 from tests.support.marian import (FLOAT32, WORDS, add_shortlist, bin_items, encode_bin, tiny_config, tiny_weights,
@@ -149,9 +149,6 @@ def test_rollback_at_every_block_position(tiny, gate_bias, shortlist):
     source = rng.integers(3, m.vocab_size, size=(2, 6))
     mask = np.ones_like(source)
     mask[1, 4:] = 0
-    enc = dict(zip([o.name for o in encoder.get_outputs()], encoder.run(None, {"input_ids": source,
-                                                                              "attention_mask": mask})))
-    cross = {k: v for k, v in enc.items() if k.startswith("cross_")}
     extra = {}
     if shortlist:
         lists = load_shortlist(BundleFiles(bundle, m), m)
@@ -159,6 +156,12 @@ def test_rollback_at_every_block_position(tiny, gate_bias, shortlist):
         extra["output_ids"] = np.full((2, max(map(len, rows)) + 3), -1, np.int64)
         for row, ids in enumerate(rows):
             extra["output_ids"][row, : len(ids)] = ids
+    # a shortlist bundle's encoder also gathers each row's output matrix, fed to every call
+    enc = dict(zip([o.name for o in encoder.get_outputs()], encoder.run(None, {"input_ids": source,
+                                                                              "attention_mask": mask, **extra})))
+    cross = {k: v for k, v in enc.items() if k.startswith("cross_")}
+    if shortlist:
+        extra["output_rows"] = enc["output_rows"]
     layers, past = m.decoder_layers, 3
     for block in (1, 4, 11, 40):
         capacity = past + block + 2
@@ -363,31 +366,71 @@ def test_shortlist_greedy_equals_reference_over_each_sentences_shortlist(tiny):
 
 
 def test_shortlist_projection_is_per_row_and_per_position_without_copies(tiny):
-    """The shortlist verifier projects row by row (a Scan over the rows: the row's gathered
-    output matrix is multiplied while still in the cache), each position as one product of
-    one column against that matrix, broadcast over the block by onnxruntime, never copied per
-    position (the Expand it replaced cost 74% of a call); the isolation rewrite leaves that
-    product as it is. The export's own check proved the graph bitwise equal alone and in
-    blocks; here the structure it proved is pinned (export/shortlist_head.py)."""
+    """The shortlist verifier projects row by row (a Scan over the rows), each position as one
+    product of one column against the row's matrix, broadcast over the block by onnxruntime,
+    never copied per position (the Expand it replaced cost 74% of a call); the isolation
+    rewrite leaves that product as it is. The matrix is the one the encoder gathered when the
+    row was admitted (``output_rows``, kept per slot: no Gather in that Scan) or, when none is
+    fed, gathered from the output matrix in the Scan's step (an If picks). The export's own
+    check proved the graph bitwise equal alone and in blocks; here the structure it proved is
+    pinned (export/shortlist_head.py)."""
     import onnx
 
     from aggdec.export.positions import isolate_positions
     from aggdec.export.shortlist_head import DOMAIN, PER_POSITION
 
     _folder, bundle = tiny("ssru", "bin", 0.0, True)
+    assert "output_rows" in load_manifest(bundle).graphs["encoder"].output_names()
     for file in ("verifier.onnx", "verifier_argmax.onnx"):
         model = onnx.load(str(bundle / file))
         graph = model.graph
         assert not any(node.domain == DOMAIN for node in graph.node), file  # no placeholder left
-        scans = [node for node in graph.node if node.op_type == "Scan"
-                 and any(n.name.endswith(PER_POSITION) for a in node.attribute if a.name == "body" for n in a.g.node)]
-        assert len(scans) == 1, file
-        body = next(a.g for a in scans[0].attribute if a.name == "body")
-        ops = {node.name.rsplit("/", 1)[-1]: node.op_type for node in body.node}
-        assert ops[PER_POSITION.strip("/")] == "MatMul" and "Expand" not in ops.values(), (file, ops)
-        gathered = next(node for node in body.node if node.op_type == "Gather")
+        assert "output_rows" in [i.name for i in graph.input], file
+        (choice,) = [node for node in graph.node if node.op_type == "If"]
+        bodies, scanned = {}, {}
+        for branch in choice.attribute:  # then: gathered in the step; else: the rows as fed
+            (scan,) = [node for node in branch.g.node if node.op_type == "Scan"]
+            body = next(a.g for a in scan.attribute if a.name == "body")
+            ops = {node.name.rsplit("/", 1)[-1]: node.op_type for node in body.node}
+            assert ops[PER_POSITION.strip("/")] == "MatMul" and "Expand" not in ops.values(), (file, ops)
+            bodies[branch.name], scanned[branch.name] = body, scan.input[0]
+        gathered = next(node for node in bodies["then_branch"].node if node.op_type == "Gather")
         assert gathered.input[0] in {init.name for init in graph.initializer}, file  # the output matrix itself
+        assert scanned["else_branch"] == "output_rows", file
+        assert not any(node.op_type == "Gather" for node in bodies["else_branch"].node), file
         assert isolate_positions(model)[1] == 0, file
+
+
+def test_kept_and_gathered_shortlist_matrices_decode_alike(tiny, monkeypatch):
+    """Rows that keep their gathered shortlist matrix from admission (batches of at most
+    Tuning.kept_matrix_slots slots) and rows whose verifier gathers it every call give the
+    reference's outputs, greedy and IAD, with IO binding on and off, while rows leave, move
+    and join and the kept matrices grow and shrink (MATRIX_STEP made small so the tiny model's
+    lists change the kept width)."""
+    from aggdec.runtime.decoding import cache
+    from aggdec.runtime.tuning import Tuning
+
+    folder, bundle = tiny("ssru", "bin", 0.0, True)
+    with_list = reference_greedy(folder, bundle, TEXTS, shortlist=True)
+    monkeypatch.setattr(cache, "MATRIX_STEP", 8)
+    resized = []
+    resize = cache.SlotBuffers._resize_matrices
+    monkeypatch.setattr(cache.SlotBuffers, "_resize_matrices",
+                        lambda self, length: (resized.append(length), resize(self, length))[1])
+    for kept in (0, 8):
+        for io_binding in (True, False):
+            generator = Generator(bundle, io_binding=io_binding, tuning=Tuning(kept_matrix_slots=kept))
+            for batch_size in (4, 8):
+                before = len(resized)
+                greedy = generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=batch_size)
+                assert [r.ids for r in greedy] == with_list, (kept, io_binding, batch_size)
+                iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                         block=BlockOptions(max_block=4, adaptive=False))
+                assert [r.ids for r in iad] == with_list, (kept, io_binding, batch_size)
+                # kept: the width changed within the calls (grown past the first rows', shrunk after)
+                assert (len(set(resized[before:])) > 1) == bool(kept), (kept, resized[before:])
+    with pytest.raises(InputError, match="kept_matrix_slots"):
+        Tuning(kept_matrix_slots=-1)
 
 
 def test_shortlist_is_marians_per_sentence_set():
@@ -461,6 +504,26 @@ def test_int8_shortlist_bundle_decodes_exactly_against_its_own_greedy_over_each_
             if shortlist:  # the start token (</s>, id 0) is below the table's first id: always allowed
                 for source, ids in zip(sources, greedy):
                     assert set(ids) <= set(lists.for_source(source).tolist())
+
+
+def test_fp16_shortlist_bundle_keeps_and_gathers_its_matrices_alike(tiny, converted):
+    """`aggdec quantize --precision fp16` of an SSRU bundle with a shortlist (its encoder's
+    output_rows and the verifier's input become float16): greedy with the matrices kept equals
+    greedy with them gathered every call, and IAD equals greedy, batch 1 and 8."""
+    from aggdec.runtime.tuning import Tuning
+
+    _folder, bundle = tiny("ssru", "bin", 0.0, True)
+    fp16 = converted(bundle, "fp16")
+    assert load_manifest(fp16).graphs["encoder"].outputs[-1].dtype == "float16"
+    outputs = {}
+    for kept in (0, 8):
+        generator = Generator(fp16, tuning=Tuning(kept_matrix_slots=kept))
+        greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
+        for batch_size in (1, 8):
+            iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in iad] == greedy, (kept, batch_size)
+        outputs[kept] = greedy
+    assert outputs[0] == outputs[8]
 
 
 @pytest.fixture(scope="module")
