@@ -18,7 +18,7 @@ from typing import NamedTuple
 from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.beam import BeamRules
 from .decoding.common import GREEDY, DecodeLimits, Verification
-from .decoding.gad import DrafterDraft
+from .decoding.gad import DrafterDraft, HypothesisDrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.sizing import AcceptancePrior, CallCost, ReplayPayoff
@@ -209,6 +209,11 @@ class Generator:
         # GAD's and IAD's fits time the verifier call alone)
         self.beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
         self.beam_payoff = ReplayPayoff()  # drafted against plain iterations, per step (its veto)
+        # GAD's beam search keeps its own: a drafter's replay rate, and iterations that pay for a
+        # drafter call, are not IAD's
+        self.gad_replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
+        self.gad_beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
+        self.gad_beam_payoff = ReplayPayoff()
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -243,9 +248,9 @@ class Generator:
         for name, session in self._sessions.items():
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
-        self.beam_costs.reset()
-        self.beam_payoff.reset()
-        for prior in (*self.draft_priors.values(), self.replay_prior):
+        for measured in (self.beam_costs, self.beam_payoff, self.gad_beam_costs, self.gad_beam_payoff):
+            measured.reset()
+        for prior in (*self.draft_priors.values(), self.replay_prior, self.gad_replay_prior):
             if prior is not None:
                 prior.reset()  # the warm-up's made-up text is not the workload
         return time.perf_counter() - started
@@ -525,6 +530,15 @@ class Generator:
                                         self.gad_costs if measured else None), GREEDY)
         assert self.drafter is not None  # resolve() refused a drafting mode without one
         tuning = self.tuning
+        if mode is Mode.GAD and options.beams is not None:  # speculative beam search, the drafter's drafts
+            measured = tuning.load_adaptive and options.block is None
+            block = options.block or BlockOptions(max_block=self.drafter.k, cost_ratio=tuning.beam_cost_ratio,
+                                                  max_rest=tuning.max_rest)
+            block = dataclasses.replace(block, max_block=min(block.max_block, int(options.draft_k)))
+            return Strategy(HypothesisDrafterDraft(self.drafter, self.manifest.pad_token_id, block,
+                                                   self.gad_replay_prior, self.gad_beam_costs if measured else None,
+                                                   self.gad_beam_payoff if measured else None),
+                            GREEDY, options.beams)
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,
                               costs=self.gad_costs, prior=self.draft_priors[mode], decay=tuning.gad_decay,
                               max_rest=tuning.max_rest, min_repeat=tuning.min_repeat)

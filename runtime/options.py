@@ -57,12 +57,14 @@ GAD_PLUS_BETA, GAD_PLUS_TAU = 3, 1.0  # GAD++ defaults (SpecDec's relaxed verifi
 
 # the modes each option applies to; an option set for another mode is refused, not ignored
 APPLIES_TO: dict[str, tuple[Mode, ...]] = {
-    "block": (Mode.IAD,),
+    # and GAD's beam search: the batch's draft lengths (``_check_beams``: with num_beams only)
+    "block": (Mode.IAD, Mode.GAD),
     "beta": (Mode.GAD_PLUS,),
     "tau": (Mode.GAD_PLUS,),
     "draft_k": (Mode.GAD, Mode.GAD_PLUS),
-    # beam search's selection replaces the argmax; with IAD each hypothesis drafts its source
-    "num_beams": (Mode.GREEDY, Mode.IAD),
+    # beam search's selection replaces the argmax; with IAD each hypothesis drafts its source,
+    # with GAD the drafter's guess after it (gad++'s relaxed acceptance has no beam counterpart)
+    "num_beams": (Mode.GREEDY, Mode.IAD, Mode.GAD),
 }
 # options of beam search only: set with num_beams > 1, or refused
 BEAM_OPTIONS = ("length_penalty", "early_stopping", "num_return_sequences")
@@ -87,7 +89,8 @@ class OptionLimits:
 class DecodeOptions:
     """How to decode: the mode and the options of that mode (None: the mode's default).
 
-    ``block``: IAD's draft-block options (default: the Generator's tuning for its device).
+    ``block``: IAD's draft-block options (default: the Generator's tuning for its device); with
+    mode gad, those of its beam search only (``max_block`` capped by ``draft_k``).
     ``beta``/``tau``: GAD++ keeps a draft token while it is among the verifier's top ``beta``
     (default 3; 1 is greedy) within ``tau`` log-prob of the best (default 1.0).
     ``draft_k``: the most GAD draft tokens a verifier call checks, 1 to the drafter's k
@@ -116,8 +119,10 @@ class DecodeOptions:
         object.__setattr__(self, "mode", Mode.parse(self.mode))
         for name, modes in APPLIES_TO.items():
             if getattr(self, name) is not None and self.mode not in modes:
-                raise InputError(f"{name} applies to mode{'s' if len(modes) > 1 else ''} "
-                                 f"{' and '.join(repr(m.value) for m in modes)} only, not {self.mode.value!r}.")
+                names = [repr(m.value) for m in modes]
+                listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+                raise InputError(f"{name} applies to mode{'s' if len(modes) > 1 else ''} {listed} only, "
+                                 f"not {self.mode.value!r}.")
         if self.block is not None and not isinstance(self.block, BlockOptions):
             raise InputError(f"block must be an aggdec.runtime.decoding.iad.BlockOptions, not "
                              f"{type(self.block).__name__}.")
@@ -134,6 +139,10 @@ class DecodeOptions:
             raise InputError(f"num_beams must be an integer of at least 1, got {self.num_beams!r}.")
         if self.num_beams is not None and self.num_beams == 1:  # one beam is greedy search: one key for both
             object.__setattr__(self, "num_beams", None)
+        if self.mode is Mode.GAD and self.block is not None and self.num_beams is None:
+            # GAD's greedy rows size their drafts per row from the drafter's k and draft_k
+            raise InputError("block applies to mode 'gad' with num_beams only (the draft lengths of speculative "
+                             "beam search); GAD's greedy rows take draft_k.")
         given = [name for name in BEAM_OPTIONS if getattr(self, name) is not None]
         if given and self.num_beams is None:
             raise InputError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to beam search only; "

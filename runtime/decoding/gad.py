@@ -17,6 +17,10 @@ A row whose output has started repeating itself (a model stuck in a loop: ``дл
 clause over and over) drafts the continuation of the repetition instead (:func:`repeated_tail`),
 without a drafter call: a drafter that reads the source and a window of the output cannot see
 the loop, and accepted about 1.4 tokens per iteration on such outputs.
+
+Beam search (:class:`HypothesisDrafterDraft`): each hypothesis gets the drafter's draft of its
+own prefix, and the loop replays beam steps over the block's scores while every selected
+hypothesis lies on a drafted path (``loop._select_beams``): plain beam search's output.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import numpy as np
 from ..bundle_probe import check_ids
 from ..session import Session
 from .alignment import MIN_REPEAT, source_position_offsets
+from .hypothesis_drafts import HypothesisDraft
 from .loop import Row
 from .repetition import RepeatDrafts
-from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost
+from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost, ReplayPayoff
 from .verifier import Batch
 
 
@@ -198,3 +203,55 @@ class DrafterDraft:
             state.drafter.observe(drafted, accepted)
         else:
             state.drafter.skipped()
+
+
+class HypothesisDrafterDraft(HypothesisDraft):
+    """GAD's draft source for beam search: each row's hypothesis (its tokens so far, the decoder
+    start included) gets the drafter's draft after it, one drafter call for the batch's rows,
+    as many tokens as the batch's draft length (:class:`HypothesisDraft`: the sizing, rests and
+    payoff every beam draft source shares).
+
+    The drafter reads each row's own prefix, so the N rows of a group get N drafts, each after
+    its own hypothesis: a step replays while every hypothesis it selects continues one of them.
+    Where the batch takes a plain beam step there is no drafter call. The drafter call's cost,
+    measured as GAD's is (``costs``: :meth:`CallCost.observe_drafter`, in one-token iterations),
+    weighs against drafting at all; with a caller's options (no ``costs``) it is not counted,
+    so the same options draft the same blocks whatever the timings."""
+
+    def __init__(self, drafter: Drafter, pad_id: int, options: BlockOptions, prior: AcceptancePrior | None = None,
+                 costs: CallCost | None = None, payoff: ReplayPayoff | None = None) -> None:
+        """``options.max_block``: at most the drafter's k (a draft longer than it drafts k)."""
+        super().__init__(options, prior, costs, payoff)
+        self.drafter = drafter
+        self.pad_id = pad_id
+        self.memory = drafter.memory  # the batch keeps it per row (Batch): once per source, for its N rows
+
+    def _fixed_cost(self, rows: int) -> float:
+        return 0.0 if self.costs is None else self.costs.drafter_cost(rows)
+
+    def _drafts(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int], size: int) -> list[np.ndarray]:
+        size = min(size, self.drafter.k)
+        drafting = [slot for slot, room in enumerate(rooms) if room > 0]
+        drafts = [_EMPTY] * len(rows)
+        if not drafting:
+            return drafts
+        started = time.perf_counter()
+        hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
+        output_ids = batch.output_ids() if self.drafter.takes_output_ids else None
+        if len(drafting) < len(rows):
+            hidden, mask = hidden[drafting], mask[drafting]
+            if output_ids is not None and output_ids.shape[0] > 1:
+                output_ids = output_ids[drafting]
+        drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting],
+                                     [rows[slot].source for slot in drafting], hidden, mask, self.pad_id,
+                                     output_ids)
+        elapsed = time.perf_counter() - started
+        self.seconds += elapsed
+        if self.costs is not None:
+            self.costs.observe_drafter(elapsed, len(rows))
+        for place, slot in enumerate(drafting):
+            drafts[slot] = drafted[place, : min(size, rooms[slot])]
+        return drafts
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)

@@ -16,14 +16,14 @@ with the source (:func:`repeated_tail`): the source cannot draft a loop.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .alignment import MAX_REPEAT_MATCH, SENTINEL as _SENTINEL, align
-from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost, ReplayPayoff
+from .hypothesis_drafts import FIRST_REST, HypothesisDraft  # noqa: F401 (FIRST_REST: where IAD's beam rests are read)
+from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
 from .loop import Row
 from .repetition import RepeatDrafts
 from .verifier import Batch
@@ -109,110 +109,21 @@ def _source_match(output: np.ndarray, source: np.ndarray, at: int | None) -> int
     return length
 
 
-# A batch whose drafts do not pay rests this many plain beam steps before its first retry
-# (doubling after each failed one, up to ``max_rest``). Not 1 as for a greedy row: a beam call
-# must keep all N hypotheses on drafted paths, so tries mostly fail (reference model, CPU: a
-# 1-token draft replays a second step on 37% of calls, where it pays only above 20-60%), and
-# a short rest would spend a fifth of the calls trying.
-FIRST_REST = 4
-
-
-class HypothesisSourceDraft:
+class HypothesisSourceDraft(HypothesisDraft):
     """IAD's draft source for beam search: each row's hypothesis, aligned afresh with its source
-    at every call, drafts the source tokens after the aligned position.
+    at every call, drafts the source tokens after the aligned position, as many as the batch's
+    draft length (:class:`HypothesisDraft`: the sizing, rests and payoff every beam draft
+    source shares).
 
     A beam row's hypothesis changes from call to call (a step may give the row another
     hypothesis), so no per-row alignment carries over. A row whose hypothesis has left its
-    source (no alignment) drafts nothing.
+    source (no alignment) drafts nothing. Where the batch takes a plain beam step, nothing is
+    aligned: a plain iteration's work."""
 
-    How long the drafts are is decided once a call for the whole batch: every row pays for the
-    widest block (the other groups' rows too), so the draft length k maximises the beam steps
-    the call is expected to replay, summed over its groups, per unit of the cost of an
-    iteration k positions wider (``costs``: whole iterations measured at the batch's rows, see
-    :meth:`_measured`; else the options' ``cost_ratio``), unless ``payoff`` measured drafted
-    iterations slower per step than plain ones. Each group's expected steps
-    come from a :class:`BlockSizer` of its own: replay holds while every hypothesis a step
-    selects lies on a drafted path, so a group's "acceptance" is the steps its calls replayed
-    past the first (reported by the loop through :meth:`observe`), starting from what earlier
-    groups saw (``prior``). Where no k beats a plain step, the batch takes plain beam steps (no
-    draft, no alignment: a plain iteration's work) and tries 1-token drafts once after a rest
-    of :data:`FIRST_REST` steps, doubling with each failed try (as GAD's rows do). Drafts
-    change how many beam steps a call replays, never the output (loop._select_beams)."""
-
-    seconds = 0.0  # no graph of its own
-    memory = None
-
-    def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None,
-                 costs: CallCost | None = None, payoff: ReplayPayoff | None = None) -> None:
-        """``options``: ``max_block`` caps a draft; with ``adaptive`` False every aligned row
-        drafts ``max_block`` tokens (what the tests use to replay as much as they can).
-        ``payoff``: drafted against plain iterations' time per step, measured; where drafted
-        ones were the slower, the batch rests as where the cost model says drafts do not pay."""
-        self.options = options
-        self.prior = prior  # replayed steps of the groups before (the Generator's, shared)
-        self.costs = costs
-        self.payoff = payoff
-        self._iterations: dict[int, _Iteration] = {}  # per batch: its last iteration
-        self._current: _Iteration | None = None  # the iteration the loop's observe() calls are about
-        self._rests: dict[int, _Rests] = {}  # per batch: its plain-step schedule
-        self._costs_prior = 1.0 + options.cost_ratio * np.arange(1, options.max_block + 1, dtype=np.float64)
-
-    def _measured(self, batch: Batch) -> None:
-        """The batch's last iteration, from its proposal to its last group's selection (its
-        encoder calls and other cohorts' calls left out), as the cost of its call's width, and
-        its time per beam step for ``payoff``. A replaying call's host work (alignment, a beam
-        step per replayed step, a rebinding for a new width) is a sizeable part of a small
-        model's step (reference model, CPU, batch 1: plain beam 4 spends about a third of its
-        time outside onnxruntime), and a drafted call must pay for it too."""
-        last, done = batch.last_call, self._iterations.get(id(batch))
-        if last is None or done is None or done.ended is None or not done.groups:
-            return
-        seconds = done.ended - done.started
-        if self.costs is not None:
-            self.costs.observe(last[0], seconds, last[2])
-        if self.payoff is not None:
-            self.payoff.observe(last[2], last[0] > 1, seconds, done.steps / done.groups)
-
-    def start(self, row: Row) -> None:
+    def _start(self, row: Row) -> None:
         row.state = np.concatenate([[_SENTINEL], np.asarray(row.source, dtype=np.int64)])
-        group = row.group
-        if group is not None and group.draft_state is None:  # the group's first row
-            group.draft_state = BlockSizer(self.options, self.prior)
 
-    def _size(self, batch: Batch, rows: Sequence[Row]) -> int:
-        """The batch's draft length for this call (0: a plain beam step)."""
-        if not self.options.adaptive:
-            return self.options.max_block
-        rests = self._rests.setdefault(id(batch), _Rests())
-        if rests.left > 0:  # resting: nothing to weigh
-            rests.left -= 1
-            return 0
-        if self.costs is not None:
-            cost = self.costs.block_cost(self.costs.fit(len(rows))[1], self.options.max_block)
-        else:
-            cost = self._costs_prior
-        groups = {id(row.group): row.group for row in rows if row.group is not None}
-        expected = sum(group.draft_state.expected() for group in groups.values())
-        value = expected / cost  # beam steps per unit of cost; a plain step: one per group
-        best = int(np.argmax(value))
-        if value[best] >= len(groups) and (self.payoff is None or self.payoff.pays(len(rows)) is not False):
-            rests.length = FIRST_REST
-            rests.probe = False
-            return best + 1
-        if rests.probe:  # a rest is over: one cheap try, whose replay the groups observe
-            rests.probe = False
-            return 1
-        rests.left, rests.length = rests.length - 1, min(2 * rests.length, self.options.max_rest)
-        rests.probe = True
-        return 0
-
-    def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
-        if self.costs is not None or self.payoff is not None:  # else nothing reads the timings
-            self._measured(batch)
-            self._current = self._iterations[id(batch)] = _Iteration(time.perf_counter())
-        size = self._size(batch, rows)
-        if size == 0:
-            return [_EMPTY] * len(rows)
+    def _drafts(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int], size: int) -> list[np.ndarray]:
         drafts = []
         for row, room in zip(rows, rooms):
             k = min(size, room)
@@ -222,36 +133,6 @@ class HypothesisSourceDraft:
             k = 0 if at is None else min(len(source) - at - 1, k)
             drafts.append(source[at + 1 : at + 1 + k] if k > 0 else _EMPTY)  # type: ignore[operator]
         return drafts
-
-    def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
-        """A beam group's call (``row``: one of its rows): its longest draft, and the steps
-        replayed past the first (each stood on one more draft position)."""
-        if row.group is not None and drafted:
-            row.group.draft_state.observe(drafted, accepted)
-        if self._current is not None:
-            self._current.steps += appended
-            self._current.groups += 1
-            self._current.ended = time.perf_counter()
-
-
-@dataclass
-class _Iteration:
-    """One of a batch's iterations, as far as measured: when its proposal began, its groups'
-    beam steps, and when its last group's selection ended."""
-
-    started: float
-    steps: int = 0
-    groups: int = 0
-    ended: float | None = None
-
-
-@dataclass
-class _Rests:
-    """A batch's run of plain beam steps while drafts do not pay."""
-
-    left: int = 0  # plain steps left
-    length: int = FIRST_REST  # the next rest's length
-    probe: bool = False  # the rest just ended: try drafting once
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)

@@ -154,7 +154,7 @@ def test_stream_and_generate_ids_give_beam_results(bundle):
     (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number"),
     (dict(length_penalty=2.0), "length_penalty applies to beam search only"),
     (dict(num_beams=1, num_return_sequences=1), "num_return_sequences applies to beam search only"),
-    (dict(num_beams=2, mode="gad"), "num_beams applies to modes 'greedy' and 'iad' only"),
+    (dict(num_beams=2, mode="gad++"), "num_beams applies to modes 'greedy', 'iad' and 'gad' only"),
 ])
 def test_bad_beam_options(options, message, bundle):
     generator = Generator(bundle("bart"))
