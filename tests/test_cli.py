@@ -187,6 +187,8 @@ def test_generate_with_beams_in_jsonl_equals_the_api(cli_bundle, tmp_path):
     (["--length-penalty", "2"], "length_penalty applies to beam search only"),
     (["--num-beams", "2", "--num-return-sequences", "2"], "needs --format jsonl"),
     (["--num-beams", "3"], "re-export with --top-k 6"),  # the bundle has top-k 4
+    (["--num-beams", "2", "--mode", "gad"], "mode 'gad' needs a drafter"),  # the bundle has none
+    (["--num-beams", "2", "--mode", "gad++"], "num_beams applies to modes 'greedy', 'iad' and 'gad' only"),
 ])
 def test_bad_beam_arguments_are_one_error_line(cli_bundle, args, needle):
     assert_one_clean_error(aggdec("generate", str(cli_bundle), *args, stdin="w1\n"), needle)

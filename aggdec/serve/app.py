@@ -99,7 +99,8 @@ class GenerateRequest(BaseModel):
     draft_k: StrictInt | None = Field(None, ge=1, description="gad and gad++ only: the most draft tokens a verifier "
                                       "call checks, at most the drafter's k (default: its k).")
     num_beams: StrictInt | None = Field(None, ge=1, description="Beam search with this many hypotheses per text, "
-                                        "equal to transformers' (default: greedy). A text takes num_beams rows of "
+                                        "equal to transformers' (default: greedy); with mode iad or gad, speculative "
+                                        "beam search (the same output). A text takes num_beams rows of "
                                         "the server's batch; at most half the bundle's top-k.")
     length_penalty: StrictFloat | StrictInt | None = Field(None, allow_inf_nan=False, description="beam search only: "
                                                            "a finished hypothesis scores log-prob / length ** this "

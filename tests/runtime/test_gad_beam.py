@@ -122,3 +122,39 @@ def test_bad_gad_beam_options(bundle, editing_gad_bundle):
         generator.generate(["a b"], mode="gad", num_beams=5)
     with pytest.raises(BundleError, match="mode 'gad' needs a drafter"):
         Generator(bundle("marian")).generate(["w1"], mode="gad", num_beams=2)
+
+
+def test_gad_beam_over_http_and_the_cli(editing_gad_bundle, tmp_path):
+    """`/v1/generate` with mode gad and num_beams (the server's continuous batching: a text
+    takes N rows of its batch), and `aggdec generate --mode gad --num-beams`, give plain beam
+    search's hypotheses and scores."""
+    import json
+
+    pytest.importorskip("fastapi")
+    from tests.serve.running import Running
+    from tests.test_cli import aggdec
+
+    rng = random.Random(11)
+    texts = [make_editing_pair(rng)[0] for _ in range(4)]
+    generator = Generator(editing_gad_bundle, threads=1)
+    options = dict(num_beams=2, num_return_sequences=2, length_penalty=0.6)
+    want = generator.generate(texts, max_new_tokens=MAX_NEW, **options)
+    running = Running(generator, max_batch=4, max_wait_ms=2, max_queue=16, max_texts=8, max_body_bytes=4096)
+    try:
+        response = running.generate(texts, mode="gad", max_new_tokens=MAX_NEW, **options)
+    finally:
+        running.stop()
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    assert [[(s["ids"], s["score"]) for s in item["sequences"]] for item in outputs] == \
+        [[(list(h.ids), h.score) for h in w.sequences] for w in want]
+
+    source = tmp_path / "in.txt"
+    source.write_text("".join(t + "\n" for t in texts))
+    result = aggdec("generate", str(editing_gad_bundle), "--input", str(source), "--mode", "gad", "--num-beams", "2",
+                    "--length-penalty", "0.6", "--num-return-sequences", "2", "--format", "jsonl",
+                    "--max-new-tokens", str(MAX_NEW))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [[(s["ids"], s["score"]) for s in r["sequences"]] for r in records] == \
+        [[(list(h.ids), h.score) for h in w.sequences] for w in want]
