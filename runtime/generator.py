@@ -531,9 +531,9 @@ class Generator:
         assert self.drafter is not None  # resolve() refused a drafting mode without one
         tuning = self.tuning
         if mode is Mode.GAD and options.beams is not None:  # speculative beam search, the drafter's drafts
+            # sized as IAD's beams are (a TensorRT profile's width included), drafts of at most draft_k
             measured = tuning.load_adaptive and options.block is None
-            block = options.block or BlockOptions(max_block=self.drafter.k, cost_ratio=tuning.beam_cost_ratio,
-                                                  max_rest=tuning.max_rest)
+            block = options.block or dataclasses.replace(self._block_options(None), cost_ratio=tuning.beam_cost_ratio)
             block = dataclasses.replace(block, max_block=min(block.max_block, int(options.draft_k)))
             return Strategy(HypothesisDrafterDraft(self.drafter, self.manifest.pad_token_id, block,
                                                    self.gad_replay_prior, self.gad_beam_costs if measured else None,

@@ -158,3 +158,27 @@ def test_gad_beam_over_http_and_the_cli(editing_gad_bundle, tmp_path):
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [[(s["ids"], s["score"]) for s in r["sequences"]] for r in records] == \
         [[(list(h.ids), h.score) for h in w.sequences] for w in want]
+
+
+def test_gad_beam_rests_where_the_drafter_call_does_not_pay(editing_gad_bundle):
+    """The drafter call is a cost of drafting at all: where it measured far above a plain
+    iteration (here: 10 s against about a millisecond), no draft length pays, and the batch
+    takes plain beam steps, drafting only its tries after rests (one token a row); the
+    output is plain beam search's."""
+    rng = random.Random(8)
+    texts = [make_editing_pair(rng)[0] for _ in range(6)]
+    generator = Generator(editing_gad_bundle)
+    options = dict(num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW, batch_size=1)
+    plain = generator.generate(texts, **options)
+    cheap = generator.generate(texts, mode="gad", **options)  # measured: a drafter call of about a step
+    generator.gad_beam_costs.observe_drafter(10.0, 4)
+    costly = generator.generate(texts, mode="gad", **options)
+    for spec in (cheap, costly):
+        assert [r.sequences for r in spec] == [r.sequences for r in plain]
+    for r in costly:
+        drafted = r.stats.drafted
+        assert all(d <= 4 for d in drafted), drafted  # tries: at most one token for each of 4 rows
+        assert sum(1 for d in drafted if d) <= 1 + len(drafted) // 4, drafted
+    drafted_cheap = sum(d for r in cheap for d in r.stats.drafted)
+    drafted_costly = sum(d for r in costly for d in r.stats.drafted)
+    assert drafted_cheap > drafted_costly, (drafted_cheap, drafted_costly)
