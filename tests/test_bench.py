@@ -464,10 +464,13 @@ def test_beam_systems_are_compared_with_transformers_beam_of_their_width():
                 Measured("hf-beam4", "cpu", 1, outputs(*beam), [0.1, 0.1]),
                 Measured("aggdec-beam4", "cpu", 1, outputs(*beam), [0.03, 0.03]),
                 Measured("aggdec-iad-beam4", "cpu", 1, outputs((1, 2, 3), (4, 7)), [0.03, 0.03]),
+                Measured("aggdec-gad-beam4", "cpu", 1, outputs(*beam), [0.03, 0.03]),
                 Measured("ct2-beam4", "cpu", 1, outputs((1, 2, 3), (4, 8)), [0.02, 0.02])]
     infos = {(m.system, "cpu"): WorkerInfo(0.1, 100.0, runtime={}) for m in measured}
     rows = {r["system"]: r for r in summarize(measured, examples, infos)["rows"]}
     assert rows["aggdec-beam4"]["exact_match_vs_beam_reference"] == 1.0
+    assert (rows["aggdec-gad-beam4"]["exact_match_vs_beam_reference"], rows["aggdec-gad-beam4"]["beam_reference"]) \
+        == (1.0, "hf-beam4")
     assert (rows["ct2-beam4"]["exact_match_vs_beam_reference"], rows["ct2-beam4"]["beam_reference"]) == (0.5, "hf-beam4")
     assert rows["aggdec-greedy"]["exact_match_vs_beam_reference"] is None
     assert [r["system"] for r in not_transformers_beam(list(rows.values()))] == ["aggdec-iad-beam4"]

@@ -60,6 +60,8 @@ SYSTEMS: tuple[SystemSpec, ...] = (
                beam_reference="hf-beam4"),
     SystemSpec("aggdec-iad-beam4", "aggdec", "aggdec IAD beam 4", {"mode": "iad", "num_beams": 4}, exact=False,
                beam_reference="hf-beam4"),
+    SystemSpec("aggdec-gad-beam4", "aggdec", "aggdec GAD beam 4", {"mode": "gad", "num_beams": 4}, exact=False,
+               needs_drafter=True, beam_reference="hf-beam4"),
     SystemSpec("hf-greedy", "transformers", "transformers greedy", {"num_beams": 1}, model_format="huggingface"),
     SystemSpec("hf-beam4", "transformers", "transformers beam 4", {"num_beams": 4}, exact=False,
                model_format="huggingface"),
