@@ -33,9 +33,10 @@ class Tuning:
     ``max_block``: IAD's longest draft block.
     ``beam_cost_ratio``: the prior cost of one more block position of a speculative beam
     search's iteration relative to a plain beam step, until the iterations measured have
-    varied in width (decoding/iad.py HypothesisSourceDraft). A beam call has N rows a text,
-    so one more position costs far more than IAD's one-row prior says: 0.2-0.6 measured for
-    beam 4 on the reference model's CPU iterations (benchmarks/results/beam-adaptive-cpu).
+    varied in width (decoding/hypothesis_drafts.py HypothesisDraft: IAD's and GAD's beams).
+    A beam call has N rows a text, so one more position costs far more than IAD's one-row
+    prior says: 0.2-0.6 measured for beam 4 on the reference model's CPU iterations
+    (benchmarks/results/beam-adaptive-cpu).
     ``length_classes``: source lengths (ascending) that split a server's arrival-order batch
     into cohorts (runtime/decoding/loop.py: decode). On the CPU a call's cost grows with the
     span its longest row makes every row attend over (benchmarks/results/serve-cpu); a GPU
