@@ -17,6 +17,7 @@ import pytest
 from aggdec.runtime.decoding.sizing import BlockOptions
 from aggdec.runtime.errors import BundleError, InputError
 from aggdec.runtime.generator import Generator
+from tests.runtime.test_drafter_source import layered_bundle  # noqa: F401 - a fixture
 from tests.runtime.test_lossless import random_texts
 from tests.support.tiny import make_editing_pair
 
@@ -182,3 +183,21 @@ def test_gad_beam_rests_where_the_drafter_call_does_not_pay(editing_gad_bundle):
     drafted_cheap = sum(d for r in cheap for d in r.stats.drafted)
     drafted_costly = sum(d for r in costly for d in r.stats.drafted)
     assert drafted_cheap > drafted_costly, (drafted_cheap, drafted_costly)
+
+
+def test_gad_beam_with_drafter_source_layers(layered_bundle):  # noqa: F811 - the fixture imported above
+    """A drafter with source layers of its own: they run once per source (its N rows share the
+    result, replicated as the encoder's), and the beams equal plain beam's."""
+    bundle, _ = layered_bundle("marian")
+    generator = Generator(bundle)
+    texts = random_texts(seed=43, count=5)
+    options = dict(num_beams=2, num_return_sequences=2, max_new_tokens=MAX_NEW)
+    plain = generator.generate(texts, batch_size=2, **options)
+    sources = []
+    run_source = generator.drafter.source.run
+    generator.drafter.source.run = lambda feeds: sources.append(len(feeds["encoder_attention_mask"])) or \
+        run_source(feeds)
+    spec = generator.generate(texts, mode="gad", block=BlockOptions(max_block=4, adaptive=False), batch_size=2,
+                              **options)
+    assert [r.sequences for r in spec] == [r.sequences for r in plain]
+    assert sum(sources) == len(texts)
