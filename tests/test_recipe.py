@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -126,3 +127,37 @@ def test_rare_char_rate_needs_byte_fallback(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--out", str(tmp_path), "--rare-char-rate", "0.1"])
     assert "--byte-fallback" in capsys.readouterr().err
+
+
+TINY = ["--threads", "1", "--seed", "0", "--vocab-size", "600", "--d-model", "32", "--heads", "2", "--ffn-dim", "64",
+        "--encoder-layers", "1", "--decoder-layers", "1", "--max-tokens", "300", "--dev-size", "8",
+        "--eval-every", "0", "--byte-fallback", "--rare-char-rate", "0.1"]
+
+
+def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The recipe as users run it, in its own process (it sets torch's global determinism)."""
+    return subprocess.run([sys.executable, str(RECIPE / "train.py"), "--out", str(out), *TINY, *extra],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_reaches_the_weights_of_an_uninterrupted_one(tmp_path):
+    """A CPU run of the small model spans hours: stopped at step 3 and resumed, it must end on
+    the same weights, bit for bit, as a run that went straight to step 6."""
+    whole = _train(tmp_path / "whole", "--max-steps", "6")
+    assert whole.returncode == 0, whole.stderr
+    first = _train(tmp_path / "parts", "--max-steps", "3")
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "parts" / "resume.pt").is_file()
+    second = _train(tmp_path / "parts", "--max-steps", "6", "--resume")
+    assert second.returncode == 0, second.stderr
+    assert "resumed at step 3" in second.stdout
+    weights = [(tmp_path / run / "model.safetensors").read_bytes() for run in ("whole", "parts")]
+    assert weights[0] == weights[1]
+    log = json.loads((tmp_path / "parts" / "train_log.json").read_text())
+    assert log["steps"] == 6 and log["resumed"][0]["step"] == 3
+    # a resumption with other options would train another model: refused, naming them
+    other = _train(tmp_path / "parts", "--max-steps", "9", "--resume", "--lr", "0.002")
+    assert other.returncode == 2 and "lr 0.001 -> 0.002" in other.stderr
+    missing = _train(tmp_path / "nothing", "--resume")
+    assert missing.returncode == 2 and "no " in missing.stderr and "resume.pt" in missing.stderr

@@ -13,6 +13,10 @@ Figures, for the model and for the copy system (hypothesis = source):
     has P = 1, R = 0, F0.5 = 0).
 Reference a1 is the primary one; the same figures against annotator a2 are reported too.
 
+Rare characters: a test source's characters that the tokenizer's pieces do not cover (they
+become byte tokens, or ``<unk>`` without byte fallback); ``rare_characters`` counts the sources
+that hold any and those whose hypothesis keeps every one of them (each as often as the source).
+
 Sources longer than the model's positions (more than ``--max-source-tokens`` subword tokens)
 are not decoded; their hypothesis is the source (counted in ``too_long_copied``).
 Writes ``evaluation.json`` and ``test_hypotheses.txt`` (one line per test pair, test order)
@@ -33,6 +37,29 @@ sys.path.insert(0, str(HERE))
 from data import load_pairs  # noqa: E402
 
 from aggdec.bench.scoring import score  # noqa: E402
+
+
+def rare_characters(tok, text: str, cache: dict[str, bool]) -> list[str]:
+    """The characters of ``text`` that ``tok`` spells with byte tokens or ``<unk>``."""
+    found = []
+    for char in text:
+        if char not in cache:
+            tokens = tok.convert_ids_to_tokens(tok(char, add_special_tokens=False)["input_ids"])
+            cache[char] = any(t == tok.unk_token or (t.startswith("<0x") and t.endswith(">")) for t in tokens)
+        if cache[char]:
+            found.append(char)
+    return found
+
+
+def rare_characters_kept(tok, sources: list[str], hyps: list[str]) -> dict:
+    cache: dict[str, bool] = {}
+    holding = kept = 0
+    for source, hyp in zip(sources, hyps):
+        chars = rare_characters(tok, source, cache)
+        if chars:
+            holding += 1
+            kept += all(hyp.count(c) >= source.count(c) for c in set(chars))
+    return {"sources_holding": holding, "kept_in_hypothesis": kept}
 
 
 def main(argv=None):
@@ -92,6 +119,7 @@ def main(argv=None):
         "copy_scores": score(sources, sources, refs1),
         "model_scores_ref_a2": score(sources, hyps, refs2),
         "copy_scores_ref_a2": score(sources, sources, refs2),
+        "rare_characters": rare_characters_kept(tok, sources, hyps),
         "tokenizer_roundtrip_test_sources": round(
             sum(tok.decode(e, skip_special_tokens=True) == s for e, s in zip(enc, sources)) / max(1, len(test)), 4),
     }
@@ -104,6 +132,8 @@ def main(argv=None):
           f"F0.5 {m['f0.5']:.4f} unchanged {m['unchanged_rate']:.4f} (tp {m['tp']}/{m['hyp_edits']} hyp, {m['ref_edits']} ref)")
     print(f"copy:  EM {c['exact_match']:.4f} P {c['precision']:.4f} R {c['recall']:.4f} "
           f"F0.5 {c['f0.5']:.4f} unchanged {c['unchanged_rate']:.4f}")
+    rare = result["rare_characters"]
+    print(f"rare characters kept in {rare['kept_in_hypothesis']} of the {rare['sources_holding']} sources holding any")
     print(f"decoded in {decode_s:.0f} s; wrote {out_dir / 'evaluation.json'}")
 
 

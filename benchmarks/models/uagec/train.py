@@ -18,6 +18,12 @@ Steps: (1) a ~8k BPE tokenizer (Metaspace, Marian specials ``</s>`` ``<unk>`` ``
 real pairs plus seeded synthetic pairs, stopped and saved when the time budget is spent;
 (4) ``save_pretrained`` as fp16 safetensors with the tokenizer, ``<pad>`` masked out of
 generation through ``final_logits_bias``, and ``train_log.json`` next to it.
+
+A CPU run of the small model takes hours on a shared machine, so at every dev evaluation the
+whole training state (weights, optimizer, step, the epoch's batch order, the random streams) is
+written to ``OUT/resume.pt``; ``--resume`` continues from it, with the same options, to the
+same weights an uninterrupted run reaches (on the CPU, where the run is deterministic).
+``--minutes`` is then the budget of the resumed part; ``--max-steps`` counts from step 0.
 """
 
 from __future__ import annotations
@@ -236,6 +242,20 @@ def dev_loss(model, examples, pad_id, max_tokens, device=torch.device("cpu"), bf
     return tot_nll / max(1, tot_tok)
 
 
+# ------------------------------------------------------------------ resuming
+
+RESUME_FILE = "resume.pt"
+# options that may change between a run and its resumption: they do not change the weights
+RESUME_FREE_ARGS = frozenset({"resume", "minutes", "max_steps", "eval_every"})
+
+
+def _write_resume(out: Path, state: dict) -> None:
+    """The training state, written whole or not at all (a run stopped mid-write keeps the last)."""
+    tmp = out / (RESUME_FILE + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, out / RESUME_FILE)
+
+
 # ------------------------------------------------------------------ main
 
 def main(argv=None):
@@ -271,7 +291,10 @@ def main(argv=None):
                     help="fraction of synthetic pairs given rare characters (emoji, other scripts) to copy; "
                          "needs --byte-fallback")
     ap.add_argument("--dev-size", type=int, default=400, help="held-out pairs of train for dev loss")
-    ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between dev evaluations")
+    ap.add_argument("--eval-every", type=float, default=5.0,
+                    help="minutes between dev evaluations (each one also writes OUT/resume.pt)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from OUT/resume.pt, written by an earlier run with the same options")
     args = ap.parse_args(argv)
     if args.rare_char_rate and not args.byte_fallback:
         ap.error("--rare-char-rate needs --byte-fallback: without byte tokens rare characters are <unk>")
@@ -301,6 +324,16 @@ def main(argv=None):
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    resumed = None
+    if args.resume:
+        if not (out / RESUME_FILE).is_file():
+            ap.error(f"--resume: no {out / RESUME_FILE} (an earlier run writes it at each dev evaluation)")
+        resumed = torch.load(out / RESUME_FILE, weights_only=False)
+        differ = sorted(k for k, v in vars(args).items()
+                        if k not in RESUME_FREE_ARGS and resumed["args"].get(k) != v)
+        if differ:
+            ap.error(f"--resume: options differ from the run that wrote {RESUME_FILE}: "
+                     + ", ".join(f"{k} {resumed['args'].get(k)!r} -> {getattr(args, k)!r}" for k in differ))
 
     # ---- data
     train = load_pairs("train")
@@ -411,19 +444,33 @@ def main(argv=None):
     except ImportError:  # pragma: no cover - both are imported above
         pass
     t_train = time.time()
-    d0 = dev_loss(model, dev_ex, pad_id, args.max_tokens, device, bf16)
-    log["evals"].append({"step": 0, "epoch": 0.0, "minutes": 0.0, "dev_nll": d0})
-    print(f"step 0 dev nll {d0:.3f}", flush=True)
-
-    best = {"dev_nll": d0, "step": 0, "state": None}
-    step, epoch, seen_tok = 0, 0, 0
-    next_eval = args.eval_every * 60.0
+    bat_rng = random.Random(args.seed + 2)
+    if resumed is None:
+        d0 = dev_loss(model, dev_ex, pad_id, args.max_tokens, device, bf16)
+        log["evals"].append({"step": 0, "epoch": 0.0, "minutes": 0.0, "dev_nll": d0})
+        print(f"step 0 dev nll {d0:.3f}", flush=True)
+        best = {"dev_nll": d0, "step": 0, "state": None}
+        step, epoch, seen_tok, done_in_epoch = 0, 0, 0, 0
+        next_eval = args.eval_every * 60.0
+    else:
+        model.load_state_dict(resumed["model"])
+        opt.load_state_dict(resumed["optimizer"])
+        torch.set_rng_state(resumed["torch_rng"])
+        bat_rng.setstate(resumed["epoch_rng"])  # as it was before this epoch's batches were drawn
+        step, epoch, seen_tok, done_in_epoch = (resumed[k] for k in ("step", "epoch", "seen_tok", "done_in_epoch"))
+        best, log["evals"] = resumed["best"], resumed["evals"]
+        log["resumed"] = log.get("resumed", []) + [{"step": step, "from_train_seconds": resumed["train_seconds"]}]
+        t_train -= resumed["train_seconds"]  # minutes and tokens/s continue the run's
+        next_eval = resumed["next_eval"]
+        print(f"resumed at step {step} (epoch {epoch}, batch {done_in_epoch}) from {out / RESUME_FILE}", flush=True)
     run_loss, run_nll, run_n = 0.0, 0.0, 0
     stop = False
-    bat_rng = random.Random(args.seed + 2)
     while not stop:
+        epoch_rng = bat_rng.getstate()
         batches = make_batches(examples, args.max_tokens, bat_rng)
         for bi, idx in enumerate(batches):
+            if bi < done_in_epoch:  # a resumed epoch: these batches were trained on before
+                continue
             inp, att, dec, lab = to_device(collate(examples, idx, pad_id), device)
             with autocast(device, bf16):
                 out_ = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec)
@@ -455,11 +502,17 @@ def main(argv=None):
                     best = {"dev_nll": d, "step": step,
                             "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
                 next_eval += args.eval_every * 60.0
+                _write_resume(out, {
+                    "args": vars(args), "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "epoch_rng": epoch_rng, "step": step, "epoch": epoch,
+                    "done_in_epoch": bi + 1, "seen_tok": seen_tok, "best": best, "evals": log["evals"],
+                    "train_seconds": time.time() - t_train, "next_eval": next_eval})
             if (time.time() - t_start) >= budget_s - save_reserve_s or step == args.max_steps:
                 stop = True
                 break
         else:
             epoch += 1
+            done_in_epoch = 0
 
     train_s = time.time() - t_train
     final_dev = log["evals"][-1]["dev_nll"]
