@@ -17,7 +17,8 @@ derived from the manifest alone:
   of them, or all) plus k [MASK] slots, k + 1 .. ``min(draft_window, max_target_len + SLACK) + k``;
 - ``output_rows`` and ``output_len`` (a shortlist bundle's ``output_ids``): one row per row or
   one row for all, 1 .. ``--max-batch``; a row's allowed ids, at most the whole vocabulary
-  (``--no-shortlist`` feeds every id).
+  (``--no-shortlist`` feeds every id); ``matrix_rows`` and ``matrix_len``, the verifier's kept
+  shortlist matrices (``output_rows``), empty when it gathers them itself.
 
 Fixed dims (heads, head_dim, d_model, top-k) are the manifest's integers. A dim name this
 module does not know is refused: an engine with a guessed range would fail at run time.
@@ -40,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggdec.runtime.decoding.cache import MIN_CAPACITY
+from aggdec.runtime.decoding.cache import MATRIX_STEP, MIN_CAPACITY
 from aggdec.runtime.decoding.verifier import SLACK
 from aggdec.runtime.errors import BundleError, InputError
 from aggdec.runtime.manifest import Manifest
@@ -88,8 +89,17 @@ def dim_ranges(manifest: Manifest, options: ProfileOptions) -> dict[str, Range]:
         "capacity": (capacity_min, max(capacity_min, min(64, capacity_max)), capacity_max),
     }
     if manifest.shortlist is not None:
+        vocab = manifest.vocab_size
+        # A row's list is at most the vocabulary, but where the slots keep their matrices
+        # (decoding/cache.py) lists are padded to the store's width, which grows by a quarter
+        # from below the vocabulary in MATRIX_STEPs; the verifier's kept matrices may also be
+        # empty (it gathers them itself).
+        longest = -(vocab * 5 // 4) // MATRIX_STEP * -MATRIX_STEP
+        opt = min(SHORTLIST_OPT_LEN, vocab)
         ranges["output_rows"] = (1, options.opt_batch, options.max_batch)
-        ranges["output_len"] = (1, min(SHORTLIST_OPT_LEN, manifest.vocab_size), manifest.vocab_size)
+        ranges["output_len"] = (1, opt, longest)
+        ranges["matrix_rows"] = (1, options.opt_batch, options.max_batch)
+        ranges["matrix_len"] = (0, opt, longest)
     if manifest.draft_k:
         k = int(manifest.draft_k)
         # the drafter reads the last draft_window output tokens (format 3; 0 or None: all of them)

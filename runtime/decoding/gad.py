@@ -125,6 +125,23 @@ class _Drafting:
     repeats: RepeatDrafts
 
 
+def call_drafter(drafter: Drafter, batch: Batch, rows: Sequence[Row], drafting: Sequence[int],
+                 pad_id: int) -> tuple[np.ndarray, float]:
+    """One drafter call for the rows at ``drafting`` (slots of ``rows``): their drafts, one row
+    each in that order, and the call's seconds."""
+    started = time.perf_counter()
+    hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
+    # the verifier's per-row shortlists (or one row of every id): a row drafts among its own
+    output_ids = batch.output_ids() if drafter.takes_output_ids else None
+    if len(drafting) < len(rows):
+        hidden, mask = hidden[drafting], mask[drafting]
+        if output_ids is not None and output_ids.shape[0] > 1:
+            output_ids = output_ids[drafting]
+    drafted = drafter.draft([rows[slot].trace.tokens for slot in drafting], [rows[slot].source for slot in drafting],
+                            hidden, mask, pad_id, output_ids)
+    return drafted, time.perf_counter() - started
+
+
 class DrafterDraft:
     """GAD's draft source: one drafter call for the whole batch, a draft length chosen per row.
 
@@ -177,18 +194,7 @@ class DrafterDraft:
                 sizes.append(size)
         if not drafting:
             return drafts
-        started = time.perf_counter()
-        hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
-        # the verifier's per-row shortlists (or one row of every id): a row drafts among its own
-        output_ids = batch.output_ids() if self.drafter.takes_output_ids else None
-        if len(drafting) < len(rows):
-            hidden, mask = hidden[drafting], mask[drafting]
-            if output_ids is not None and output_ids.shape[0] > 1:
-                output_ids = output_ids[drafting]
-        drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting],
-                                     [rows[slot].source for slot in drafting], hidden, mask, self.pad_id,
-                                     output_ids)
-        elapsed = time.perf_counter() - started
+        drafted, elapsed = call_drafter(self.drafter, batch, rows, drafting, self.pad_id)
         self.seconds += elapsed
         self.costs.observe_drafter(elapsed, len(rows))
         for place, (slot, size) in enumerate(zip(drafting, sizes)):
@@ -235,17 +241,7 @@ class HypothesisDrafterDraft(HypothesisDraft):
         drafts = [_EMPTY] * len(rows)
         if not drafting:
             return drafts
-        started = time.perf_counter()
-        hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
-        output_ids = batch.output_ids() if self.drafter.takes_output_ids else None
-        if len(drafting) < len(rows):
-            hidden, mask = hidden[drafting], mask[drafting]
-            if output_ids is not None and output_ids.shape[0] > 1:
-                output_ids = output_ids[drafting]
-        drafted = self.drafter.draft([rows[slot].trace.tokens for slot in drafting],
-                                     [rows[slot].source for slot in drafting], hidden, mask, self.pad_id,
-                                     output_ids)
-        elapsed = time.perf_counter() - started
+        drafted, elapsed = call_drafter(self.drafter, batch, rows, drafting, self.pad_id)
         self.seconds += elapsed
         if self.costs is not None:
             self.costs.observe_drafter(elapsed, len(rows))

@@ -118,7 +118,7 @@ def test_shortlist_bundles_get_profiles_for_each_rows_output_ids(tmp_path):
     manifest = load_manifest(tmp_path / "bundle")
     options = ProfileOptions(max_batch=4, max_block=8)
     verifier = profiles(manifest, options)["verifier"]["output_ids"]
-    assert verifier["max"] == [4, manifest.vocab_size] and verifier["min"] == [1, 1]
+    assert verifier["max"][0] == 4 and verifier["max"][1] >= manifest.vocab_size and verifier["min"] == [1, 1]
     texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(1 + i % 7)) for i in range(10)]
     for shortlist in (True, False):
         generator = Generator(tmp_path / "bundle", io_binding=False, shortlist=shortlist)

@@ -483,6 +483,18 @@ def test_int8_recurrent_bundle_decodes_exactly_against_its_own_greedy(tiny, conv
         assert [r.ids for r in iad] == greedy
 
 
+def exact_against_own_greedy(bundle: Path, shortlist: bool, io_binding: bool) -> list[list[int]]:
+    """A quantized bundle is exact against itself: greedy at batch 1 equals greedy at batch 8,
+    and IAD equals it at both; returns the greedy ids."""
+    generator = Generator(bundle, io_binding=io_binding, shortlist=shortlist)
+    greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
+    assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=1)] == greedy
+    for batch_size in (1, 8):
+        iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+        assert [r.ids for r in iad] == greedy, (shortlist, io_binding, batch_size)
+    return greedy
+
+
 def test_int8_shortlist_bundle_decodes_exactly_against_its_own_greedy_over_each_rows_list(tiny, converted):
     """`aggdec quantize` of an SSRU bundle with a shortlist: the table is carried over, every output
     id is in its sentence's list, greedy does not depend on batching, and IAD equals greedy at
@@ -495,12 +507,7 @@ def test_int8_shortlist_bundle_decodes_exactly_against_its_own_greedy_over_each_
     sources = [e.ids for e in Tokenizer.from_file(str(int8 / "tokenizer.json")).encode_batch(TEXTS)]  # with </s>
     for shortlist in (True, False):
         for io_binding in (True, False):
-            generator = Generator(int8, io_binding=io_binding, shortlist=shortlist)
-            greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
-            assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=1)] == greedy
-            for batch_size in (1, 8):
-                iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
-                assert [r.ids for r in iad] == greedy, (shortlist, io_binding, batch_size)
+            greedy = exact_against_own_greedy(int8, shortlist, io_binding)
             if shortlist:  # the start token (</s>, id 0) is below the table's first id: always allowed
                 for source, ids in zip(sources, greedy):
                     assert set(ids) <= set(lists.for_source(source).tolist())
@@ -651,12 +658,7 @@ def test_two_pass_int8_keeps_marians_int8_weights_and_decodes_exactly_against_it
 
     for use_shortlist in ((True, False) if shortlist else (True,)):
         for io_binding in (True, False):
-            generator = Generator(two_pass, io_binding=io_binding, shortlist=use_shortlist)
-            greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=8)]
-            assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, batch_size=1)] == greedy
-            for batch_size in (1, 8):
-                iad = generator.generate(TEXTS, mode="iad", max_new_tokens=MAX_NEW, batch_size=batch_size)
-                assert [r.ids for r in iad] == greedy, (use_shortlist, io_binding, batch_size)
+            exact_against_own_greedy(two_pass, use_shortlist, io_binding)
 
 
 def test_float_products_stay_float_and_the_bundle_stays_exact(tiny, tmp_path):
