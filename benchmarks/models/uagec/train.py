@@ -246,7 +246,7 @@ def dev_loss(model, examples, pad_id, max_tokens, device=torch.device("cpu"), bf
 
 RESUME_FILE = "resume.pt"
 # options that may change between a run and its resumption: they do not change the weights
-RESUME_FREE_ARGS = frozenset({"resume", "minutes", "max_steps", "eval_every"})
+RESUME_FREE_ARGS = frozenset({"out", "resume", "minutes", "max_steps", "eval_every"})
 
 
 def _write_resume(out: Path, state: dict) -> None:
