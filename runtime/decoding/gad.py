@@ -35,7 +35,7 @@ from ..bundle_probe import check_ids
 from ..session import Session
 from .alignment import MIN_REPEAT, source_position_offsets
 from .hypothesis_drafts import HypothesisDraft
-from .loop import Row
+from .loop import NO_DRAFT, Row
 from .repetition import RepeatDrafts
 from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost, ReplayPayoff
 from .verifier import Batch
@@ -173,14 +173,13 @@ class DrafterDraft:
         row.state = _Drafting(BlockSizer(self.options, self.prior), RepeatDrafts(self.options))
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
-        empty = np.zeros(0, dtype=np.int64)
         if batch.last_call is not None and batch.last_call is not self._last_call:  # the call since the last proposal
             self._last_call = batch.last_call
             self.costs.observe(*batch.last_call)
         _one_token, ratio = self.costs.fit(len(rows))  # at this batch's width: a loaded batch drafts less
         fixed = self.costs.drafter_cost(len(rows))
         block_cost = self.costs.block_cost(ratio, self.k)  # once per iteration, shared by the rows
-        drafts = [empty] * len(rows)
+        drafts = [NO_DRAFT] * len(rows)
         drafting, sizes = [], []
         for slot, (row, room) in enumerate(zip(rows, rooms)):
             state: _Drafting = row.state
@@ -238,7 +237,7 @@ class HypothesisDrafterDraft(HypothesisDraft):
     def _drafts(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int], size: int) -> list[np.ndarray]:
         size = min(size, self.drafter.k)
         drafting = [slot for slot, room in enumerate(rooms) if room > 0]
-        drafts = [_EMPTY] * len(rows)
+        drafts = [NO_DRAFT] * len(rows)
         if not drafting:
             return drafts
         drafted, elapsed = call_drafter(self.drafter, batch, rows, drafting, self.pad_id)
@@ -249,5 +248,3 @@ class HypothesisDrafterDraft(HypothesisDraft):
             drafts[slot] = drafted[place, : min(size, rooms[slot])]
         return drafts
 
-
-_EMPTY = np.zeros(0, dtype=np.int64)

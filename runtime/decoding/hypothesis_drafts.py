@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .loop import Row
+from .loop import NO_DRAFT, Row
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost, ReplayPayoff
 from .verifier import Batch
 
@@ -94,7 +94,7 @@ class HypothesisDraft:
             self._current = self._iterations[id(batch)] = _Iteration(time.perf_counter())
         size = self._size(batch, rows)
         if size == 0:
-            return [_EMPTY] * len(rows)
+            return [NO_DRAFT] * len(rows)
         before = self.seconds
         drafts = self._drafts(batch, rows, rooms, size)
         if self._current is not None:
@@ -179,5 +179,3 @@ class _Rests:
     length: int = FIRST_REST  # the next rest's length
     probe: bool = False  # the rest just ended: try drafting once
 
-
-_EMPTY = np.zeros(0, dtype=np.int64)

@@ -24,7 +24,7 @@ import numpy as np
 from .alignment import MAX_REPEAT_MATCH, SENTINEL as _SENTINEL, align
 from .hypothesis_drafts import FIRST_REST, HypothesisDraft  # noqa: F401 (FIRST_REST: where IAD's beam rests are read)
 from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost
-from .loop import Row
+from .loop import NO_DRAFT, Row
 from .repetition import RepeatDrafts
 from .verifier import Batch
 
@@ -131,8 +131,6 @@ class HypothesisSourceDraft(HypothesisDraft):
             output = np.asarray([_SENTINEL, *row.trace.tokens[1:]], dtype=np.int64)
             at = None if k == 0 else align(output, source)
             k = 0 if at is None else min(len(source) - at - 1, k)
-            drafts.append(source[at + 1 : at + 1 + k] if k > 0 else _EMPTY)  # type: ignore[operator]
+            drafts.append(source[at + 1 : at + 1 + k] if k > 0 else NO_DRAFT)  # type: ignore[operator]
         return drafts
 
-
-_EMPTY = np.zeros(0, dtype=np.int64)

@@ -32,6 +32,10 @@ from .beam import BeamGroup, BeamRules, Hypothesis
 from .common import DecodeLimits, RowTrace, Verification
 from .verifier import Batch, Verifier
 
+# A row's empty draft, shared: drafts are only read (concatenated after the row's tokens)
+NO_DRAFT = np.zeros(0, dtype=np.int64)
+NO_DRAFT.flags.writeable = False
+
 WIDTH_QUANTILE = 0.5
 
 
@@ -83,7 +87,7 @@ class NoDraft:
         pass
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
-        return [np.zeros(0, dtype=np.int64)] * len(rows)
+        return [NO_DRAFT] * len(rows)
 
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         pass

@@ -48,6 +48,15 @@ ENCODER_CALL_TOKENS = {"cpu": 6, "cuda": 2048}  # by the session's device (a Ten
 KEPT_MATRIX_SLOTS = 4
 
 
+def padded_lists(allowed: list[np.ndarray], width: int = 0) -> np.ndarray:
+    """Rows' shortlists as one [rows, L] array, -1 padded; L is the longest list, or ``width``
+    where that is wider (the rows' kept matrices)."""
+    out = np.full((len(allowed), max(width, max(len(ids) for ids in allowed))), -1, dtype=np.int64)
+    for row, ids in enumerate(allowed):
+        out[row, : len(ids)] = ids
+    return out
+
+
 def length_groups(lengths: list[int], call_tokens: int) -> list[range]:
     """Split ``lengths`` into consecutive runs, one encoder call each, at the least cost.
 
@@ -110,6 +119,7 @@ class Batch:
         self._output_ids: np.ndarray | None = None
         self._output_layout = -1
         self._rows_fed: np.ndarray | None = None  # the output_rows bound, kept alive with the binding
+        self._no_rows = np.zeros((1, 0, self.buffers.d_model), self.buffers.dtype)  # "gather them yourself"
 
     @property
     def rows(self) -> int:
@@ -154,10 +164,7 @@ class Batch:
                 self._output_ids = np.arange(self._verifier.manifest.vocab_size, dtype=np.int64)[None]
             else:  # as wide as the rows' kept matrices, if they are kept
                 allowed = self._allowed[: self.rows]
-                width = self.buffers.matrix_len if self.buffers.keeps_matrices else max(len(ids) for ids in allowed)
-                self._output_ids = np.full((self.rows, width), -1, dtype=np.int64)
-                for row, ids in enumerate(allowed):
-                    self._output_ids[row, : len(ids)] = ids
+                self._output_ids = padded_lists(allowed, self.buffers.matrix_len if self.buffers.keeps_matrices else 0)
             self._output_layout = self.buffers.layout
         return self._output_ids
 
@@ -165,9 +172,7 @@ class Batch:
         """The verifier's ``output_rows`` (a verifier that takes them): each row's gathered
         output matrix as kept since its admission, or an empty one over the whole vocabulary
         (the graph then gathers every id's row itself)."""
-        if self.buffers.keeps_matrices:
-            return self.buffers.matrices()
-        return np.zeros((1, 0, self.buffers.d_model), self.buffers.dtype)
+        return self.buffers.matrices() if self.buffers.keeps_matrices else self._no_rows
 
     def _encode(self, sources: list[list[int]], pad_id: int, copies: int = 1,
                 allowed: list[np.ndarray] | None = None) -> None:
@@ -183,9 +188,7 @@ class Batch:
         matrix_lens = None
         if self.buffers.keeps_matrices and allowed is not None:
             matrix_lens = np.array([len(ids) for ids in allowed], dtype=np.int64)
-            feeds["output_ids"] = np.full((len(allowed), int(matrix_lens.max())), -1, dtype=np.int64)
-            for row, ids in enumerate(allowed):
-                feeds["output_ids"][row, : len(ids)] = ids
+            feeds["output_ids"] = padded_lists(allowed)
         started = time.perf_counter()
         out = self._verifier.encoder.run(feeds)
         # a draft source's per-source work (drafter_source) counts as encoding: once per row
