@@ -1,4 +1,5 @@
-"""Load-time probe: every graph run once at the edges of the manifest's vocabulary.
+"""Load-time probes: every graph run once at the edges of the manifest's vocabulary, and the
+encoder and verifier at the edges of its lengths (:func:`probe_lengths`).
 
 A graph's IO says nothing of its vocabulary (token ids go in and out as int64 of any value),
 and the runtime does not parse ONNX to count an embedding's rows. So, after the IO checks of
@@ -31,6 +32,9 @@ from .graph_specs import drafter_takes_output_ids, takes_output_rows
 from .manifest import Manifest
 
 _PROBE_CAPACITY = 2  # decoder buffer positions the verifier probe gets (it writes two)
+# the longest source and output the length probe runs: an encoder call's attention grows with
+# the square of its length, and a manifest may claim up to bundle_schema.MAX_SEQUENCE_LEN
+PROBE_MAX_LEN = 4096
 
 
 def check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
@@ -54,7 +58,6 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     and returns ids within the vocabulary (the module docstring)."""
     m = manifest
     last = m.vocab_size - 1
-    act = np.dtype(ACTIVATION_DTYPES[m.precision])
     source = np.array([[last, m.eos_token_id]], dtype=np.int64)
     mask = np.ones_like(source)
     probe = f"token id {last}, the last of manifest vocab_size {m.vocab_size}"
@@ -62,19 +65,7 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     # an encoder that gathers each row's output matrix gathers the vocabulary's last row here
     encoded = _run(sessions["encoder"], "encoder", {"input_ids": source, "attention_mask": mask,
                                                     **({"output_ids": np.array([[last]])} if rows else {})}, probe)
-    empty = np.zeros((1, m.num_heads, _PROBE_CAPACITY, m.head_dim), dtype=act)
-    feeds = {
-        "input_ids": np.array([[m.decoder_start_token_id, last]], dtype=np.int64),
-        "past_lengths": np.zeros(1, dtype=np.int64),
-        **{name: empty.copy() for name in self_cache_names(m.decoder_layers, m.cache_kind)},
-        **{name: encoded[name] for name in cross_names(m.decoder_layers)},
-        "encoder_attention_mask": mask,
-        # a shortlist bundle's verifier projects onto the ids it is given: all of them, so that
-        # the vocabulary's last row is looked up too
-        **({"output_ids": np.arange(m.vocab_size, dtype=np.int64)[None]} if m.shortlist is not None else {}),
-        # and gathers their rows itself (an empty output_rows)
-        **({"output_rows": np.zeros((1, 0, m.d_model), dtype=act)} if rows else {}),
-    }
+    feeds = _verifier_feeds(m, encoded, mask, [m.decoder_start_token_id, last], past=0, capacity=_PROBE_CAPACITY)
     verified = _run(sessions["verifier"], "verifier", feeds, probe)
     check_ids(verified["top_ids"], m.vocab_size, "the verifier")
     if "verifier_argmax" in sessions:  # the same decoder with another head: the same best ids, bitwise
@@ -101,3 +92,55 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
         **({"output_ids": feeds["output_ids"]} if drafter_takes_output_ids(m) else {}),  # every id, as the verifier's
     }, f"{probe} and its [MASK] id {m.mask_token_id}")
     check_ids(drafted["draft_ids"], m.vocab_size, f"the {drafter} graph")
+
+
+def _verifier_feeds(m: Manifest, encoded: Mapping[str, np.ndarray], mask: np.ndarray, ids: list[int], past: int,
+                    capacity: int) -> dict[str, np.ndarray]:
+    """One row's verifier inputs: ``ids`` written at positions ``past``.. of zeroed buffers of
+    ``capacity`` positions, attending to the ``encoded`` source."""
+    act = np.dtype(ACTIVATION_DTYPES[m.precision])
+    empty = np.zeros((1, m.num_heads, capacity, m.head_dim), dtype=act)
+    return {
+        "input_ids": np.array([ids], dtype=np.int64),
+        "past_lengths": np.full(1, past, dtype=np.int64),
+        **{name: empty.copy() for name in self_cache_names(m.decoder_layers, m.cache_kind)},
+        **{name: encoded[name] for name in cross_names(m.decoder_layers)},
+        "encoder_attention_mask": mask,
+        # a shortlist bundle's verifier projects onto the ids it is given: all of them, so that
+        # the vocabulary's last row is looked up too
+        **({"output_ids": np.arange(m.vocab_size, dtype=np.int64)[None]} if m.shortlist is not None else {}),
+        # and gathers their rows itself (an empty output_rows)
+        **({"output_rows": np.zeros((1, 0, m.d_model), dtype=act)} if takes_output_rows(m) else {}),
+    }
+
+
+def probe_lengths(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
+    """Raise :class:`BundleError` unless the encoder takes a source of the manifest's
+    ``max_source_len`` tokens and the verifier a token at the last of its ``max_target_len``
+    positions.
+
+    The limits are the manifest's word, and the decode loop trusts them (it refuses longer
+    texts and sizes its buffers by them); a graph whose position table is shorter (learned
+    positions traced from another config, or a manifest that promises more) would otherwise
+    load and then fail on the first long text, mid-batch, taking the rows decoded beside it
+    along. One encoder call at the full source length is the cost, once per load; limits past
+    :data:`PROBE_MAX_LEN` are probed at that length (no position table of the supported
+    families is longer)."""
+    m = manifest
+    source_len, target_len = min(m.max_source_len, PROBE_MAX_LEN), min(m.max_target_len, PROBE_MAX_LEN)
+    source = np.full((1, source_len), m.eos_token_id, dtype=np.int64)
+    mask = np.ones_like(source)
+    probe = f"a source of {source_len} tokens (the manifest's max_source_len is {m.max_source_len})"
+    feeds = {"input_ids": source, "attention_mask": mask,
+             **({"output_ids": np.array([[m.eos_token_id]])} if takes_output_rows(m) else {})}
+    _run(sessions["encoder"], "encoder", feeds, probe)
+    short = np.array([[m.eos_token_id, m.eos_token_id]], dtype=np.int64)
+    encoded = _run(sessions["encoder"], "encoder", {**feeds, "input_ids": short, "attention_mask": np.ones_like(short)},
+                   probe)
+    last = target_len - 1
+    for graph in ("verifier", "verifier_argmax"):
+        if graph in sessions:
+            _run(sessions[graph], graph,
+                 _verifier_feeds(m, encoded, np.ones_like(short), [m.decoder_start_token_id], past=last,
+                                 capacity=target_len),
+                 f"a token at position {last} (the manifest's max_target_len is {m.max_target_len})")

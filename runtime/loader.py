@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bundle_checks import check_consistency
-from .bundle_probe import probe_vocabulary
+from .bundle_probe import probe_lengths, probe_vocabulary
 from .decoding.gad import Drafter
 from .decoding.shortlist import Shortlist, load_shortlist
 from .devices import SessionRequest, session_factory
@@ -126,6 +126,7 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     check_consistency(manifest, sessions, codec.vocab_size, codec.special_ids)
     if getattr(factory, "probes_vocabulary", True):
         probe_vocabulary(manifest, sessions)  # and their vocabulary, which their IO does not show
+        probe_lengths(manifest, sessions)  # and the lengths the manifest promises
     drafter = None
     if chosen is not None:
         drafter = Drafter(sessions[chosen], int(manifest.draft_k or 0), int(manifest.mask_token_id or 0),

@@ -373,16 +373,32 @@ def test_a_graph_that_fails_on_valid_inputs_is_an_error_naming_it(bundle_copy):
             for index, name in enumerate(where):
                 if name == "encoder_hidden_states":
                     where[index] = "hidden.raw"
-    # reshaped to two source positions: it runs on the load-time probe's two-token source and
-    # fails on longer ones, which no load-time check can see
-    shape = np.array([1, 2, manifest["d_model"]], np.int64)
-    model.graph.initializer.append(numpy_helper.from_array(shape, "two.positions"))
-    model.graph.node.append(helper.make_node("Reshape", ["hidden.raw", "two.positions"], ["encoder_hidden_states"]))
+    # squeezed to one row and back: it runs on the load-time probes' one-row sources and fails
+    # on two rows at once, which no load-time check can see
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), "row.axis"))
+    model.graph.node.extend([helper.make_node("Squeeze", ["hidden.raw", "row.axis"], ["hidden.one"]),
+                             helper.make_node("Unsqueeze", ["hidden.one", "row.axis"], ["encoder_hidden_states"])])
     onnx.save(model, str(bundle_copy / spec["file"]))
     manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
     write(bundle_copy, manifest)
-    with pytest.raises(GraphRunError, match=r"encoder.onnx \(encoder\) failed on inputs input_ids \[1, \d+\]"):
-        Generator(bundle_copy).generate(["w1 w2 w3"], max_new_tokens=4)
+    generator = Generator(bundle_copy)
+    assert generator.generate(["w1 w2 w3"], max_new_tokens=4)[0].ids  # one row decodes
+    with pytest.raises(GraphRunError, match=r"encoder.onnx \(encoder\) failed on inputs input_ids \[2, \d+\]"):
+        generator.generate(["w1 w2 w3", "w4 w5"], max_new_tokens=4, batch_size=2)
+
+
+def test_a_manifest_promising_longer_sources_than_the_encoder_holds_is_refused_at_load(bundle_copy, capsys):
+    """The tiny Marian's encoder has a position table of fixed size; a manifest that promises
+    longer sources is refused when it is opened, naming the limit, not on the first long text.
+    (The decoder's positions are clamped to its table, for a batch's padding past a row's end,
+    so a longer max_target_len cannot be seen from its outputs: the export caps it.)"""
+    manifest = read(bundle_copy)
+    longer = 4 * manifest["max_source_len"]
+    manifest["max_source_len"] = longer
+    write(bundle_copy, manifest)
+    with pytest.raises(BundleError, match=f"a source of {longer} tokens \\(the manifest's max_source_len"):
+        Generator(bundle_copy)
+    assert_cli_one_error(bundle_copy, capsys, "max_source_len")
 
 
 # ------------------------------------------------- every byte the runtime reads is hashed
