@@ -15,7 +15,8 @@ or a GPU; the README (TensorRT) gives the commands that verify it on a TensorRT 
 
 from . import runtime  # noqa: F401 - registers device "tensorrt" with aggdec.runtime.devices
 from .build import BuildOptions, build_engines, plan
-from .profiles import ProfileOptions, Target, default_engines_dir, dim_ranges, engine_key, graph_profile, profiles
+from .profiles import (ProfileOptions, Target, bundle_profiles, default_engines_dir, dim_ranges, engine_key,
+                       graph_profile)
 
-__all__ = ["BuildOptions", "ProfileOptions", "Target", "build_engines", "default_engines_dir", "dim_ranges",
-           "engine_key", "graph_profile", "plan", "profiles"]
+__all__ = ["BuildOptions", "ProfileOptions", "Target", "build_engines", "bundle_profiles", "default_engines_dir",
+           "dim_ranges", "engine_key", "graph_profile", "plan"]

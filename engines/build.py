@@ -23,10 +23,10 @@ from aggdec.runtime.manifest import Manifest, load_manifest, manifest_digest
 from .profiles import (
     EngineEntry,
     ProfileOptions,
+    bundle_profiles,
     default_engines_dir,
     engine_file,
     engine_key,
-    profiles,
     read_engines_manifest,
     write_engines_manifest,
 )
@@ -71,7 +71,7 @@ def plan(bundle: str | Path, out: str | Path | None, options: BuildOptions) -> P
     if target.exists() and not target.is_dir():
         raise InputError(f"--out {str(target)!r} exists and is not a directory.")
     read_engines_manifest(target, digest)  # refuse a directory holding another bundle's engines now
-    return Plan(bundle, target, manifest, digest, profiles(manifest, options.profile))
+    return Plan(bundle, target, manifest, digest, bundle_profiles(manifest, options.profile))
 
 
 def build_engines(bundle: str | Path, out: str | Path | None = None, options: BuildOptions = BuildOptions(),

@@ -133,7 +133,7 @@ def graph_profile(manifest: Manifest, graph: str, options: ProfileOptions) -> di
     return profile
 
 
-def profiles(manifest: Manifest, options: ProfileOptions) -> dict[str, dict[str, dict[str, list[int]]]]:
+def bundle_profiles(manifest: Manifest, options: ProfileOptions) -> dict[str, dict[str, dict[str, list[int]]]]:
     """Every graph's profile, in build order."""
     return {graph: graph_profile(manifest, graph, options) for graph in GRAPHS if graph in manifest.graphs}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aggdec.engines import BuildOptions, ProfileOptions, Target, engine_key, plan, profiles
+from aggdec.engines import BuildOptions, ProfileOptions, Target, bundle_profiles, engine_key, plan
 from aggdec.engines.profiles import (
     EngineEntry,
     EnginesManifest,
@@ -49,7 +49,7 @@ def one_error_line(result: subprocess.CompletedProcess, needle: str) -> None:
 def test_every_input_gets_a_profile_with_the_manifest_dims(reference_bundle):
     manifest = load_manifest(reference_bundle)
     options = ProfileOptions(max_batch=8, opt_batch=2, max_block=32)
-    built = profiles(manifest, options)
+    built = bundle_profiles(manifest, options)
     assert list(built) == ["encoder", "verifier", "verifier_argmax", "drafter"]
     for graph, profile in built.items():
         spec = manifest.graph(graph)
@@ -84,7 +84,7 @@ def _assert_fed_shapes_within_profiles(generator: Generator, texts: list[str], m
         session.run = recording
     for mode in modes:
         generator.generate(texts, mode=mode, batch_size=options.max_batch)
-    built = profiles(generator.manifest, options)
+    built = bundle_profiles(generator.manifest, options)
     for graph, calls in seen.items():
         for call in calls:
             for name, shape in call.items():
@@ -117,7 +117,7 @@ def test_shortlist_bundles_get_profiles_for_each_rows_output_ids(tmp_path):
     export_bundle(folder, tmp_path / "bundle", progress=None, max_source_len=64, max_target_len=64)
     manifest = load_manifest(tmp_path / "bundle")
     options = ProfileOptions(max_batch=4, max_block=8)
-    verifier = profiles(manifest, options)["verifier"]["output_ids"]
+    verifier = bundle_profiles(manifest, options)["verifier"]["output_ids"]
     assert verifier["max"][0] == 4 and verifier["max"][1] >= manifest.vocab_size and verifier["min"] == [1, 1]
     texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(1 + i % 7)) for i in range(10)]
     for shortlist in (True, False):
@@ -132,11 +132,11 @@ def test_unknown_dims_and_bad_options_are_refused(reference_bundle):
     odd = dataclasses.replace(spec, inputs=(dataclasses.replace(spec.inputs[0], dims=("batch", "mystery")),))
     strange = dataclasses.replace(manifest, graphs={**manifest.graphs, "verifier": odd})
     with pytest.raises(BundleError, match="'mystery'"):
-        profiles(strange, ProfileOptions())
+        bundle_profiles(strange, ProfileOptions())
     for bad, needle in ((ProfileOptions(max_batch=0), "max-batch"), (ProfileOptions(max_batch=2, opt_batch=4),
                                                                      "opt-batch 4 exceeds max-batch 2")):
         with pytest.raises(InputError, match=needle):
-            profiles(manifest, bad)
+            bundle_profiles(manifest, bad)
     with pytest.raises(InputError, match="workspace"):
         plan(reference_bundle, None, BuildOptions(workspace_mib=1))
 
@@ -144,13 +144,13 @@ def test_unknown_dims_and_bad_options_are_refused(reference_bundle):
 def test_engine_keys_change_with_everything_an_engine_depends_on(reference_bundle):
     manifest = load_manifest(reference_bundle)
     digest = manifest_digest(reference_bundle)
-    profile = profiles(manifest, ProfileOptions())["verifier"]
+    profile = bundle_profiles(manifest, ProfileOptions())["verifier"]
     key = engine_key(digest, "verifier", profile, H100)
     assert key == engine_key(digest, "verifier", json.loads(json.dumps(profile)), H100)
     others = [
         engine_key("0" * 64, "verifier", profile, H100),
         engine_key(digest, "encoder", profile, H100),
-        engine_key(digest, "verifier", profiles(manifest, ProfileOptions(max_batch=32))["verifier"], H100),
+        engine_key(digest, "verifier", bundle_profiles(manifest, ProfileOptions(max_batch=32))["verifier"], H100),
         engine_key(digest, "verifier", profile, dataclasses.replace(H100, gpu="NVIDIA A100-SXM4-80GB",
                                                                     compute_capability="8.0")),
         engine_key(digest, "verifier", profile, dataclasses.replace(H100, tensorrt="10.14.1")),

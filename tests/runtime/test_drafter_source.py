@@ -176,11 +176,11 @@ def test_a_manifest_with_source_layers_but_no_drafter_is_refused(layered_bundle,
 
 
 def test_the_source_layers_get_a_tensorrt_profile_that_covers_every_call(layered_bundle):
-    from aggdec.engines.profiles import ProfileOptions, profiles, shape_error
+    from aggdec.engines.profiles import ProfileOptions, bundle_profiles, shape_error
 
     bundle, _ = layered_bundle("mbart")
     generator = Generator(bundle, io_binding=False, int8_drafter=False)
-    built = profiles(generator.manifest, ProfileOptions(max_batch=8, max_block=64))
+    built = bundle_profiles(generator.manifest, ProfileOptions(max_batch=8, max_block=64))
     assert list(built) == ["encoder", "verifier", "verifier_argmax", "drafter", "drafter_source"]
     seen = []
     source = generator.drafter.source
