@@ -104,7 +104,9 @@ class DecodeOptions:
     transformers' rules (``decoding/beam.py``): ``length_penalty`` (default 1.0),
     ``early_stopping`` (True, False or "never"; default False) and ``num_return_sequences``
     (1 to ``num_beams``; default 1) as ``generate`` takes them. N beams need a verifier top-k
-    of at least 2N.
+    of at least 2N. On a bundle with Marian's rules (``OptionLimits.beam_family``,
+    ``decoding/marian_beam.py``) ``length_penalty`` is Marian's ``normalize`` (default: the
+    bundle's), ``early_stopping`` is refused, and a top-k of N suffices.
 
     >>> DecodeOptions("gad++", beta=2).mode
     <Mode.GAD_PLUS: 'gad++'>
