@@ -326,7 +326,7 @@ FIELDS: dict[str, Rule] = {
     # Marian's max-length-factor: a row's output cap is ceil(factor x its source length)
     "max_length_factor": optional(number(0, MAX_SEQUENCE_LEN, above=True)),
     "suppression": optional(one_of(SUPPRESSION_ORDERS)),
-    # whose beam search the bundle follows (decoding/beam.py FAMILIES) with Marian's scoring options
+    # whose beam search the bundle follows (decoding/loop.py BEAM_GROUPS) with Marian's scoring options
     "beam_rules": optional(obj({"family": one_of(BEAM_FAMILIES), "normalize": number(-1e3, 1e3),
                                 "word_penalty": number(-1e3, 1e3)})),
 }

@@ -40,19 +40,14 @@ ONNX TopK's order; torch's ``topk`` does not document its order for ties.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .common import DecodeLimits, RowTrace
 
-if TYPE_CHECKING:
-    from .marian_beam import MarianBeamGroup
-
 NEG = np.float32(-1.0e9)  # transformers' stand-in for "never": added, in float32
 EARLY_STOPPING = (True, False, "never")
-# whose beam search a bundle's beams follow (the manifest's ``beam_rules``)
-FAMILIES = ("transformers", "marian")
 
 
 @dataclass(frozen=True)
@@ -74,14 +69,6 @@ class BeamRules:
         """The verifier's candidates a step needs per hypothesis: transformers keeps
         ``beams_to_keep`` = 2N continuations a step (one EOS id), Marian N."""
         return self.num_beams if self.family == "marian" else 2 * self.num_beams
-
-    def group(self, limits: DecodeLimits) -> BeamGroup | MarianBeamGroup:
-        """A new request's state under these rules (a BeamGroup or a MarianBeamGroup)."""
-        if self.family == "marian":
-            from .marian_beam import MarianBeamGroup  # imports this module: here, not at the top
-
-            return MarianBeamGroup(self, limits)
-        return BeamGroup(self, limits)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ NO_DRAFT = np.zeros(0, dtype=np.int64)
 NO_DRAFT.flags.writeable = False
 
 WIDTH_QUANTILE = 0.5
+# a beam request's state, by whose rules it searches (BeamRules.family; the manifest's beam_rules)
+BEAM_GROUPS: dict[str, type[BeamGroup] | type[MarianBeamGroup]] = {"transformers": BeamGroup,
+                                                                  "marian": MarianBeamGroup}
 
 
 @dataclass
@@ -386,7 +389,7 @@ def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLim
     for work in arrived:
         # a per-source cap (Marian's max-length-factor) is set here, from the row's own source
         row_limits = (work.limits or limits).for_source(len(work.source))
-        group = None if beams is None else beams.group(row_limits)
+        group = None if beams is None else BEAM_GROUPS[beams.family](beams, row_limits)
         for beam in range(copies):
             row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
                       limits=row_limits, group=group, beam=beam)
