@@ -31,7 +31,7 @@ from aggdec.runtime.errors import InputError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.manifest import BundleFiles, load_manifest
 from aggdec.runtime.tokenizer import TextCodec
-from tests.export.test_marian import TEXTS, gad_marian, tiny  # noqa: F401 - fixtures
+from tests.export.test_marian import TEXTS, tiny  # noqa: F401 - a fixture
 from tests.support.marian import add_shortlist, write_model
 
 MAX_NEW = 20
@@ -200,8 +200,30 @@ def test_iad_beams_equal_plain_beams(tiny):
                         assert any(max(r.stats.accepted) > 1 for r in got)
 
 
-def test_gad_beams_equal_plain_beams_and_the_specification(gad_marian):
-    _folder, bundle = gad_marian
+@pytest.fixture(scope="module")
+def gad_repeating(tmp_path_factory):
+    """A tiny SSRU Marian folder exported with an untrained drafter of k = 6 whose head always
+    proposes "▁red" (id 14), a token the tiny model's beams repeat on some sources: its
+    drafts are then sometimes on every hypothesis's path, and beam steps are replayed."""
+    from aggdec.export.drafter import Drafter, DrafterConfig
+
+    root = tmp_path_factory.mktemp("marian-gad-beam")
+    folder, config, _weights = write_model(root / "model", "ssru")
+    vocab = config["dim-vocabs"][1]
+    torch.manual_seed(0)
+    drafter = Drafter(DrafterConfig(vocab_size=vocab, d_model=16, num_heads=2, head_dim=8, ffn_dim=32, layers=1,
+                                    k=6, max_positions=64 + 6 + 1, pad_token_id=0, eos_token_id=0,
+                                    family="marian-native")).eval()
+    with torch.no_grad():
+        drafter.head.bias[14] = 100.0
+    drafter.save(root / "drafter")
+    export_bundle(folder, root / "bundle", progress=None, max_source_len=64, max_target_len=64,
+                  drafter_dir=root / "drafter")
+    return folder, root / "bundle"
+
+
+def test_gad_beams_equal_plain_beams_and_the_specification(gad_repeating):
+    _folder, bundle = gad_repeating
     texts = TEXTS + REPEATS
     expected = specification(bundle, texts, 3)
     for io_binding in (True, False):
@@ -213,6 +235,8 @@ def test_gad_beams_equal_plain_beams_and_the_specification(gad_marian):
                 got = generator.generate(texts, mode="gad", num_beams=3, num_return_sequences=3,
                                          batch_size=batch_size, max_new_tokens=MAX_NEW, block=block)
                 assert hypotheses(got) == plain, (io_binding, batch_size, block)
+                if block is not None:  # drafts were replayed: several beam steps in one call
+                    assert any(max(r.stats.accepted) > 1 for r in got)
 
 
 def test_log_probs_are_normalized_over_the_list_with_unk_masked_after(tiny):
