@@ -284,6 +284,8 @@ QUANTIZATION = obj({
     "int8_grid_matrices": integer(0, 1 << 20),  # two-pass: weights that kept their own int8 grid
 }, optional_keys=frozenset({"encoder", "float_products", "int8_grid_matrices"}))
 
+# whose beam search a bundle follows besides transformers' (Manifest.beam_rules)
+BEAM_FAMILIES = ("marian",)
 # where the verifier masks suppressed ids (Manifest.suppression)
 SUPPRESSION_ORDERS = ("before_log_softmax", "after_log_softmax")
 
@@ -324,10 +326,14 @@ FIELDS: dict[str, Rule] = {
     # Marian's max-length-factor: a row's output cap is ceil(factor x its source length)
     "max_length_factor": optional(number(0, MAX_SEQUENCE_LEN, above=True)),
     "suppression": optional(one_of(SUPPRESSION_ORDERS)),
+    # whose beam search the bundle follows (decoding/loop.py BEAM_GROUPS) with Marian's scoring options
+    "beam_rules": optional(obj({"family": one_of(BEAM_FAMILIES), "normalize": number(-1e3, 1e3),
+                                "word_penalty": number(-1e3, 1e3)})),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
-                             "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression"})
+                             "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression",
+                             "beam_rules"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.beam import BeamRules
@@ -497,7 +497,16 @@ class Generator:
                             bundle=str(self.root), shortlist=self.verifier.shortlist is not None,
                             max_rows=None if limit is None else limit("input_ids", 0),
                             normalized=not self.manifest.suppressed_token_ids
-                            or self.manifest.suppression == "after_log_softmax")
+                            or self.manifest.suppression == "after_log_softmax",
+                            **self._beam_defaults())
+
+    def _beam_defaults(self) -> dict[str, Any]:
+        """The bundle's beam rules for OptionLimits: Marian's, with its decoding yml's scoring."""
+        rules = self.manifest.beam_rules
+        if rules is None:
+            return {}
+        return {"beam_family": rules["family"], "beam_length_penalty": float(rules["normalize"]),
+                "beam_word_penalty": float(rules["word_penalty"])}
 
     def resolve_options(self, options: DecodeOptions | Mode | str | None = None, **fields: object) -> DecodeOptions:
         """``options`` (or a mode and keyword fields, as :meth:`generate` takes them) checked
@@ -512,16 +521,17 @@ class Generator:
     def _strategy(self, options: DecodeOptions) -> Strategy:
         """The draft source, acceptance rule and beam rules for resolved ``options``."""
         mode = options.mode
+        beams = options.rules(self.option_limits)
         if mode is Mode.GREEDY:
-            return Strategy(NoDraft(), GREEDY, options.beams)
-        if mode is Mode.IAD and options.beams is not None:  # speculative beam search
+            return Strategy(NoDraft(), GREEDY, beams)
+        if mode is Mode.IAD and beams is not None:  # speculative beam search
             # sized as IAD's blocks are: measured call costs unless the caller gave BlockOptions
             measured = self.tuning.load_adaptive and options.block is None
             block = options.block or dataclasses.replace(self._block_options(None),
                                                          cost_ratio=self.tuning.beam_cost_ratio)
             return Strategy(HypothesisSourceDraft(block, self.replay_prior,
                                                   self.beam_costs if measured else None,
-                                                  self.beam_payoff if measured else None), GREEDY, options.beams)
+                                                  self.beam_payoff if measured else None), GREEDY, beams)
         if mode is Mode.IAD:
             # a caller's own BlockOptions size the blocks with their cost_ratio, not the measured
             # call costs, so the same options draft the same blocks whatever the timings
@@ -530,7 +540,7 @@ class Generator:
                                         self.gad_costs if measured else None), GREEDY)
         assert self.drafter is not None  # resolve() refused a drafting mode without one
         tuning = self.tuning
-        if mode is Mode.GAD and options.beams is not None:  # speculative beam search, the drafter's drafts
+        if mode is Mode.GAD and beams is not None:  # speculative beam search, the drafter's drafts
             # sized as IAD's beams are (a TensorRT profile's width included), drafts of at most draft_k
             measured = tuning.load_adaptive and options.block is None
             block = options.block or dataclasses.replace(self._block_options(None), cost_ratio=tuning.beam_cost_ratio)
@@ -538,7 +548,7 @@ class Generator:
             return Strategy(HypothesisDrafterDraft(self.drafter, self.manifest.pad_token_id, block,
                                                    self.gad_replay_prior, self.gad_beam_costs if measured else None,
                                                    self.gad_beam_payoff if measured else None),
-                            GREEDY, options.beams)
+                            GREEDY, beams)
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,
                               costs=self.gad_costs, prior=self.draft_priors[mode], decay=tuning.gad_decay,
                               max_rest=tuning.max_rest, min_repeat=tuning.min_repeat)

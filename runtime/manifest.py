@@ -153,6 +153,10 @@ class Manifest:
     # log-probs normalized over every id, as beam search's scores need) or "before_log_softmax"
     # (bundles from before the field, which is None there; greedy's outputs are the same)
     suppression: str | None = None
+    # beams with Marian's rules (decoding/marian_beam.py), for a bundle made from a Marian model:
+    # {"family": "marian", "normalize": its decoding yml's normalize (the default length penalty),
+    # "word_penalty": its word-penalty}. None: transformers' rules (decoding/beam.py)
+    beam_rules: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

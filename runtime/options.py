@@ -82,7 +82,12 @@ class OptionLimits:
     # the verifier's log-probs are normalized over every id, banned ones included (transformers'
     # order, Manifest.suppression): what beam scores are sums of
     normalized: bool = True
-
+    # whose beam search the bundle follows (Manifest.beam_rules): "transformers", or "marian" for
+    # a bundle made from a Marian model, with the defaults of its decoding yml (``normalize`` as
+    # the length penalty, ``word-penalty``)
+    beam_family: str = "transformers"
+    beam_length_penalty: float = 1.0
+    beam_word_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,9 @@ class DecodeOptions:
     transformers' rules (``decoding/beam.py``): ``length_penalty`` (default 1.0),
     ``early_stopping`` (True, False or "never"; default False) and ``num_return_sequences``
     (1 to ``num_beams``; default 1) as ``generate`` takes them. N beams need a verifier top-k
-    of at least 2N.
+    of at least 2N. On a bundle with Marian's rules (``OptionLimits.beam_family``,
+    ``decoding/marian_beam.py``) ``length_penalty`` is Marian's ``normalize`` (default: the
+    bundle's), ``early_stopping`` is refused, and a top-k of N suffices.
 
     >>> DecodeOptions("gad++", beta=2).mode
     <Mode.GAD_PLUS: 'gad++'>
@@ -206,7 +213,13 @@ class DecodeOptions:
             resolved = dataclasses.replace(self, beta=beta, tau=float(GAD_PLUS_TAU if self.tau is None else self.tau))
         if self.mode.needs_drafter and self.draft_k is None:
             resolved = dataclasses.replace(resolved, draft_k=limits.drafter_k)
-        if self.num_beams is not None:  # the defaults filled in: equal requests compare equal
+        if self.num_beams is not None and limits.beam_family == "marian":
+            # Marian's rules: its yml's normalize is the default length penalty; no early stopping
+            resolved = dataclasses.replace(
+                resolved, length_penalty=float(limits.beam_length_penalty if self.length_penalty is None
+                                               else self.length_penalty),
+                num_return_sequences=1 if self.num_return_sequences is None else int(self.num_return_sequences))
+        elif self.num_beams is not None:  # the defaults filled in: equal requests compare equal
             rules = self.beams
             assert rules is not None
             resolved = dataclasses.replace(resolved, length_penalty=rules.length_penalty,
@@ -214,15 +227,25 @@ class DecodeOptions:
                                            num_return_sequences=rules.num_return_sequences)
         return resolved
 
+    def rules(self, limits: OptionLimits) -> BeamRules | None:
+        """The beam search these resolved options ask for on a bundle with ``limits``: its rule
+        family and, for Marian's, the word penalty of its decoding yml."""
+        rules = self.beams
+        if rules is None or limits.beam_family == "transformers":
+            return rules
+        return dataclasses.replace(rules, family=limits.beam_family, word_penalty=limits.beam_word_penalty)
+
     def _check_beams_against(self, limits: OptionLimits) -> None:
         beams = self.num_beams
         if beams is None:
             return
-        if 2 * beams > limits.top_k:
+        if limits.beam_family == "marian":
+            self._check_marian_beams(limits)
+        elif 2 * beams > limits.top_k:
             raise InputError(f"num_beams {beams} needs the verifier's top-{2 * beams} candidates (beam search keeps "
                              f"2 x num_beams continuations a step), and {limits.bundle!r} has top-k {limits.top_k}; "
                              f"use at most {limits.top_k // 2} beams, or re-export with --top-k {2 * beams}.")
-        if limits.shortlist:
+        if limits.shortlist and limits.beam_family == "transformers":
             raise InputError(f"beam search over a lexical shortlist is not supported ({limits.bundle!r} has one): "
                              "its log-probs are normalized over each sentence's shortlist, not transformers' "
                              "vocabulary; decode with the shortlist off (--no-shortlist, shortlist=False).")
@@ -233,3 +256,16 @@ class DecodeOptions:
         if limits.max_rows is not None and beams > limits.max_rows:
             raise InputError(f"num_beams {beams} exceeds the {limits.max_rows} rows a verifier call of "
                              f"{limits.bundle!r} may take.")
+
+    def _check_marian_beams(self, limits: OptionLimits) -> None:
+        """Marian's beam search (``decoding/marian_beam.py``) keeps N expansions a step, each among
+        its hypothesis's N best tokens, and has no early stopping."""
+        beams = int(self.num_beams)  # type: ignore[arg-type]
+        if beams > limits.top_k:
+            raise InputError(f"num_beams {beams} needs the verifier's top-{beams} candidates (Marian's beam search "
+                             f"keeps num_beams expansions a step), and {limits.bundle!r} has top-k {limits.top_k}; "
+                             f"use at most {limits.top_k} beams, or re-export with --top-k {beams}.")
+        if self.early_stopping is not None:
+            raise InputError(f"early_stopping does not apply to {limits.bundle!r}: it decodes beams with Marian's "
+                             "rules, where a hypothesis that ends leaves the beam and the search ends when none is "
+                             "left; leave early_stopping unset.")

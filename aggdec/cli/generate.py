@@ -34,13 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp32-drafter", action="store_true",
                         help="gad: on the CPU, run the float drafter instead of the bundle's int8 copy (same output)")
     parser.add_argument("--num-beams", type=positive_int,
-                        help="beam search with N hypotheses per input, equal to transformers' (default: greedy; "
-                             "--mode iad or gad: speculative, same output); each input takes N rows of "
-                             "--batch-size's inputs")
+                        help="beam search with N hypotheses per input, equal to transformers' (a Marian bundle: "
+                             "Marian's) (default: greedy; --mode iad or gad: speculative, same output); each input "
+                             "takes N rows of --batch-size's inputs")
     parser.add_argument("--length-penalty", type=finite_float,
-                        help="beam search: a finished hypothesis scores log-prob / length ** X (1.0)")
+                        help="beam search: a finished hypothesis scores log-prob / length ** X (1.0; a Marian "
+                             "bundle: its yml's normalize)")
     parser.add_argument("--early-stopping", type=early_stopping, metavar="{true,false,never}",
-                        help="beam search: when an input is done, transformers' rule (false)")
+                        help="beam search: when an input is done, transformers' rule (false; not for Marian "
+                             "bundles)")
     parser.add_argument("--num-return-sequences", type=positive_int,
                         help="beam search: the M best hypotheses (at most --num-beams), in --format jsonl (1)")
     parser.add_argument("--input", metavar="FILE", help="read inputs from FILE instead of stdin")

@@ -99,15 +99,17 @@ class GenerateRequest(BaseModel):
     draft_k: StrictInt | None = Field(None, ge=1, description="gad and gad++ only: the most draft tokens a verifier "
                                       "call checks, at most the drafter's k (default: its k).")
     num_beams: StrictInt | None = Field(None, ge=1, description="Beam search with this many hypotheses per text, "
-                                        "equal to transformers' (default: greedy); with mode iad or gad, speculative "
-                                        "beam search (the same output). A text takes num_beams rows of "
-                                        "the server's batch; at most half the bundle's top-k.")
+                                        "equal to transformers' (a Marian bundle: Marian's) (default: greedy); with "
+                                        "mode iad or gad, speculative beam search (the same output). A text takes "
+                                        "num_beams rows of the server's batch; at most half the bundle's top-k (a "
+                                        "Marian bundle: its top-k).")
     length_penalty: StrictFloat | StrictInt | None = Field(None, allow_inf_nan=False, description="beam search only: "
                                                            "a finished hypothesis scores log-prob / length ** this "
-                                                           "(default 1.0).")
+                                                           "(default 1.0; a Marian bundle: its yml's normalize).")
     early_stopping: StrictBool | Literal["never"] | None = Field(None, description="beam search only: "
                                                                   "transformers' rule for when a text is done "
-                                                                  "(true, false or \"never\"; default false).")
+                                                                  "(true, false or \"never\"; default false; refused "
+                                                                  "on Marian bundles).")
     num_return_sequences: StrictInt | None = Field(None, ge=1, description="beam search only: the best hypotheses "
                                                    "returned per text, at most num_beams (default 1).")
 

@@ -54,20 +54,25 @@ IRRELEVANT = frozenset({
 ACTIVATIONS = ("relu", "swish")
 # the decoding yml (config.*.yml): options that change greedy output and the values aggdec implements
 DECODING_REQUIRED: dict[str, tuple[Any, ...]] = {
-    "beam-size": (1,),  # aggdec decodes greedily: a beam would be another search
     "output-sampling": (False,),
     "allow-unk": (False,),
     "n-best": (False,),
 }
-# the decoding options read into the bundle: the output length cap (max_length_factor) and the
-# shortlist (read by export.py); vocabularies are checked there too
-DECODING_READ = frozenset({"max-length-factor", "shortlist", "vocabs"})
+# the decoding options read into the bundle: the output length cap (max_length_factor), the
+# shortlist (read by export.py; vocabularies are checked there too), and the beam search's scoring
+# (normalize, word-penalty: the manifest's beam_rules). beam-size is checked and not kept: a
+# caller's num_beams decides (greedy unless asked), as the yml's value is only Marian's default
+DECODING_READ = frozenset({"max-length-factor", "shortlist", "vocabs", "beam-size", "normalize", "word-penalty"})
+# Marian's defaults for a yml that does not set them (its config_parser): no length
+# normalization, no word penalty
+MARIAN_NORMALIZE, MARIAN_WORD_PENALTY = 0.0, 0.0
+BEAM_SCORING_BOUND = 1e3  # the manifest schema's bound on normalize and word-penalty
 # Marian's default max-length-factor (its config_parser), for a folder whose yml does not set it
 MARIAN_MAX_LENGTH_FACTOR = 3.0
 MAX_LENGTH_FACTOR = MAX_SEQUENCE_LEN  # the manifest schema's bound on max_length_factor
 # decoding options that do not change a greedy output (beam-only scoring, batching, memory, paths)
 DECODING_IRRELEVANT = frozenset({
-    "relative-paths", "models", "normalize", "word-penalty", "mini-batch", "maxi-batch",
+    "relative-paths", "models", "mini-batch", "maxi-batch",
     "maxi-batch-sort", "workspace", "gemm-precision", "max-length", "max-length-crop",
     "cpu-threads", "quiet", "quiet-translation", "skip-cost", "alignment", "int8shiftAlphaAll", "ssplit-mode",
 })
@@ -171,7 +176,25 @@ def check_decoding_config(text: str, where: str) -> dict[str, Any]:
             raise ExportError(f"{where}: option {key} is unknown to aggdec's Marian importer; it cannot tell "
                               "whether it changes the translation, so the model is refused.")
     max_length_factor(data, where)
+    beam_rules(data, where)
+    size = data.get("beam-size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise _refuse(where, "beam-size", size, "an integer of at least 1")
     return data
+
+
+def beam_rules(decoding: dict[str, Any], where: str) -> dict[str, Any]:
+    """The manifest's ``beam_rules``: beams follow Marian's rules (runtime/decoding/marian_beam.py),
+    scored with the yml's ``normalize`` (the default length penalty; Marian's -n) and
+    ``word-penalty`` (Marian's defaults, 0 and 0, where it sets none)."""
+    values = {}
+    for option, default in (("normalize", MARIAN_NORMALIZE), ("word-penalty", MARIAN_WORD_PENALTY)):
+        value = decoding.get(option, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= BEAM_SCORING_BOUND:
+            raise ExportError(f"{where}: option {option} must be a number from -{BEAM_SCORING_BOUND:g} to "
+                              f"{BEAM_SCORING_BOUND:g}, got {value!r}.")
+        values[option] = float(value)
+    return {"family": "marian", "normalize": values["normalize"], "word_penalty": values["word-penalty"]}
 
 
 def max_length_factor(decoding: dict[str, Any], where: str) -> float:

@@ -29,7 +29,7 @@ from ..shape_folding import constant_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
-from .config import MarianConfig, check_decoding_config, max_length_factor, parse_model_config
+from .config import MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config
 from .weights import MarianWeights, read_shortlist, read_weights
 
 FAMILY = "marian-native"
@@ -203,8 +203,9 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         raise ExportError(f"the drafter embeds {drafter.config.max_positions} positions, fewer than "
                           f"--max-target-len {max_target} plus its {drafter.config.k} slots; lower --max-target-len.")
     say(progress, "[2/5] computing float references")
-    # Marian's graphs mask <unk> before their log-softmax (Manifest.suppression "before_log_softmax")
-    encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed, suppress_after=False)
+    # <unk> is masked after the log-softmax, as Marian's beam search masks it on the path scores
+    # (Manifest.suppression "after_log_softmax"): beam scores sum log-probs normalized over every id
+    encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed, suppress_after=True)
     # a shortlist bundle's drafter argmaxes over each row's list too (export/drafter.py DrafterGraph)
     draft_cases = drafter_cases(drafter, model, vocab, eos, eos, shortlist=table is not None) \
         if drafter is not None else []
@@ -287,7 +288,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             num_heads=heads, head_dim=head_dim,
             decoder_start_token_id=eos,  # position 0 is Marian's zero start embedding whatever the id
             eos_token_id=eos, pad_token_id=eos, forced_bos_token_id=None, forced_eos_token_id=None,
-            suppressed_token_ids=suppressed, suppression="before_log_softmax", max_source_len=max_source,
+            suppressed_token_ids=suppressed, suppression="after_log_softmax", max_source_len=max_source,
             max_target_len=max_target, top_k=top_k,
             dtype="float32", opset=opset, graphs=graphs, files=files,
             exporter={"torch": torch.__version__, "onnxruntime": ort.__version__,
@@ -303,6 +304,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
                                                   "shared": SHORTLIST_RULES[shortlist_rule]},
             # Marian's output length cap, applied per row by the runtime (config.max_length_factor)
             max_length_factor=factor,
+            # beams follow Marian's rules, scored as the decoding yml says (config.beam_rules)
+            beam_rules=beam_rules(decoding, str(folder.decoding_yml)),
         )
         checks = {name: cpu_session(ort, tmp / spec.file) for name, spec in verifiers.items()}
         if table is not None:  # with each row's matrix gathered, as the runtime feeds it

@@ -194,18 +194,22 @@ class RecurrentVerifierGraph(nn.Module):
         if self.shortlist:
             rows = buffers[3 * layers + 2] if self.output_rows else None
             return (*self._shortlisted(hidden, buffers[3 * layers + 1], rows), *written)
-        logits = model.logits(hidden).to(torch.float32) + self.suppress_bias
-        return (*candidates(logits, self.top_k, self.head), *written)
+        # <unk> masked after the log-softmax, as Marian's beam search does (suppressWords on the
+        # path scores): log-probs normalized over every id, what Marian's beam scores sum
+        logits = model.logits(hidden).to(torch.float32)
+        return (*candidates(logits, self.top_k, self.head, self.suppress_bias), *written)
 
     def _shortlisted(self, hidden: Tensor, output_ids: Tensor, rows: Tensor | None) -> tuple[Tensor, ...]:
         """The candidates over each row's shortlist: logits of the gathered output rows only.
 
         The candidates are chosen on the logits, which do not depend on how long the padded
-        lists of a call are; their log-probs are then read from the row's log-softmax."""
+        lists of a call are; their log-probs are then read from the row's log-softmax over its
+        list (Marian normalizes over the shortlist), ``<unk>`` masked after it as Marian does."""
         model = self.model
         logits, row_ids = shortlist_logits(hidden, output_ids, model.output_weight,
-                                           model.output_bias + self.suppress_bias, rows=rows)  # [B, T, L], [B, L]
-        chosen = candidates(logits, self.top_k, self.head)  # over the row's list: local indices
+                                           model.output_bias, rows=rows)  # [B, T, L], [B, L]
+        banned = self.suppress_bias[torch.clamp(row_ids, min=0)].unsqueeze(1)  # [B, 1, L]; padding is -inf already
+        chosen = candidates(logits, self.top_k, self.head, banned)  # over the row's list: local indices
         if self.head == "argmax":
             return (ids_at(row_ids, chosen[0]),)
         top_logprobs, local = chosen

@@ -1,5 +1,8 @@
 """Beam search over groups of rows, with transformers' rules (``GenerationMixin._beam_search``, 5.x).
 
+(Bundles made from Marian models search with Marian's rules instead: ``marian_beam.py``; the
+rules are data, :attr:`BeamRules.family`, and the loop is the same for both.)
+
 A beam request's ``num_beams`` hypotheses are rows of the batch (one source, encoded once, its
 cross-attention rows replicated); one verifier call scores every row, and :meth:`BeamGroup.step`
 turns the rows' candidates into the group's next hypotheses. Which hypothesis continues in
@@ -49,17 +52,23 @@ EARLY_STOPPING = (True, False, "never")
 
 @dataclass(frozen=True)
 class BeamRules:
-    """A beam search's options (``DecodeOptions``' beam fields, resolved)."""
+    """A beam search's options (``DecodeOptions``' beam fields, resolved) and whose rules it
+    follows: ``family`` "transformers" (this module) or "marian" (``marian_beam.py``: there
+    ``length_penalty`` is Marian's ``normalize``, ``word_penalty`` its ``word-penalty``, and
+    ``early_stopping`` is unused: Marian's beam narrows as hypotheses finish)."""
 
     num_beams: int
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     num_return_sequences: int = 1
+    family: str = "transformers"
+    word_penalty: float = 0.0
 
     @property
     def candidates(self) -> int:
-        """transformers' ``beams_to_keep``: continuations kept per step (one EOS id)."""
-        return 2 * self.num_beams
+        """The verifier's candidates a step needs per hypothesis: transformers keeps
+        ``beams_to_keep`` = 2N continuations a step (one EOS id), Marian N."""
+        return self.num_beams if self.family == "marian" else 2 * self.num_beams
 
 
 @dataclass(frozen=True)

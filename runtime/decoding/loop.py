@@ -30,6 +30,7 @@ import numpy as np
 from .arrivals import Arrivals, Work
 from .beam import BeamGroup, BeamRules, Hypothesis
 from .common import DecodeLimits, RowTrace, Verification
+from .marian_beam import MarianBeamGroup
 from .verifier import Batch, Verifier
 
 # A row's empty draft, shared: drafts are only read (concatenated after the row's tokens)
@@ -37,6 +38,9 @@ NO_DRAFT = np.zeros(0, dtype=np.int64)
 NO_DRAFT.flags.writeable = False
 
 WIDTH_QUANTILE = 0.5
+# a beam request's state, by whose rules it searches (BeamRules.family; the manifest's beam_rules)
+BEAM_GROUPS: dict[str, type[BeamGroup] | type[MarianBeamGroup]] = {"transformers": BeamGroup,
+                                                                  "marian": MarianBeamGroup}
 
 
 @dataclass
@@ -49,7 +53,7 @@ class Row:
     limits: DecodeLimits
     state: Any = None  # the draft source's per-row state
     # a beam request's rows share its group; ``beam``: the hypothesis this row holds (its rank)
-    group: BeamGroup | None = None
+    group: BeamGroup | MarianBeamGroup | None = None
     beam: int = 0
     # this row's share of each cost: a call's time is split evenly among the rows it served
     seconds: dict[str, float] = field(default_factory=lambda: {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0,
@@ -385,7 +389,7 @@ def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLim
     for work in arrived:
         # a per-source cap (Marian's max-length-factor) is set here, from the row's own source
         row_limits = (work.limits or limits).for_source(len(work.source))
-        group = None if beams is None else BeamGroup(beams, row_limits)
+        group = None if beams is None else BEAM_GROUPS[beams.family](beams, row_limits)
         for beam in range(copies):
             row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
                       limits=row_limits, group=group, beam=beam)
