@@ -286,6 +286,9 @@ QUANTIZATION = obj({
 
 # where the verifier masks suppressed ids (Manifest.suppression)
 SUPPRESSION_ORDERS = ("before_log_softmax", "after_log_softmax")
+# the axes of the cross-attention keys after [rows] (Manifest.cross_key_layout, decoding/cache.py
+# cross_dims): as the values, or transposed once by the encoder for the verifier's Q.K^T
+CROSS_KEY_LAYOUTS = ("heads_source_dim", "heads_dim_source")
 
 # field -> rule, in an order where every field a rule refers to (vocab_size) comes first
 FIELDS: dict[str, Rule] = {
@@ -324,10 +327,12 @@ FIELDS: dict[str, Rule] = {
     # Marian's max-length-factor: a row's output cap is ceil(factor x its source length)
     "max_length_factor": optional(number(0, MAX_SEQUENCE_LEN, above=True)),
     "suppression": optional(one_of(SUPPRESSION_ORDERS)),
+    "cross_key_layout": optional(one_of(CROSS_KEY_LAYOUTS)),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
-                             "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression"})
+                             "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression",
+                             "cross_key_layout"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

@@ -153,6 +153,11 @@ class Manifest:
     # log-probs normalized over every id, as beam search's scores need) or "before_log_softmax"
     # (bundles from before the field, which is None there; greedy's outputs are the same)
     suppression: str | None = None
+    # the cross-attention keys' axes after [rows] (decoding/cache.py cross_dims): "heads_dim_source",
+    # transposed once per sentence by the encoder so that the verifier multiplies Q by them as
+    # they are; "heads_source_dim", as the values (the verifier transposes each key in every
+    # call). None: a bundle from before the field, "heads_source_dim"
+    cross_key_layout: str | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
