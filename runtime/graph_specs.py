@@ -13,7 +13,8 @@ from .bundle_schema import ACTIVATION_DTYPES
 from .manifest import GraphSpec, Manifest, TensorSpec
 
 
-def cross_specs(layers: int, heads: int, head_dim: int, act: str, cross_key_layout: str | None) -> tuple[TensorSpec, ...]:
+def cross_specs(layers: int, heads: int, head_dim: int, act: str,
+                cross_key_layout: str | None) -> tuple[TensorSpec, ...]:
     """Every layer's cross-attention key and value, as the encoder returns them and the
     verifier takes them (decoding/cache.py :func:`cross_dims`)."""
     return tuple(TensorSpec(name, act, cross_dims("batch", heads, "source_len", head_dim, name.startswith("cross_key"),

@@ -189,8 +189,9 @@ class RecurrentVerifierGraph(nn.Module):
             hidden = layer.ssru.output(hidden, states)
             context = layer.context
             q = _split_heads(context.q(hidden), heads, head_dim)
-            keys = cross_kv[2 * layer_index]
-            scores = torch.matmul(q, keys if self.keys_transposed else keys.transpose(-1, -2)) * context.scaling + cross_bias
+            keys = cross_kv[2 * layer_index]  # K^T already, or K (Manifest.cross_key_layout)
+            keys = keys if self.keys_transposed else keys.transpose(-1, -2)
+            scores = torch.matmul(q, keys) * context.scaling + cross_bias
             attended = torch.matmul(torch.softmax(scores, dim=-1), cross_kv[2 * layer_index + 1])
             hidden = context.norm(hidden + context.o(_merge_heads(attended)))
             hidden = layer.ffn(hidden)

@@ -315,10 +315,10 @@ class SlotBuffers:
         first, self.rows = self.rows, self.rows + count
         self.layout += 1
         for flat, key, values in zip(self._cross, self._cross_keys, cross):
-            shape = self.cross_shape(key=key)
+            shape, axis = self.cross_shape(key=key), source_axis(key, self.cross_key_layout)
             with flat.edit() as data:
-                view = np.moveaxis(data[: int(np.prod(shape))].reshape(shape), source_axis(key, self.cross_key_layout), 2)
-                view[first:, :, :length] = np.moveaxis(values, source_axis(key, self.cross_key_layout), 2)
+                view = np.moveaxis(data[: int(np.prod(shape))].reshape(shape), axis, 2)  # source at axis 2
+                view[first:, :, :length] = np.moveaxis(values, axis, 2)
                 view[first:, :, length:] = 0.0
         self.mask[first : self.rows] = 0
         self.mask[first : self.rows, :length] = mask
