@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from aggdec.runtime.decoding.cache import self_cache_names
+from aggdec.runtime.decoding.cache import cross_dims, self_cache_names
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.loader import open_bundle
 from aggdec.runtime.session import OrtSession
@@ -196,9 +196,12 @@ def pruning(path: str, threads: int) -> dict[str, int]:
     binding.bind_cpu_input("encoder_attention_mask", np.ones((rows, source), np.int64))
     dtype = np.float16 if m.precision == "fp16" else np.float32
     for tensor in spec.inputs:
-        if tensor.name.startswith(("self_", "cross_")):
-            length = capacity if tensor.name.startswith("self_") else source
-            binding.bind_cpu_input(tensor.name, np.zeros((rows, m.num_heads, length, m.head_dim), dtype))
+        if tensor.name.startswith("self_"):
+            binding.bind_cpu_input(tensor.name, np.zeros((rows, m.num_heads, capacity, m.head_dim), dtype))
+        elif tensor.name.startswith("cross_"):
+            shape = cross_dims(rows, m.num_heads, source, m.head_dim, tensor.name.startswith("cross_key"),
+                               m.cross_key_layout)
+            binding.bind_cpu_input(tensor.name, np.zeros(shape, dtype))
     binding.bind_output("argmax_only", "cpu")
     for tensor in spec.outputs:
         if tensor.name.startswith("self_"):

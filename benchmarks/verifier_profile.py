@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 import onnxruntime as ort
 
-from aggdec.runtime.decoding.cache import bucket, cross_names, self_cache_names, self_cache_out_names
+from aggdec.runtime.decoding.cache import bucket, cross_dims, cross_names, self_cache_names, self_cache_out_names
 from aggdec.runtime.decoding.verifier import SLACK
 from aggdec.runtime.manifest import load_manifest
 
@@ -59,7 +59,8 @@ def main() -> None:
         binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_output(out, value)
     for name in cross_names(layers):
-        binding.bind_cpu_input(name, rng.random((b, heads, args.source, dh), dtype=np.float32))
+        shape = cross_dims(b, heads, args.source, dh, name.startswith("cross_key"), m.cross_key_layout)
+        binding.bind_cpu_input(name, rng.random(shape, dtype=np.float32))
     for _ in range(args.runs):
         session.run_with_iobinding(binding)
     by_type: collections.Counter = collections.Counter()

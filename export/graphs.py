@@ -12,7 +12,9 @@ cache contract is ours (format 2, see ``runtime/decoding/cache.py``):
   copy when input and output are one buffer): a call's cache traffic is the new tokens only;
 - attention reads the whole buffer under a mask (key position <= query position), so slots
   past a row's length (stale or rejected drafts) are never seen and need no clearing;
-- the cross K/V of every layer is its own input, written once per request by the encoder.
+- the cross K/V of every layer is its own input, written once per request by the encoder;
+  the keys already transposed for Q.K^T (``cross_key_layout``, ``runtime/decoding/cache.py``),
+  so that no verifier call transposes them again.
 
 Rejected draft positions are dropped by passing a shorter length next time: the next write
 lands on them. Nothing of the cache crosses to the host, so on CUDA it stays on the device.
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from ..runtime.decoding.cache import KEYS_TRANSPOSED
 
 
 @dataclass
@@ -91,9 +95,15 @@ class _WriteCache(torch.autograd.Function):
         return g.op("ScatterND", cache, index, update)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float) -> Tensor:
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling + bias
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float, keys_transposed: bool = False) -> Tensor:
+    """softmax(Q.K^T * scaling + bias).V; ``keys_transposed``: ``k`` is K^T already ([.., Dh, S])."""
+    scores = torch.matmul(q, k if keys_transposed else k.transpose(-1, -2)) * scaling + bias
     return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def cross_key_out(key: Tensor, cross_key_layout: str) -> Tensor:
+    """A cross key [B, H, S, Dh] in the bundle's ``cross_key_layout`` (decoding/cache.py cross_dims)."""
+    return key.transpose(-1, -2) if cross_key_layout == KEYS_TRANSPOSED else key
 
 
 def candidates(logits: Tensor, top_k: int, head: str, banned: Tensor | None = None) -> tuple[Tensor, ...]:
@@ -126,11 +136,13 @@ def candidates(logits: Tensor, top_k: int, head: str, banned: Tensor | None = No
 class EncoderGraph(nn.Module):
     """input_ids, attention_mask -> encoder hidden states, then cross key and value of each decoder layer."""
 
-    def __init__(self, model: nn.Module, encoder: nn.Module, parts: DecoderParts) -> None:
+    def __init__(self, model: nn.Module, encoder: nn.Module, parts: DecoderParts,
+                 cross_key_layout: str = KEYS_TRANSPOSED) -> None:
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.encoder = encoder
         self.parts = parts
+        self.cross_key_layout = cross_key_layout
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -139,7 +151,8 @@ class EncoderGraph(nn.Module):
         for index in range(len(self.parts.layers)):
             key, value = self.parts.cross_kv(index, hidden)
             # one tensor per layer and kind: the verifier reads each as is, with no slicing copy
-            cross += [_split_heads(key, heads, head_dim), _split_heads(value, heads, head_dim)]
+            cross += [cross_key_out(_split_heads(key, heads, head_dim), self.cross_key_layout),
+                      _split_heads(value, heads, head_dim)]
         return (hidden, *cross)
 
 
@@ -148,12 +161,13 @@ class VerifierGraph(nn.Module):
     or with ``head="argmax"`` the best id) and the new cache."""
 
     def __init__(self, model: nn.Module, parts: DecoderParts, top_k: int, suppressed_ids: tuple[int, ...],
-                 vocab_size: int, head: str = "top_k") -> None:
+                 vocab_size: int, head: str = "top_k", cross_key_layout: str = KEYS_TRANSPOSED) -> None:
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.parts = parts
         self.top_k = top_k
         self.head = head
+        self.keys_transposed = cross_key_layout == KEYS_TRANSPOSED
         bias = torch.zeros(vocab_size)
         if suppressed_ids:
             bias[list(suppressed_ids)] = float("-inf")
@@ -161,8 +175,8 @@ class VerifierGraph(nn.Module):
         self.has_suppression = bool(suppressed_ids)
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
-        """``buffers``: per layer self key, self value; then per layer cross key, cross value;
-        then the encoder attention mask [B, S]. Returns the candidates (:func:`candidates`), then
+        """``buffers``: per layer self key, self value; then per layer cross key, cross value
+        (the key in the bundle's cross_key_layout); then the encoder attention mask [B, S]. Returns the candidates (:func:`candidates`), then
         the self key/value buffers with the new tokens written (per layer, key then value)."""
         parts = self.parts
         layers = len(parts.layers)
@@ -208,7 +222,7 @@ class VerifierGraph(nn.Module):
             attn = layer.cross_attn
             q = _split_heads(attn.q(x), heads, head_dim)
             x = attn.o(_merge_heads(_attend(q, cross_kv[2 * layer_index], cross_kv[2 * layer_index + 1],
-                                            cross_bias, attn.scaling)))
+                                            cross_bias, attn.scaling, self.keys_transposed)))
             hidden = residual + x
             if not parts.pre_norm:
                 hidden = layer.cross_norm(hidden)

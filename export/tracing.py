@@ -134,7 +134,17 @@ def encoder_dummy():
     return (torch.randint(3, 10, (2, 5)), torch.ones(2, 5, dtype=torch.int64))
 
 
-def verifier_dummy(layers: int, heads: int, head_dim: int):
+def cross_dummy(layers: int, heads: int, head_dim: int, batch: int, source: int, cross_key_layout: str):
+    """Random cross keys and values in the verifier's input order, keys in ``cross_key_layout``."""
+    import torch
+
+    from ..runtime.decoding.cache import cross_dims, cross_names
+
+    return tuple(torch.randn(cross_dims(batch, heads, source, head_dim, name.startswith("cross_key"), cross_key_layout))
+                 for name in cross_names(layers))
+
+
+def verifier_dummy(layers: int, heads: int, head_dim: int, cross_key_layout: str):
     import torch
 
     # distinct sizes so the tracer cannot confuse one dim with another
@@ -143,7 +153,7 @@ def verifier_dummy(layers: int, heads: int, head_dim: int):
         torch.randint(3, 10, (batch, new)),
         torch.tensor([4, 3], dtype=torch.int64),
         *(torch.randn(batch, heads, capacity, head_dim) for _ in range(2 * layers)),
-        *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
+        *cross_dummy(layers, heads, head_dim, batch, source, cross_key_layout),
         torch.ones(batch, source, dtype=torch.int64),
     )
 

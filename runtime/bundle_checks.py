@@ -161,6 +161,14 @@ def _check_contract(manifest: Manifest) -> None:
 
                 raise BundleError(f"{spec.file} ({graph}) {side} are not the ones this aggdec {_USE[side]}: "
                                   f"unexpected {shown(have - want)}; missing {shown(want - have)}; {ADVICE}")
+            # the cross keys' axes follow cross_key_layout: ranks alike, a key fed in the other
+            # layout would be refused by onnxruntime, or read wrongly where source_len = head_dim
+            layout = {t.name: t.dims for t in getattr(expected[graph], side) if t.name.startswith("cross_")}
+            for tensor in getattr(spec, side):
+                if tensor.name in layout and tensor.dims != layout[tensor.name]:
+                    raise BundleError(f"{spec.file} ({graph}) {side[:-1]} {tensor.name!r} has dims {list(tensor.dims)} "
+                                      f"in the manifest, but its cross_key_layout {show(manifest.cross_key_layout)} "
+                                      f"has them {list(layout[tensor.name])}; {ADVICE}")
 
 
 _USE = {"inputs": "feeds", "outputs": "reads"}

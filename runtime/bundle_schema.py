@@ -288,6 +288,9 @@ QUANTIZATION = obj({
 BEAM_FAMILIES = ("marian",)
 # where the verifier masks suppressed ids (Manifest.suppression)
 SUPPRESSION_ORDERS = ("before_log_softmax", "after_log_softmax")
+# the axes of the cross-attention keys after [rows] (Manifest.cross_key_layout, decoding/cache.py
+# cross_dims): as the values, or transposed once by the encoder for the verifier's Q.K^T
+CROSS_KEY_LAYOUTS = ("heads_source_dim", "heads_dim_source")
 
 # field -> rule, in an order where every field a rule refers to (vocab_size) comes first
 FIELDS: dict[str, Rule] = {
@@ -329,11 +332,12 @@ FIELDS: dict[str, Rule] = {
     # whose beam search the bundle follows (decoding/loop.py BEAM_GROUPS) with Marian's scoring options
     "beam_rules": optional(obj({"family": one_of(BEAM_FAMILIES), "normalize": number(-1e3, 1e3),
                                 "word_penalty": number(-1e3, 1e3)})),
+    "cross_key_layout": optional(one_of(CROSS_KEY_LAYOUTS)),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
                              "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression",
-                             "beam_rules"})
+                             "beam_rules", "cross_key_layout"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

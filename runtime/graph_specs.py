@@ -8,19 +8,28 @@ when the first call fails. Dims are ints or symbolic names.
 
 from __future__ import annotations
 
-from .decoding.cache import cross_names, self_cache_names, self_cache_out_names
+from .decoding.cache import cross_dims, cross_names, self_cache_names, self_cache_out_names
 from .bundle_schema import ACTIVATION_DTYPES
 from .manifest import GraphSpec, Manifest, TensorSpec
 
 
+def cross_specs(layers: int, heads: int, head_dim: int, act: str,
+                cross_key_layout: str | None) -> tuple[TensorSpec, ...]:
+    """Every layer's cross-attention key and value, as the encoder returns them and the
+    verifier takes them (decoding/cache.py :func:`cross_dims`)."""
+    return tuple(TensorSpec(name, act, cross_dims("batch", heads, "source_len", head_dim, name.startswith("cross_key"),
+                                                  cross_key_layout))
+                 for name in cross_names(layers))
+
+
 def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str = "float32",
-                 output_rows: bool = False) -> GraphSpec:
+                 output_rows: bool = False, cross_key_layout: str | None = None) -> GraphSpec:
     """``act`` (in every spec): the element type of the float tensors between graphs (the
     bundle's ``ACTIVATION_DTYPES[precision]``). ``output_rows`` (a shortlist bundle's encoder,
     :func:`takes_output_rows`): it also takes ``output_ids``, each new row's shortlist (-1
     padded; optional, an empty [1, 0] when not fed), and returns ``output_rows``, those rows of
-    the output matrix, which the runtime keeps per slot and feeds the verifier every call."""
-    cross = ("batch", heads, "source_len", head_dim)
+    the output matrix, which the runtime keeps per slot and feeds the verifier every call.
+    ``cross_key_layout`` (in the verifier's spec too): Manifest.cross_key_layout."""
     rows = ("output_rows", "output_len")
     return GraphSpec(
         file="encoder.onnx",
@@ -31,7 +40,7 @@ def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str 
         ),
         outputs=(
             TensorSpec("encoder_hidden_states", act, ("batch", "source_len", d_model)),
-            *(TensorSpec(name, act, cross) for name in cross_names(layers)),
+            *cross_specs(layers, heads, head_dim, act, cross_key_layout),
             *((TensorSpec("output_rows", act, (*rows, d_model)),) if output_rows else ()),
         ),
     )
@@ -49,7 +58,7 @@ VERIFIER_GRAPHS = {"verifier": "top_k", "verifier_argmax": "argmax"}
 
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
                   cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k",
-                  d_model: int | None = None) -> GraphSpec:
+                  d_model: int | None = None, cross_key_layout: str | None = None) -> GraphSpec:
     """``shortlist``: the verifier also takes ``output_ids``, each row's allowed output ids
     (decoding/shortlist.py), -1 padded, or one row of every id. ``head``: what it returns of
     each position (:data:`VERIFIER_GRAPHS`). ``d_model`` (a shortlist verifier that takes
@@ -59,7 +68,6 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
     # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
     # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
-    cross = ("batch", heads, "source_len", head_dim)
     if head == "argmax":  # each position's best id: top_ids[..., 0] of the top-K graph, bitwise
         candidates: tuple[TensorSpec, ...] = (TensorSpec("top1_ids", "int64", ("batch", "new_len")),)
     else:
@@ -74,7 +82,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
             *(TensorSpec(name, act, buffer) for name in self_cache_names(layers, cache_kind)),
-            *(TensorSpec(name, act, cross) for name in cross_names(layers)),
+            *cross_specs(layers, heads, head_dim, act, cross_key_layout),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "source_len")),
             *((TensorSpec("output_ids", "int64", ("output_rows", "output_len")),) if shortlist else ()),
             # not the output_ids dims: empty ([1, 0, d]) when every id is fed
@@ -130,9 +138,10 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     m = manifest
     act = ACTIVATION_DTYPES[m.precision]
     rows = takes_output_rows(m)
-    specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act, rows),
+    specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act, rows,
+                                     m.cross_key_layout),
              **{graph: verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
-                                     m.shortlist is not None, head, m.d_model if rows else None)
+                                     m.shortlist is not None, head, m.d_model if rows else None, m.cross_key_layout)
                 for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:

@@ -157,6 +157,11 @@ class Manifest:
     # {"family": "marian", "normalize": its decoding yml's normalize (the default length penalty),
     # "word_penalty": its word-penalty}. None: transformers' rules (decoding/beam.py)
     beam_rules: dict[str, Any] | None = None
+    # the cross-attention keys' axes after [rows] (decoding/cache.py cross_dims): "heads_dim_source",
+    # transposed once per sentence by the encoder so that the verifier multiplies Q by them as
+    # they are; "heads_source_dim", as the values (the verifier transposes each key in every
+    # call). None: a bundle from before the field, "heads_source_dim"
+    cross_key_layout: str | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -411,7 +411,8 @@ class VerifierCall:
         import numpy as np
 
         from aggdec.runtime.bundle_schema import ACTIVATION_DTYPES
-        from aggdec.runtime.decoding.cache import bucket, cross_names, self_cache_names, self_cache_out_names
+        from aggdec.runtime.decoding.cache import (bucket, cross_dims, cross_names, self_cache_names,
+                                                   self_cache_out_names)
         from aggdec.runtime.decoding.verifier import SLACK
         from aggdec.runtime.manifest import load_manifest
 
@@ -431,8 +432,9 @@ class VerifierCall:
                       cross_names(m.decoder_layers))
         shape = (rows, m.num_heads, self.capacity, m.head_dim)
         self.caches = [rng.standard_normal(shape).astype(self.dtype) for _ in self.names[0]]
-        self.cross = [rng.standard_normal((rows, m.num_heads, self.source, m.head_dim)).astype(self.dtype)
-                      for _ in self.names[2]]
+        self.cross = [rng.standard_normal(cross_dims(rows, m.num_heads, self.source, m.head_dim,
+                                                     name.startswith("cross_key"), m.cross_key_layout)).astype(self.dtype)
+                      for name in self.names[2]]
 
     def session(self, graph: bool) -> Any:
         from aggdec.runtime.session import check_device, require_onnxruntime

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ...runtime.bundle_schema import MAX_SEQUENCE_LEN
+from ...runtime.decoding.cache import KEYS_TRANSPOSED
 from ...runtime.errors import ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ..positions import check_verifier_graphs, cpu_session, validation_cases
@@ -153,18 +154,19 @@ def longest_output(factor: float, max_source: int) -> int:
 def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
                   drafter_dir: str | Path | None = None, int8_drafter: bool = True,
-                  shortlist_rule: str = "marian", argmax_graph: bool = True,
+                  shortlist_rule: str = "marian", argmax_graph: bool = True, cross_key_layout: str = KEYS_TRANSPOSED,
                   progress: Callable[[str], None] | None = print) -> Manifest:
     """Export a Marian model folder to the bundle directory ``out_dir`` (fp32); with
     ``drafter_dir``, add its GAD drafter as export_bundle does. ``shortlist_rule``: whose
-    shortlist a bundle with one reproduces (:data:`SHORTLIST_RULES`). ``argmax_graph``: as
-    export_bundle's."""
+    shortlist a bundle with one reproduces (:data:`SHORTLIST_RULES`). ``argmax_graph`` and
+    ``cross_key_layout``: as export_bundle's."""
     import onnx
     import torch
 
     from ...runtime.session import require_onnxruntime
     from ..graphs import EncoderGraph, VerifierGraph
-    from ..tracing import check_drafter, encoder_dummy, load_drafter, say, trace, trace_drafter, trace_verifiers
+    from ..tracing import (check_drafter, cross_dummy, encoder_dummy, load_drafter, say, trace, trace_drafter,
+                           trace_verifiers)
     from ..validate import drafter_cases
     from .graphs import (RecurrentVerifierGraph, ShortlistEncoderGraph, attention_parts, optional_output_ids,
                          recurrence_as_scan)
@@ -212,10 +214,11 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     tmp = None
     try:
         tmp = make_temp(out)
-        enc_spec = encoder_spec(layers, heads, head_dim, config.d_model, output_rows=table is not None)
+        enc_spec = encoder_spec(layers, heads, head_dim, config.d_model, output_rows=table is not None,
+                                cross_key_layout=cross_key_layout)
         say(progress, f"[3/5] tracing the encoder and the {'SSRU' if recurrent else 'self-attention'} verifier")
         parts = attention_parts(model)
-        encoder = EncoderGraph(model, model.encoder, parts)
+        encoder = EncoderGraph(model, model.encoder, parts, cross_key_layout)
         if table is None:
             trace(encoder.eval(), encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
         else:  # it also gathers each new row's output matrix (ShortlistEncoderGraph); 3 lists of 4 ids
@@ -230,16 +233,17 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         own = layers if recurrent else 2 * layers
         dummy = (torch.randint(3, 10, (batch, new)), torch.tensor([4, 3], dtype=torch.int64),
                  *(torch.randn(batch, heads, capacity, head_dim) for _ in range(own)),
-                 *(torch.randn(batch, heads, source, head_dim) for _ in range(2 * layers)),
+                 *cross_dummy(layers, heads, head_dim, batch, source, cross_key_layout),
                  torch.ones(batch, source, dtype=torch.int64))
         if table is not None:  # distinct rows and length, padded like the runtime's lists
             dummy = (*dummy, torch.tensor([[0, 4, 7, 9, 11, 12, 13, 15, 17, 18, 19], [0, 3, 5, 6, 8, 10, 14, 16, 20, -1, -1]]),
                      torch.randn(batch, 11, config.d_model))  # and their gathered rows (output_rows)
 
         def verifier(head: str):  # noqa: ANN202
-            return (RecurrentVerifierGraph(model, top_k, suppressed, table is not None, head, table is not None)
+            return (RecurrentVerifierGraph(model, top_k, suppressed, table is not None, head, table is not None,
+                                           cross_key_layout)
                     if recurrent
-                    else VerifierGraph(model, parts, top_k, suppressed, vocab, head))
+                    else VerifierGraph(model, parts, top_k, suppressed, vocab, head, cross_key_layout))
 
         def scan(path: Path) -> None:
             graph = onnx.load(str(path))
@@ -252,7 +256,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
 
         verifiers = trace_verifiers(verifier, dummy, tmp, lambda head: verifier_spec(
             layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None, head=head,
-            d_model=config.d_model if table is not None else None), opset,
+            d_model=config.d_model if table is not None else None, cross_key_layout=cross_key_layout), opset,
             scan if recurrent else None, argmax_graph=argmax_graph)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
@@ -299,6 +303,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             draft_window=drafter.config.window if drafter is not None else None,
             draft_positions=drafter.config.positions if drafter is not None else None,
             cache_kind=cache_kind,
+            cross_key_layout=cross_key_layout,
             # whether a sentence's own source ids join its list: SHORTLIST_RULES
             shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first,
                                                   "shared": SHORTLIST_RULES[shortlist_rule]},

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
                       candidates)
+from ...runtime.decoding.cache import KEYS_TRANSPOSED
 from ..positions import replace_placeholders
 from ..shortlist_head import ids_at, shortlist_logits
 from .model import MarianModel, recur
@@ -133,25 +134,26 @@ class RecurrentVerifierGraph(nn.Module):
     """T new tokens after per-row recurrent states -> top-K log-probs/ids per position and the states written."""
 
     def __init__(self, model: MarianModel, top_k: int, suppressed_ids: tuple[int, ...], shortlist: bool,
-                 head: str = "top_k", output_rows: bool = False) -> None:
+                 head: str = "top_k", output_rows: bool = False, cross_key_layout: str = KEYS_TRANSPOSED) -> None:
         """``shortlist``: the graph takes ``output_ids`` [rows or 1, L], each row's allowed output ids
         (-1 pads a row's list; [1, V] of every id decodes over the whole vocabulary), and projects
         onto those rows of the output matrix only. ``output_rows``: it also takes those rows of the
         matrix already gathered, [rows, L, D] (:class:`ShortlistEncoderGraph`), or an empty
-        [1, 0, D] to gather them itself."""
+        [1, 0, D] to gather them itself. ``cross_key_layout``: the cross keys' (Manifest.cross_key_layout)."""
         super().__init__()
         self.model = model  # registered so the tracer sees its weights as parameters, not constants
         self.top_k = top_k
         self.head = head  # what it returns of each position (export/graphs.py candidates)
         self.shortlist = shortlist
         self.output_rows = output_rows
+        self.keys_transposed = cross_key_layout == KEYS_TRANSPOSED
         bias = torch.zeros(model.config.target_vocab)
         bias[list(suppressed_ids)] = float("-inf")
         self.register_buffer("suppress_bias", bias, persistent=False)
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
-        """``buffers``: per layer its state buffer [B, H, C, Dh]; then per layer cross key, cross
-        value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids`` (and
+        """``buffers``: per layer its state buffer [B, H, C, Dh]; then per layer cross key (in the
+        bundle's cross_key_layout), cross value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids`` (and
         with ``output_rows``, that input)."""
         model = self.model
         config = model.config
@@ -187,7 +189,9 @@ class RecurrentVerifierGraph(nn.Module):
             hidden = layer.ssru.output(hidden, states)
             context = layer.context
             q = _split_heads(context.q(hidden), heads, head_dim)
-            scores = torch.matmul(q, cross_kv[2 * layer_index].transpose(-1, -2)) * context.scaling + cross_bias
+            keys = cross_kv[2 * layer_index]  # K^T already, or K (Manifest.cross_key_layout)
+            keys = keys if self.keys_transposed else keys.transpose(-1, -2)
+            scores = torch.matmul(q, keys) * context.scaling + cross_bias
             attended = torch.matmul(torch.softmax(scores, dim=-1), cross_kv[2 * layer_index + 1])
             hidden = context.norm(hidden + context.o(_merge_heads(attended)))
             hidden = layer.ffn(hidden)

@@ -2,8 +2,10 @@
 
 Format 2 of the cache contract (``export/graphs.py`` is the graph side). For every decoder
 layer there is a self-attention key buffer and value buffer of shape
-``[rows, heads, capacity, head_dim]``, and a cross-attention key and value of shape
-``[rows, heads, source_capacity, head_dim]``. Each buffer is one flat allocation sized for
+``[rows, heads, capacity, head_dim]``, and a cross-attention value of shape
+``[rows, heads, source_capacity, head_dim]`` and key of shape ``[rows, heads, head_dim,
+source_capacity]`` (:func:`cross_dims`; bundles from before ``cross_key_layout`` have keys
+shaped as the values). Each buffer is one flat allocation sized for
 the most rows (``slots``), the longest output (the bundle's ``max_target_len``) and the
 longest source, made once per batch; the graphs see a prefix of it with the current
 ``rows x capacity``. The verifier writes only the new tokens' keys/values, at each row's own
@@ -34,10 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from ..bundle_schema import CROSS_KEY_LAYOUTS
 from ..errors import CapacityError
 from ..session import require_onnxruntime
 
 MIN_CAPACITY = 16
+
+Dim = int | str  # a shape dim: a size, or a graph spec's symbolic name
 
 # The decoder's own cache, per layer and position, by the manifest's ``cache_kind``:
 # - "attention": a self-attention layer's key and value of each position;
@@ -64,6 +69,27 @@ def self_cache_out_names(layers: int, kind: str = "attention") -> list[str]:
 def cross_names(layers: int) -> list[str]:
     """The encoder's per-layer cross-attention outputs, which the verifier takes as inputs."""
     return [f"cross_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+# Manifest.cross_key_layout (bundle_schema.CROSS_KEY_LAYOUTS). Keys transposed: the verifier's
+# scores are Q.K^T, and a key laid out as the values made every call transpose every layer's
+# keys again (about a tenth of a batch-32 greedy call's kernel time), though they are fixed for
+# a sentence; the encoder transposes them once per sentence instead. The values stay
+# [.., source, head_dim]: weights.V reads them as they are.
+KEYS_BY_SOURCE, KEYS_TRANSPOSED = CROSS_KEY_LAYOUTS
+
+
+def cross_dims(rows: Dim, heads: Dim, source: Dim, head_dim: Dim, key: bool, layout: str | None) -> tuple[Dim, ...]:
+    """The shape of a cross-attention key (``key``) or value for a bundle's ``cross_key_layout``
+    (None: a bundle from before the field, keys as the values); dims are ints or names."""
+    if key and layout == KEYS_TRANSPOSED:
+        return (rows, heads, head_dim, source)
+    return (rows, heads, source, head_dim)
+
+
+def source_axis(key: bool, layout: str | None) -> int:
+    """The source axis of :func:`cross_dims`' shape."""
+    return 3 if key and layout == KEYS_TRANSPOSED else 2
 
 
 # A shortlist row's gathered output matrix (SlotBuffers.matrices) is kept [slots, L, d], L at
@@ -134,9 +160,10 @@ class SlotBuffers:
 
     def __init__(self, layers: int, heads: int, head_dim: int, d_model: int, slots: int, max_target: int,
                  max_source: int, device: str, bound: bool, keep_hidden: bool, dtype: str = "float32",
-                 cache_kind: str = "attention", matrices: bool = False) -> None:
+                 cache_kind: str = "attention", matrices: bool = False, cross_key_layout: str | None = None) -> None:
         """``matrices``: each row also keeps its shortlist's gathered output matrix (a verifier
-        that takes ``output_rows``, graph_specs.takes_output_rows), written when it is admitted."""
+        that takes ``output_rows``, graph_specs.takes_output_rows), written when it is admitted.
+        ``cross_key_layout``: the bundle's (Manifest.cross_key_layout, :func:`cross_dims`)."""
         self.dtype = np.dtype(dtype)
         self.layers, self.heads, self.head_dim, self.d_model = layers, heads, head_dim, d_model
         self.slots, self.max_target, self.max_source = slots, max_target, max_source
@@ -146,6 +173,8 @@ class SlotBuffers:
         self._self = [_Flat(slots * heads * max_target * head_dim, on_device, self.dtype)
                       for _ in range(layers * len(CACHE_KINDS[cache_kind]))]
         self._cross = [_Flat(slots * heads * max_source * head_dim, on_device, self.dtype) for _ in range(2 * layers)]
+        self.cross_key_layout = cross_key_layout
+        self._cross_keys = [index % 2 == 0 for index in range(2 * layers)]  # cross_names' order: key, value
         # the drafter reads the encoder output from the host side: it is small, written once a row
         self._hidden = _Flat(slots * max_source * d_model, False, self.dtype) if keep_hidden else None
         self.keep_hidden = keep_hidden
@@ -165,9 +194,16 @@ class SlotBuffers:
         return (self.rows if rows is None else rows, self.heads,
                 self.capacity if capacity is None else capacity, self.head_dim)
 
-    def cross_shape(self, rows: int | None = None, source: int | None = None) -> tuple[int, int, int, int]:
-        return (self.rows if rows is None else rows, self.heads,
-                self.source_capacity if source is None else source, self.head_dim)
+    def cross_shape(self, rows: int | None = None, source: int | None = None, key: bool = False) -> tuple[int, ...]:
+        """A cross-attention value's shape, or with ``key`` a key's (:func:`cross_dims`)."""
+        return cross_dims(self.rows if rows is None else rows, self.heads,
+                          self.source_capacity if source is None else source, self.head_dim, key,
+                          self.cross_key_layout)
+
+    def _cross_by_kind(self) -> Iterator[tuple[bool, list[_Flat]]]:
+        """(key, its flats): the cross keys, then the values, each of one shape."""
+        for key in (True, False):
+            yield key, [flat for flat, is_key in zip(self._cross, self._cross_keys) if is_key == key]
 
     def hidden(self) -> np.ndarray:
         """The encoder output of the current rows, [rows, source_capacity, d_model]."""
@@ -232,7 +268,9 @@ class SlotBuffers:
         self._resize_source(bucket(needed, self.max_source))
 
     def _resize_source(self, source: int) -> None:
-        self._relayout(self._cross, self.cross_shape(), self.cross_shape(source=source), axis=2)
+        for key, flats in self._cross_by_kind():
+            self._relayout(flats, self.cross_shape(key=key), self.cross_shape(source=source, key=key),
+                           axis=source_axis(key, self.cross_key_layout))
         if self._hidden is not None and self.rows:
             self._relayout([self._hidden], (self.rows, self.source_capacity, self.d_model),
                            (self.rows, source, self.d_model), axis=1)
@@ -266,7 +304,8 @@ class SlotBuffers:
 
     def add_rows(self, cross: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray | None,
                  matrices: np.ndarray | None = None, matrix_lens: np.ndarray | None = None) -> range:
-        """Append rows from one encoder call (cross [m, H, S, Dh] per layer and kind); their slots.
+        """Append rows from one encoder call (cross keys and values per layer, :func:`cross_dims`
+        with S the call's source width); their slots.
         ``matrices`` [m, L, d_model] (with :attr:`keeps_matrices`): each row's gathered output
         matrix, the first ``matrix_lens[row]`` of its L rows its own."""
         count, length = mask.shape
@@ -275,10 +314,11 @@ class SlotBuffers:
         self._ensure_source(length)
         first, self.rows = self.rows, self.rows + count
         self.layout += 1
-        for flat, values in zip(self._cross, cross):
+        for flat, key, values in zip(self._cross, self._cross_keys, cross):
+            shape, axis = self.cross_shape(key=key), source_axis(key, self.cross_key_layout)
             with flat.edit() as data:
-                view = data[: int(np.prod(self.cross_shape()))].reshape(self.cross_shape())
-                view[first:, :, :length] = values
+                view = np.moveaxis(data[: int(np.prod(shape))].reshape(shape), axis, 2)  # source at axis 2
+                view[first:, :, :length] = np.moveaxis(values, axis, 2)
                 view[first:, :, length:] = 0.0
         self.mask[first : self.rows] = 0
         self.mask[first : self.rows, :length] = mask
@@ -314,6 +354,7 @@ class SlotBuffers:
         """Drop ``slot``; the last row moves into it. Returns the slot that moved (None if none did)."""
         last = self.rows - 1
         if slot != last:
+            # a row is contiguous in every buffer, whatever the layout after its axis
             for flats, shape in ((self._self, self.self_shape()), (self._cross, self.cross_shape())):
                 for flat in flats:
                     with flat.edit() as data:
@@ -343,14 +384,14 @@ class SlotBuffers:
         for flat, name, out in zip(self._self, in_names, out_names):
             binding.bind_input(name, self.device, 0, self.dtype, list(shape), flat.pointer())
             binding.bind_output(out, self.device, 0, self.dtype, list(shape), flat.pointer())
-        shape = self.cross_shape()
-        for flat, name in zip(self._cross, cross):
-            binding.bind_input(name, self.device, 0, self.dtype, list(shape), flat.pointer())
+        for flat, key, name in zip(self._cross, self._cross_keys, cross):
+            binding.bind_input(name, self.device, 0, self.dtype, list(self.cross_shape(key=key)), flat.pointer())
 
     def feeds(self, in_names: list[str], cross: list[str]) -> dict[str, np.ndarray]:
         """The buffers as numpy inputs (unbound)."""
         feeds = {name: flat.view(self.self_shape()) for flat, name in zip(self._self, in_names)}
-        feeds.update({name: flat.view(self.cross_shape()) for flat, name in zip(self._cross, cross)})
+        feeds.update({name: flat.view(self.cross_shape(key=key))
+                      for flat, key, name in zip(self._cross, self._cross_keys, cross)})
         return feeds
 
     def store(self, outputs: list[np.ndarray]) -> None:

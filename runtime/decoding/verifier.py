@@ -98,7 +98,7 @@ class Batch:
                                    m.max_target_len + SLACK, m.max_source_len, self._session.device, bound,
                                    memory is not None, ACTIVATION_DTYPES[m.precision], m.cache_kind,
                                    verifier.takes_output_rows and verifier.shortlist is not None
-                                   and slots <= verifier.kept_matrix_slots)
+                                   and slots <= verifier.kept_matrix_slots, m.cross_key_layout)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = self._session.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for

@@ -345,7 +345,8 @@ def _pad_output(bundle, graph: str, output: str, pads: list[int]) -> None:
 def test_a_graph_that_computes_other_shapes_than_it_declares_is_a_bundle_error(bundle_copy):
     """The encoder's declared IO checks out, but it pads one cross-attention output by a source
     position: the first call says which graph and output, instead of failing somewhere later."""
-    _pad_output(bundle_copy, "encoder", "cross_key.0", [0, 0, 0, 0, 0, 0, 1, 0])  # one more source position
+    # one more source position (a new bundle's keys are [1, heads, head_dim, source]: Manifest.cross_key_layout)
+    _pad_output(bundle_copy, "encoder", "cross_key.0", [0, 0, 0, 0, 0, 0, 0, 1])
     # the declared IO is the runtime's: the load-time probe's call is the first to see it
     with pytest.raises(BundleError, match=r"encoder.onnx \(encoder\) computed output 'cross_key.0' of shape "
                                           r"\[1, \d+, (\d+), \d+\], where its declared IO implies"):

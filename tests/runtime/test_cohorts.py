@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
-from aggdec.runtime.decoding.cache import SlotBuffers
+from aggdec.runtime.decoding.cache import SlotBuffers, cross_names, source_axis
 from aggdec.runtime.decoding.loop import Cohort, length_class, next_cohort
 from aggdec.runtime.decoding.verifier import Batch, length_groups
 from aggdec.runtime.generator import Generator
@@ -164,11 +164,14 @@ def test_mixed_lengths_are_encoded_in_separate_calls_with_the_same_result(bundle
     assert len(calls) == 2 and max(rows for rows, _ in calls) == 3  # the long source alone
     together = generator.verifier.batch(4, bound=True)
     together._encode([sources[i] for i in order], m.pad_token_id)  # one call, padded to the longest
-    cross = batch.buffers._cross[0].view(batch.buffers.cross_shape())
-    same = together.buffers._cross[0].view(together.buffers.cross_shape())
-    for slot, index in enumerate(order):
-        length = len(sources[index])
-        np.testing.assert_array_equal(cross[slot, :, :length], same[slot, :, :length])
+    names = cross_names(m.decoder_layers)
+    fed, same = batch.buffers.feeds([], names), together.buffers.feeds([], names)
+    for name in names:
+        axis = source_axis(name.startswith("cross_key"), m.cross_key_layout)
+        cross, alike = np.moveaxis(fed[name], axis, 2), np.moveaxis(same[name], axis, 2)
+        for slot, index in enumerate(order):
+            length = len(sources[index])
+            np.testing.assert_array_equal(cross[slot, :, :length], alike[slot, :, :length])
 
 
 def test_capacity_is_given_back_when_the_longest_row_leaves(bundle):
