@@ -78,10 +78,30 @@ def test_byte_fallback_layout(byte_tokenizer):
 
 
 def test_without_byte_fallback_rare_characters_are_unknown(corpus, tmp_path):
-    """The default (the committed model's tokenizer) is unchanged: emoji become <unk>."""
+    """Without --byte-fallback the tokenizer is as before: emoji become <unk>."""
     fast = train.train_tokenizer(corpus, 2000, tmp_path)
     assert fast.unk_token_id in fast("Дякую 👍")["input_ids"]
     assert not any(t.startswith("<0x") for t in fast.get_vocab())
+
+
+def test_extending_a_tokenizer_with_byte_fallback_keeps_every_id(corpus, tmp_path):
+    """``--init-from``'s tokenizer: a trained tokenizer without byte fallback, the byte tokens
+    appended after its vocabulary. Every text its pieces cover keeps its ids (so the model keeps
+    its embedding rows); characters that were ``<unk>`` become byte tokens and round-trip."""
+    plain = train.train_tokenizer(corpus, 2000, tmp_path / "plain")
+    extended = train.extend_with_byte_fallback(tmp_path / "plain", tmp_path / "extended")
+    assert len(extended) == len(plain) + 256
+    assert extended.convert_tokens_to_ids(["<0x00>", "<0xFF>"]) == [len(plain), len(plain) + 255]
+    for text in corpus[:500]:
+        assert extended(text)["input_ids"] == plain(text)["input_ids"], text
+    codec = TextCodec(tmp_path / "extended" / "tokenizer.json")
+    for text in RARE:
+        ids = extended(text)["input_ids"]
+        assert plain.unk_token_id not in ids and codec.encode([text])[0] == ids, text
+        if text == " ".join(text.split()):  # this tokenizer's pre-tokenizer does not keep runs of spaces
+            assert extended.decode(ids, skip_special_tokens=True) == codec.decode(ids) == text
+    with pytest.raises(SystemExit, match="byte fallback already"):
+        train.extend_with_byte_fallback(tmp_path / "extended", tmp_path / "twice")
 
 
 @pytest.mark.skipif(not SHARED_BASE.is_dir(), reason="../shared/models/uagec-base is not here")

@@ -116,6 +116,32 @@ def _with_byte_fallback(trained):
     return tok
 
 
+def extend_with_byte_fallback(model_dir: Path, out_dir: Path):
+    """A trained model's tokenizer with the 256 byte tokens appended after its vocabulary
+    (ids ``V``..``V+255``) and ``byte_fallback`` on, saved in ``out_dir``.
+
+    Its pieces, merges, pre-tokenizer and ids are kept, so every text its pieces cover
+    tokenizes exactly as before, and the model it was trained with keeps every embedding row:
+    only characters that were ``<unk>`` become byte tokens (``--init-from``)."""
+    from tokenizers import Tokenizer, decoders, models
+
+    trained = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    state = json.loads(trained.to_str())
+    if state["model"].get("byte_fallback"):
+        raise SystemExit(f"{model_dir}: its tokenizer has byte fallback already")
+    vocab = dict(state["model"]["vocab"])
+    if any(token in vocab for token in BYTE_TOKENS):
+        raise SystemExit(f"{model_dir}: its vocabulary holds byte tokens already")
+    first = trained.get_vocab_size(with_added_tokens=True)
+    vocab.update({token: first + i for i, token in enumerate(BYTE_TOKENS)})
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=UNK, byte_fallback=True))
+    tok.normalizer, tok.pre_tokenizer = trained.normalizer, trained.pre_tokenizer
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), trained.decoder])
+    tok.add_special_tokens([EOS, UNK, PAD])
+    return _save_fast(tok, out_dir)
+
+
 def _save_fast(tok, out_dir: Path):
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
@@ -211,9 +237,10 @@ def autocast(device, bf16: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def _rare_char_check(examples, first_byte: int = 3, n_bytes: int = 256) -> dict:
-    """How the rare-character pairs reach the model: byte tokens, and whether source and target
-    carry the same ones (a difference would teach the model to invent or drop a character)."""
+def _rare_char_check(examples, first_byte: int, n_bytes: int = 256) -> dict:
+    """How the rare-character pairs reach the model: byte tokens (ids ``first_byte``.. on), and
+    whether source and target carry the same ones (a difference would teach the model to invent
+    or drop a character)."""
     is_byte = lambda i: first_byte <= i < first_byte + n_bytes  # noqa: E731
     with_bytes, n_tok, ids, differ = 0, 0, set(), 0
     for s, t in examples:
@@ -295,7 +322,13 @@ def main(argv=None):
                     help="minutes between dev evaluations (each one also writes OUT/resume.pt)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from OUT/resume.pt, written by an earlier run with the same options")
+    ap.add_argument("--init-from", default=None,
+                    help="start from this trained model (its architecture and weights) instead of from scratch; "
+                         "with --byte-fallback its tokenizer gets the 256 byte tokens appended and the model "
+                         "as many new embedding rows, every other id and row kept")
     args = ap.parse_args(argv)
+    if args.init_from and not args.byte_fallback:
+        ap.error("--init-from extends a model's vocabulary with byte fallback: give --byte-fallback")
     if args.rare_char_rate and not args.byte_fallback:
         ap.error("--rare-char-rate needs --byte-fallback: without byte tokens rare characters are <unk>")
     if not 0.0 <= args.rare_char_rate <= 1.0:
@@ -350,8 +383,11 @@ def main(argv=None):
                           rare_rate=args.rare_char_rate, common_chars=common)
 
     # ---- tokenizer (trained on the training split: sources and targets, dev excluded)
-    tok = train_tokenizer([s for s, _ in tr_pairs] + [t for _, t in tr_pairs], args.vocab_size, out,
-                          byte_fallback=args.byte_fallback)
+    if args.init_from:
+        tok = extend_with_byte_fallback(Path(args.init_from), out)
+    else:
+        tok = train_tokenizer([s for s, _ in tr_pairs] + [t for _, t in tr_pairs], args.vocab_size, out,
+                              byte_fallback=args.byte_fallback)
     pad_id, eos_id, unk_id = tok.pad_token_id, tok.eos_token_id, tok.unk_token_id
     test = load_pairs("test")
     rt_train = roundtrip_rate(tok, [s for s, _ in tr_pairs[:2000]])
@@ -369,7 +405,7 @@ def main(argv=None):
     real_ex, syn_ex, dev_ex = enc(tr_pairs), enc(syn), enc(dev_pairs)
     rare_check = None
     if args.rare_char_rate:
-        rare_check = _rare_char_check(syn_ex)
+        rare_check = _rare_char_check(syn_ex, tok.convert_tokens_to_ids(BYTE_TOKENS[0]))
         print(f"rare chars: {rare_check['sources_with_byte_tokens']} synthetic sources with byte tokens "
               f"({rare_check['byte_tokens']} byte tokens, {rare_check['distinct_byte_ids']} distinct byte ids); "
               f"{rare_check['pairs_differing']} pairs whose byte tokens differ between source and target", flush=True)
@@ -403,7 +439,14 @@ def main(argv=None):
         bos_token_id=None,
         decoder_vocab_size=len(tok),
     )
-    model = MarianMTModel(cfg).to(device)
+    if args.init_from:  # its own architecture; the byte tokens' rows added (mean of the others)
+        model = MarianMTModel.from_pretrained(args.init_from, torch_dtype=torch.float32)
+        model.resize_token_embeddings(len(tok))
+        model.config.decoder_vocab_size = len(tok)
+        model.config.dropout = args.dropout
+        model = model.to(device)
+    else:
+        model = MarianMTModel(cfg).to(device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
