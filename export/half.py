@@ -39,6 +39,33 @@ FP32_OPS = ("LogSoftmax", "TopK", "ArgMax", "GatherElements", "Softmax", "LayerN
 FP32_OUTPUTS = ("top_logprobs",)
 
 
+def _drop_repeated_casts(graph) -> None:
+    """The converter puts a Cast back to float32 before each kept-in-float32 operator, named
+    after the tensor it reads; where one tensor feeds two such operators (torch 2.11 exports
+    the logits into both TopK and LogSoftmax) it writes the same Cast twice, and onnxruntime
+    refuses a graph with two nodes of one name. The copies are the same node: keep the first.
+    Two different nodes of one name or output would be the converter's error, not ours to guess."""
+    seen: dict[str, bytes] = {}
+    produced: set[str] = set()
+    kept = []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if node.name and node.name in seen:
+            if seen[node.name] != key:
+                raise ExportError(f"the float16 conversion wrote two different nodes named {node.name!r}")
+            continue
+        clash = produced.intersection(node.output)
+        if clash:
+            raise ExportError(f"the float16 conversion wrote {sorted(clash)[0]!r} twice")
+        if node.name:
+            seen[node.name] = key
+        produced.update(node.output)
+        kept.append(node)
+    if len(kept) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
 def half_model(model, vocab_size: int, output_projection: bool = True):
     """``model`` (an fp32 onnx ModelProto) converted to float16; returns the new model and the
     number of float16 matrix products by a weight. ``output_projection=False`` keeps the
@@ -59,6 +86,7 @@ def half_model(model, vocab_size: int, output_projection: bool = True):
     outputs = [o.name for o in model.graph.output if o.name in FP32_OUTPUTS]
     half = convert_float_to_float16(model, keep_io_types=outputs, op_block_list=list(FP32_OPS),
                                     node_block_list=kept_nodes)
+    _drop_repeated_casts(half.graph)
     half_inits = {init.name: init for init in half.graph.initializer}
     products = 0
     for node in half.graph.node:

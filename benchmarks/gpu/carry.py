@@ -113,6 +113,14 @@ def pack(name: str, sources: list[Path], chunk_bytes: int, root: Path = PACK_ROO
         shutil.rmtree(work)
 
 
+def pack_site(name: str, archive: Path, chunk_bytes: int, root: Path = PACK_ROOT, **facts) -> list[Path]:
+    """A site folder packed as one archive (slim_ort.py's onnxruntime-gpu), split into
+    ``root/NAME/w1..wN``; the device unpacks it into WORK/site once every part is there."""
+    if not archive.is_file():
+        raise CarryError(f"{archive} does not exist")
+    return split_file(archive, root / name, chunk_bytes, {"name": name, "kind": "site", **facts})
+
+
 def describe_wheel(root: Path = WHEEL_ROOT) -> list[Path]:
     """pack.json in each of ort-gpu-chunks.sh's folders (root/w1..wN), from the wheel it split
     (root/dl/*.whl): the device then knows how many parts make the wheel and its sha256."""
@@ -149,19 +157,27 @@ def _pip_target(wheels: list[Path], site: Path) -> None:
         raise CarryError(f"pip could not install {', '.join(w.name for w in wheels)}: {done.stderr.strip()[-600:]}")
 
 
+def _extract(archive: Path, target: Path) -> None:
+    if not hasattr(tarfile, "data_filter"):
+        raise CarryError("unpacking a carried archive needs tarfile's data filter (Python 3.10.12, 3.11.4, 3.12 or later)")
+    with tarfile.open(archive) as tar:  # any compression tarfile knows (.tar.gz packs, slim_ort.py's .tar.xz)
+        tar.extractall(target, filter="data")  # "data": no links out, no absolute paths, no devices
+
+
 def _install(info: dict, whole: Path, work: Path) -> str:
     site = work / "site"
     if info["kind"] == "wheel":
         _pip_target([whole], site)
         return f"installed into {site}"
+    if info["kind"] == "site":  # a package laid out as pip installs it (slim_ort.py): unpacked into the site
+        site.mkdir(parents=True, exist_ok=True)
+        _extract(whole, site)
+        return f"unpacked into {site}"
     target = work / "carried" / info["name"]
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    if not hasattr(tarfile, "data_filter"):
-        raise CarryError("unpacking a carried archive needs tarfile's data filter (Python 3.10.12, 3.11.4, 3.12 or later)")
-    with tarfile.open(whole) as tar:
-        tar.extractall(target, filter="data")  # "data": no links out, no absolute paths, no devices
+    _extract(whole, target)
     if info.get("install") == "wheels":  # a pack of wheels (pack --wheels): installed like onnxruntime-gpu
         wheels = sorted(target.rglob("*.whl"))
         if not wheels:
@@ -229,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     packing.add_argument("paths", nargs="+", type=Path)
     packing.add_argument("--room-mib", type=int, help="MiB per part (default: what fits beside the tree)")
     packing.add_argument("--wheels", action="store_true", help="the device installs the wheels in it into WORK/site")
+    site = sub.add_parser("pack-site", help="CPU side: a site archive (slim_ort.py) into .gpu-pack/NAME/w1..wN")
+    site.add_argument("name")
+    site.add_argument("archive", type=Path)
+    site.add_argument("--room-mib", type=int, help="MiB per part (default: what fits beside the tree)")
     describe = sub.add_parser("describe-wheel", help="CPU side: pack.json for ort-gpu-chunks.sh's folders")
     describe.add_argument("root", nargs="?", type=Path, default=WHEEL_ROOT)
     staging = sub.add_parser("stage", help="device side: gather carried parts, install complete files")
@@ -239,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "pack":
             room = args.room_mib if args.room_mib is not None else room_mib(Path("."))
             folders = pack(args.name, args.paths, room * MIB, wheels=args.wheels)
+            print(f"{args.name}: {len(folders)} folder(s) to carry, one per call: "
+                  + " ".join(str(f) for f in folders))
+        elif args.command == "pack-site":
+            room = args.room_mib if args.room_mib is not None else room_mib(Path("."))
+            folders = pack_site(args.name, args.archive, room * MIB)
             print(f"{args.name}: {len(folders)} folder(s) to carry, one per call: "
                   + " ".join(str(f) for f in folders))
         elif args.command == "describe-wheel":
