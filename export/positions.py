@@ -126,6 +126,8 @@ def isolate_positions(model) -> tuple[object, int]:
 # batches, past and new lengths: the export validation's shapes (export/validate.py), plus a
 # block past the CPU's default max_block of 32, where a GEMM may switch to another kernel
 BATCHES, PAST_LENS, NEW_LENS, SOURCE_LEN = (1, 3), (0, 5), (1, 2, 7, 33), 9
+# a static-shape Driver's cache room past the longest prefix, block and padding
+STATIC_CAPACITY = 3
 
 
 class PlainSession:
@@ -181,13 +183,20 @@ class Driver:
     """Runs encoder + verifier the way the runtime does: fill a cache with the prefix, then
     continue from each row's kept length."""
 
-    def __init__(self, encoder, verifier, manifest: Manifest, dtype: str = "float32", per_source: bool = False) -> None:
+    def __init__(self, encoder, verifier, manifest: Manifest, dtype: str = "float32", per_source: bool = False,
+                 static_width: int | None = None) -> None:
         """``dtype``: the graphs' activation type, of the self-attention buffers fed to the verifier;
         ``per_source``: encode one unpadded source per call, as the runtime does for an encoder
-        that couples the rows of a call (Manifest.encodes_one_source_per_call)."""
+        that couples the rows of a call (Manifest.encodes_one_source_per_call).
+        ``static_width``: every call at one shape: each block padded to this many positions and
+        every cache of one capacity (:data:`STATIC_CAPACITY` past the width), so that no
+        product changes its shape between a block and a position alone. A GPU's libraries
+        choose their kernels by shape (cuBLAS), and two kernels may sum a row in another
+        order; at one shape, a row is computed the same way wherever it is."""
         self.encoder, self.verifier, self.m = encoder, verifier, manifest
         self.dtype = np.dtype(dtype)
         self.per_source = per_source
+        self.static_width = static_width
 
     def encode(self, case: Case) -> dict:
         names = ["encoder_hidden_states", *cross_names(self.m.decoder_layers)]
@@ -215,18 +224,25 @@ class Driver:
     def call(self, case: Case, encoded: dict, cache: dict, ids: np.ndarray, lengths: np.ndarray):
         layers = self.m.decoder_layers
         cross = {n: encoded[n] for n in cross_names(layers)}
+        new = ids.shape[1]
+        if self.static_width is not None:  # padding after the block: causal, it changes no position before it
+            if new > self.static_width:
+                raise ValueError(f"a block of {new} positions is wider than the static width {self.static_width}")
+            ids = np.pad(ids, ((0, 0), (0, self.static_width - new)), constant_values=self.m.pad_token_id)
         out = self.verifier.run({"input_ids": ids, "past_lengths": lengths, **cache, **cross,
                                  "encoder_attention_mask": case.mask})
         kind = self.m.cache_kind
         written = dict(zip(self_cache_names(layers, kind), (out[n] for n in self_cache_out_names(layers, kind))))
         if "top1_ids" in out:  # the argmax graph: its best id as the only candidate, no log-probs
-            return out["top1_ids"][..., None], out["top1_ids"][..., None], written
-        return out["top_logprobs"], out["top_ids"], written
+            return out["top1_ids"][:, :new, None], out["top1_ids"][:, :new, None], written
+        return out["top_logprobs"][:, :new], out["top_ids"][:, :new], written
 
     def prefill(self, case: Case, encoded: dict) -> dict:
         m = self.m
         batch, new = case.new_ids.shape
         capacity = case.prefix.shape[1] + new + 3
+        if self.static_width is not None:
+            capacity = max(PAST_LENS) + max(NEW_LENS) + self.static_width + STATIC_CAPACITY
         cache = {n: np.zeros((batch, m.num_heads, capacity, m.head_dim), self.dtype)
                  for n in self_cache_names(m.decoder_layers, m.cache_kind)}
         if case.prefix.shape[1]:
@@ -235,14 +251,15 @@ class Driver:
 
 
 def check_verifier_graphs(encoder, verifiers: dict, manifest: Manifest, cases: list[Case], dtype: str = "float32",
-                          per_source: bool = False) -> int:
+                          per_source: bool = False, static_width: int | None = None) -> int:
     """Every verifier graph of a bundle (graph name -> session: "verifier", and
     "verifier_argmax" where the bundle has it) position-independent
     (:func:`check_position_independence`), and the argmax graph's ids bitwise the top-K graph's
     first on every case and position, with the same cache written: greedy and IAD/GAD, which
     run the argmax graph, then equal GAD++ at beta 1 and beams, which run the top-K one.
-    Returns the positions checked."""
-    drivers = {name: Driver(encoder, session, manifest, dtype, per_source) for name, session in verifiers.items()}
+    Returns the positions checked. ``static_width``: every call at one shape (:class:`Driver`)."""
+    drivers = {name: Driver(encoder, session, manifest, dtype, per_source, static_width)
+               for name, session in verifiers.items()}
     checked = sum(check_position_independence(driver, cases) for driver in drivers.values())
     if "verifier_argmax" not in drivers:
         return checked
@@ -283,7 +300,11 @@ def check_position_independence(driver: Driver, cases: list[Case]) -> int:
                                       "equal greedy. Report this with your onnxruntime version.")
             checked += 1
         for name, values in block_cache.items():
-            if not np.array_equal(values, single[name]):
+            other = single[name]
+            if driver.static_width is not None:  # past each row's block: padding's entries, never attended
+                valid = np.arange(values.shape[2])[None, :] < (case.kept + new)[:, None]
+                values, other = values * valid[:, None, :, None], other * valid[:, None, :, None]
+            if not np.array_equal(values, other):
                 raise ValidationError(f"the verifier writes a different {name} for a block than position by position "
                                       f"(batch {batch}, block {new}); IAD/GAD would not equal greedy.")
     return checked

@@ -346,9 +346,15 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
 # ------------------------------------------------------------------ fp16 on the device
 
 
-def position_check(path: Path, device: str) -> dict:
+# the static check's block width: the widest validation block (export.positions.NEW_LENS)
+STATIC_WIDTH = 33
+
+
+def position_check(path: Path, device: str, static_width: int | None = None) -> dict:
     """The export's block-vs-alone bitwise check (and, where the bundle has the argmax verifier
-    graph, its ids against the top-K graph's first), with the graphs on ``device``."""
+    graph, its ids against the top-K graph's first), with the graphs on ``device``;
+    ``static_width``: every call at one shape (export.positions.Driver), as a decode that kept
+    its shapes fixed would make them."""
     from aggdec.export.positions import check_verifier_graphs, validation_cases
     from aggdec.runtime.bundle_schema import ACTIVATION_DTYPES
     from aggdec.runtime.errors import ValidationError
@@ -362,7 +368,7 @@ def position_check(path: Path, device: str) -> dict:
     started = time.perf_counter()
     try:
         checked = check_verifier_graphs(sessions.pop("encoder"), sessions, manifest, validation_cases(manifest),
-                                        ACTIVATION_DTYPES[manifest.precision])
+                                        ACTIVATION_DTYPES[manifest.precision], static_width=static_width)
         return {"bitwise_equal": True, "positions": checked, "seconds": round(time.perf_counter() - started, 2)}
     except ValidationError as exc:
         return {"bitwise_equal": False, "error": str(exc)}
@@ -381,13 +387,23 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
         section = sections[name] = {"name": name, "precision": "fp16", "device": o.device, "block_vs_alone": {},
                                     "runs": []}
         for precision in ("fp32", "fp16"):
-            checked = position_check(Path(entry["bundle" if precision == "fp32" else "fp16"]), o.device)
+            path = Path(entry["bundle" if precision == "fp32" else "fp16"])
+            checked = position_check(path, o.device)
             section["block_vs_alone"][precision] = checked
             print(f"{name} {precision} block vs alone on {o.device}: {checked}", flush=True)
             if not checked["bitwise_equal"]:
                 ctx.mark("failed")
                 ctx.note(f"{name}: {precision} block-vs-alone differs on {o.device}: {checked['error']}")
-        ctx.save()
+            # the same at one shape for every call (decision 034): whether fixed shapes make a
+            # position's result independent of its block on this device's libraries
+            static = position_check(path, o.device, static_width=STATIC_WIDTH)
+            section.setdefault("block_vs_alone_static", {})[precision] = {**static, "width": STATIC_WIDTH}
+            print(f"{name} {precision} block vs alone at one shape (width {STATIC_WIDTH}) on {o.device}: {static}",
+                  flush=True)
+            if not static["bitwise_equal"]:
+                ctx.mark("failed")
+                ctx.note(f"{name}: {precision} block-vs-alone at one shape differs on {o.device}: {static['error']}")
+            ctx.save()
         generator = Generator(entry["fp16"], device=o.device)
         texts = usable_texts(generator, texts_all, ctx, name)
         modes = [m for m in EXACT_MODES if m != "gad" or generator.drafter is not None]
