@@ -60,6 +60,11 @@ def _check_tuning(tuning: object) -> None:
         raise InputError(f"tuning must be an aggdec.runtime.tuning.Tuning, not {type(tuning).__name__}.")
 
 
+def _check_static_shapes(static_shapes: object) -> None:
+    if not isinstance(static_shapes, bool):
+        raise InputError(f"static_shapes must be True or False, not {static_shapes!r}.")
+
+
 def _check_batch_size(batch_size: object) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
@@ -144,7 +149,7 @@ class Generator:
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
                  engines: str | Path | None = None, int8_drafter: bool | None = None,
-                 tuning: Tuning | None = None, shortlist: bool = True) -> None:
+                 tuning: Tuning | None = None, shortlist: bool = True, static_shapes: bool = False) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
@@ -166,25 +171,38 @@ class Generator:
         only, never the output.
         ``shortlist``: a bundle with a lexical shortlist (Marian's, decoding/shortlist.py) decodes
         each sentence over its own shortlist; False decodes over the whole vocabulary.
+        ``static_shapes``: every verifier call of a batch at one shape (its slots x
+        :attr:`static_width` tokens, caches of the whole allocation) and every source encoded
+        alone at the bundle's ``max_source_len``: a row's log-probs then depend on its own tokens
+        only, not on its block, the rows beside it or when it joined, which a GPU's
+        shape-dependent kernels otherwise break (decoding/verifier.StaticBatch). On the CPU it
+        is slower (every call pays the widest block and the longest cache). Not with a shortlist
+        (``shortlist=False`` decodes such a bundle without one). NOT RUN on a GPU yet.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
         _check_tuning(tuning)  # before any file is read
+        _check_static_shapes(static_shapes)
         self._setup(open_bundle(bundle_dir, device=device, threads=threads, io_binding=io_binding, verify=verify,
                                 tf32=tf32, engines=engines, int8_drafter=int8_drafter, shortlist=shortlist),
-                    tuning)
+                    tuning, static_shapes)
 
     @classmethod
-    def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None) -> Generator:
+    def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None, static_shapes: bool = False) -> Generator:
         """A Generator over a bundle :func:`~aggdec.runtime.loader.open_bundle` opened."""
         generator = cls.__new__(cls)
-        generator._setup(bundle, tuning)
+        generator._setup(bundle, tuning, static_shapes)
         return generator
 
-    def _setup(self, bundle: OpenedBundle, tuning: Tuning | None) -> None:
+    def _setup(self, bundle: OpenedBundle, tuning: Tuning | None, static_shapes: bool = False) -> None:
         if not isinstance(bundle, OpenedBundle):
             raise InputError(f"bundle must be what open_bundle returns, not {type(bundle).__name__}.")
         _check_tuning(tuning)
+        _check_static_shapes(static_shapes)
+        if static_shapes and bundle.shortlist is not None:
+            raise InputError(f"static_shapes cannot decode {str(bundle.root)!r} over its lexical shortlist: the "
+                             "verifier's output width follows each batch's lists; open it with shortlist=False "
+                             "(--no-shortlist) to decode over the whole vocabulary.")
         self.tuning = tuning_for(bundle.device) if tuning is None else tuning
         self.bundle = bundle
         self.root, self.manifest, self.codec = bundle.root, bundle.manifest, bundle.codec
@@ -214,6 +232,13 @@ class Generator:
         self.gad_replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
         self.gad_beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
         self.gad_beam_payoff = ReplayPayoff()
+        # static shapes: every call this many tokens a row, the widest block any mode may ask:
+        # a row's pending tokens (at most SLACK) and the longest draft (IAD's block, the drafter's
+        # k). A longer wish (a caller's BlockOptions) is cut to fit: a shorter draft changes
+        # speed, never the output. One width for every mode, so that all modes' calls share it.
+        self.static_shapes = static_shapes
+        drafts = max(self._block_options(None).max_block, self.drafter.k if self.drafter is not None else 0)
+        self.static_width: int | None = SLACK + drafts if static_shapes else None
 
     def _seconds(self) -> dict[str, float]:
         seconds = dict(self.verifier.seconds)
@@ -487,7 +512,8 @@ class Generator:
         classes = () if known else self.tuning.length_classes
         return decode(self.verifier, work, limits, strategy.drafts, strategy.verification, rows,
                       self.manifest.pad_token_id, self.io_binding, linger=linger, classes=classes,
-                      width_quantile=self.tuning.width_quantile, beams=strategy.beams)
+                      width_quantile=self.tuning.width_quantile, beams=strategy.beams,
+                      static_width=self.static_width)
 
     @property
     def option_limits(self) -> OptionLimits:

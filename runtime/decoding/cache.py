@@ -160,10 +160,14 @@ class SlotBuffers:
 
     def __init__(self, layers: int, heads: int, head_dim: int, d_model: int, slots: int, max_target: int,
                  max_source: int, device: str, bound: bool, keep_hidden: bool, dtype: str = "float32",
-                 cache_kind: str = "attention", matrices: bool = False, cross_key_layout: str | None = None) -> None:
+                 cache_kind: str = "attention", matrices: bool = False, cross_key_layout: str | None = None,
+                 static: bool = False) -> None:
         """``matrices``: each row also keeps its shortlist's gathered output matrix (a verifier
         that takes ``output_rows``, graph_specs.takes_output_rows), written when it is admitted.
-        ``cross_key_layout``: the bundle's (Manifest.cross_key_layout, :func:`cross_dims`)."""
+        ``cross_key_layout``: the bundle's (Manifest.cross_key_layout, :func:`cross_dims`).
+        ``static``: one shape for the batch's lifetime (verifier.StaticBatch): every slot is a
+        row from the start, the capacities are the allocations, and rows are written into the
+        slots they are given (:meth:`write_rows`), never moved; the layout never changes."""
         self.dtype = np.dtype(dtype)
         self.layers, self.heads, self.head_dim, self.d_model = layers, heads, head_dim, d_model
         self.slots, self.max_target, self.max_source = slots, max_target, max_source
@@ -187,6 +191,16 @@ class SlotBuffers:
         self.capacity = min(MIN_CAPACITY, max_target)
         self.source_capacity = 0
         self.layout = 0  # changes whenever rows or capacities do: bindings made before are stale
+        self.static = static
+        if static:
+            if matrices:
+                raise ValueError("static buffers keep no shortlist matrices")
+            self.rows, self.capacity, self.source_capacity = slots, max_target, max_source
+            # a slot no row has used yet is a padding row: zero keys and values over one visible
+            # source position, so that its (ignored) outputs, and the cache entries they write
+            # past length 0, stay finite (an all-masked softmax may give NaN, and a NaN in a
+            # masked cache position would poison the next row's 0-weighted sums)
+            self.mask[:, 0] = 1
 
     # ------------------------------------------------------------------ shapes
 
@@ -333,6 +347,18 @@ class SlotBuffers:
             self._matrices[first : self.rows, needed:] = 0.0
             self._matrix_lens[first : self.rows] = matrix_lens
         return range(first, self.rows)
+
+    def write_rows(self, slots: list[int], cross: list[np.ndarray], mask: np.ndarray,
+                   hidden: np.ndarray | None) -> None:
+        """Static buffers: the rows of one encoder call (as :meth:`add_rows` takes them, at the
+        source capacity's width) into ``slots``, which need not be consecutive."""
+        assert self.static and mask.shape == (len(slots), self.source_capacity)
+        for flat, key, values in zip(self._cross, self._cross_keys, cross):
+            with flat.edit() as data:
+                data[: int(np.prod(self.cross_shape(key=key)))].reshape(self.cross_shape(key=key))[slots] = values
+        self.mask[slots] = mask
+        if hidden is not None and self._hidden is not None:
+            self.hidden()[slots] = hidden
 
     def copy_rows(self, sources: list[int], targets: list[int]) -> None:
         """Copy the decoder's own cache (every layer's keys and values, or states) of rows

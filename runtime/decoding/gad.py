@@ -130,7 +130,7 @@ def call_drafter(drafter: Drafter, batch: Batch, rows: Sequence[Row], drafting: 
     """One drafter call for the rows at ``drafting`` (slots of ``rows``): their drafts, one row
     each in that order, and the call's seconds."""
     started = time.perf_counter()
-    hidden, mask = batch.buffers.hidden(), batch.buffers.source_mask()
+    hidden, mask = batch.drafter_inputs()
     # the verifier's per-row shortlists (or one row of every id): a row drafts among its own
     output_ids = batch.output_ids() if drafter.takes_output_ids else None
     if len(drafting) < len(rows):

@@ -131,7 +131,7 @@ def next_cohort(cohorts: Sequence[Cohort]) -> Cohort:
 def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
            verification: Verification, slots: int, pad_id: int, bound: bool,
            linger: float = 0.0, classes: Sequence[int] = (), width_quantile: float = WIDTH_QUANTILE,
-           beams: BeamRules | None = None) -> Iterator[Finished]:
+           beams: BeamRules | None = None, static_width: int | None = None) -> Iterator[Finished]:
     """Decode the sources of ``work`` as they arrive, at most ``slots`` rows at once; yields
     rows as they finish, and returns once ``work`` is closed and done. A row's own limits
     (``Work.limits``) replace ``limits``, each capped by its own source's length where the
@@ -145,7 +145,9 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
     them in arrival order. Empty: one batch.
 
     ``beams``: beam search; each source takes ``num_beams`` rows (``slots`` counts rows), which
-    join together and leave together (:class:`BeamGroup`). None: each source is one row."""
+    join together and leave together (:class:`BeamGroup`). None: each source is one row.
+
+    ``static_width``: every batch's calls at one shape (:class:`~.verifier.StaticBatch`)."""
     per_source = 1 if beams is None else beams.num_beams
     if per_source > slots:
         raise ValueError(f"{per_source} beams do not fit in {slots} rows")
@@ -177,7 +179,8 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
                 if cohort is None:  # its buffers are made on first use and kept
                     # beam search sums log-probs: the top-K graph; the others may read only the best id
                     top_k = verification.reads_log_probs or beams is not None
-                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory, top_k=top_k))
+                    cohort = cohorts[klass] = Cohort(verifier.batch(size, bound, drafts.memory, top_k=top_k,
+                                                                    static_width=static_width))
                 if not cohort.rows:  # no credit and no debt from before it was empty
                     cohort.seconds = clock
                 _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id, beams)

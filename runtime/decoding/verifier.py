@@ -83,11 +83,13 @@ def length_groups(lengths: list[int], call_tokens: int) -> list[range]:
 
 class Batch:
     def __init__(self, verifier: Verifier, slots: int, bound: bool,
-                 memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, top_k: bool = True) -> None:
+                 memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, top_k: bool = True,
+                 static_width: int | None = None) -> None:
         """``memory``: what a draft source reads of each row's encoder output, kept per row
         (:attr:`SlotBuffers.hidden`) and computed once, when the row is encoded; None: nothing.
         ``top_k``: its calls return the top-K candidates with their log-probs; False: only each
-        position's best id is read, and the bundle's argmax graph runs when it has one."""
+        position's best id is read, and the bundle's argmax graph runs when it has one.
+        ``static_width``: :class:`StaticBatch`'s (its caches hold that many positions more)."""
         m = verifier.manifest
         self._verifier = verifier
         self._memory = memory
@@ -95,10 +97,11 @@ class Batch:
         self._session = verifier.verifier if top_k or verifier.argmax is None else verifier.argmax
         self._candidates = ("top_logprobs", "top_ids") if self._session is verifier.verifier else ("top1_ids",)
         self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
-                                   m.max_target_len + SLACK, m.max_source_len, self._session.device, bound,
-                                   memory is not None, ACTIVATION_DTYPES[m.precision], m.cache_kind,
+                                   m.max_target_len + SLACK + (static_width or 0), m.max_source_len, self._session.device,
+                                   bound, memory is not None, ACTIVATION_DTYPES[m.precision], m.cache_kind,
                                    verifier.takes_output_rows and verifier.shortlist is not None
-                                   and slots <= verifier.kept_matrix_slots, m.cross_key_layout)
+                                   and slots <= verifier.kept_matrix_slots, m.cross_key_layout,
+                                   static=static_width is not None)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = self._session.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
@@ -229,9 +232,24 @@ class Batch:
         assert rows == self.rows, f"{rows} blocks for {self.rows} rows"
         lengths = self.lengths[:rows]  # a prefix of a 1-D array: contiguous, and kept current by keep()
         self.buffers.ensure_capacity(int(lengths.max(initial=0)) + new)
+        if self._binding is not None and tokens is not self._block:
+            ids = self._ids[: rows * new].reshape(rows, new)
+            np.copyto(ids, tokens)
+            tokens = ids
+        started = time.perf_counter()
+        top_logprobs, top_ids = self._run(tokens, lengths)
+        # (positions per row, seconds, rows): the cost model's data (sizing.CallCost.observe)
+        self.last_call = (new, time.perf_counter() - started, rows)
+        self.verifier_seconds += self.last_call[1]
+        return top_logprobs, top_ids
+
+    def _run(self, tokens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One verifier call over the buffers' rows: ``tokens`` [rows, T] after ``lengths`` [rows]
+        cached positions; both contiguous arrays that live until the next call (bound by pointer
+        on the CPU). Returns (top log-probs, top ids) as :meth:`verify` does."""
+        rows, new = tokens.shape
         names = self._names
         session = self._session
-        started = time.perf_counter()
         if self._binding is None:
             feeds = {"input_ids": tokens, "past_lengths": np.ascontiguousarray(lengths),
                      "encoder_attention_mask": self.buffers.source_mask(), **self.buffers.feeds(names[0], names[2])}
@@ -245,9 +263,6 @@ class Batch:
         else:
             binding = self._binding
             ids = tokens
-            if tokens is not self._block:
-                ids = self._ids[: rows * new].reshape(rows, new)
-                np.copyto(ids, tokens)
             relaid = self._layout != self.buffers.layout
             if relaid or self._bound_width != new or session.device != "cpu":
                 # Outputs come back in the order they were first bound: the candidates, then the
@@ -289,9 +304,6 @@ class Batch:
             top_ids = candidates[0][..., None]
             top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
         check_ids(top_ids, self._verifier.manifest.vocab_size, "the verifier")  # they become the output
-        # (positions per row, seconds, rows): the cost model's data (sizing.CallCost.observe)
-        self.last_call = (new, time.perf_counter() - started, rows)
-        self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids
 
     def keep(self, counts: np.ndarray) -> None:
@@ -318,6 +330,115 @@ class Batch:
         width = self.last_call[0] if self.last_call is not None else 1
         self.buffers.shrink(int(self.lengths[: self.rows].max(initial=0)) + width)
 
+    def drafter_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' kept encoder output and source mask, in row order (a drafter's inputs)."""
+        return self.buffers.hidden(), self.buffers.source_mask()
+
+
+class StaticBatch(Batch):
+    """A batch whose every call has one shape, whatever its rows do (``Generator(static_shapes=True)``).
+
+    A GPU library picks its kernels by shape, and two kernels may sum a row in different
+    orders: with shapes that follow the rows, a position's log-probs depend on the block it is
+    verified in and on the rows beside it (measured on an H100: benchmarks/results/gpu-check-*),
+    so a drafting mode may part from greedy where two candidates are close. Here every call is
+    [slots, width] tokens over caches of the whole allocation (``capacity`` self-attention
+    positions, ``max_source_len`` source positions); every source is encoded alone, at the
+    source allocation's width. A row's result is then a function of its own tokens only.
+
+    The loop sees the same interface as :class:`Batch`: rows 0..n-1 in its own order (its
+    ``rows`` list; ``lengths`` follow them). Behind it each row has a fixed slot
+    (``_slot_of``): a finished row frees its slot without any cache being moved (the loop's
+    last row takes its index, not its slot), and a new row takes any free slot. A slot with
+    no row is a padding row: pad ids after 0 cached positions; its outputs are ignored and
+    its cache writes land where the next row that takes the slot writes before reading.
+    Pads after a row's own block are causal and past its length: they change nothing before
+    them and are overwritten before they are read.
+    """
+
+    def __init__(self, verifier: Verifier, slots: int, bound: bool, width: int,
+                 memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, top_k: bool = True) -> None:
+        self.width = width
+        super().__init__(verifier, slots, bound, memory, top_k, static_width=width)
+        self._live = 0
+        self._slot_of = np.zeros(slots, dtype=np.int64)  # row index -> its slot
+        self._free = list(range(slots - 1, -1, -1))  # a stack: the lowest free slot is taken first
+        self._tokens = np.zeros((slots, width), dtype=np.int64)  # the call's ids, every slot
+        self._past = np.zeros(slots, dtype=np.int64)  # the call's past_lengths, every slot
+
+    @property
+    def rows(self) -> int:
+        return self._live
+
+    def admit(self, sources: list[list[int]], pad_id: int, copies: int = 1) -> range:
+        """Encode each source alone at the source allocation's width into ``copies`` free
+        slots; the new rows are the last ``len(sources) * copies`` in row order."""
+        first = self._live
+        m = self._verifier.manifest
+        width = self.buffers.max_source
+        for ids in sources:
+            input_ids = np.full((1, width), pad_id, dtype=np.int64)
+            mask = np.zeros((1, width), dtype=np.int64)
+            input_ids[0, : len(ids)] = ids
+            mask[0, : len(ids)] = 1
+            started = time.perf_counter()
+            out = self._verifier.encoder.run({"input_ids": input_ids, "attention_mask": mask})
+            hidden = self._memory(out["encoder_hidden_states"], mask) if self._memory is not None else None
+            self.encoder_seconds += time.perf_counter() - started
+            slots = [self._free.pop() for _ in range(copies)]
+            cross = [np.repeat(out[name], copies, axis=0) for name in cross_names(m.decoder_layers)]
+            self.buffers.write_rows(slots, cross, np.repeat(mask, copies, axis=0),
+                                    None if hidden is None else np.repeat(hidden, copies, axis=0))
+            for slot in slots:
+                self._slot_of[self._live] = slot
+                self.lengths[self._live] = 0
+                self._live += 1
+        self.buffers.layout += 1  # the source mask changed: a device binding copies it again
+        return range(first, self._live)
+
+    def block_limit(self) -> int:
+        return min(self.width, self.buffers.max_target - int(self.lengths[: self._live].max(initial=0)))
+
+    def verify(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`Batch.verify`; the call itself is at the batch's one shape."""
+        rows, new = tokens.shape
+        assert rows == self._live, f"{rows} blocks for {self._live} rows"
+        if new > self.width:
+            raise ValueError(f"a block of {new} tokens is wider than the static width {self.width}")
+        slots = self._slot_of[:rows]
+        self._tokens.fill(self._verifier.manifest.pad_token_id)
+        self._tokens[slots, :new] = tokens
+        self._past.fill(0)
+        self._past[slots] = self.lengths[:rows]
+        started = time.perf_counter()
+        top_logprobs, top_ids = self._run(self._tokens, self._past)
+        # the rows' own width: in this batch a call costs the same at any, which is what the
+        # draft sizing should learn (the width is paid anyway)
+        self.last_call = (new, time.perf_counter() - started, rows)
+        self.verifier_seconds += self.last_call[1]
+        return top_logprobs[slots, :new], top_ids[slots, :new]
+
+    def copy_rows(self, sources: list[int], targets: list[int]) -> None:
+        self.buffers.copy_rows(self._slot_of[sources].tolist(), self._slot_of[targets].tolist())
+        self.lengths[targets] = self.lengths[sources]
+
+    def remove(self, slot: int) -> int | None:
+        """Free row ``slot``'s slot (no cache moves); the last row takes its index."""
+        last = self._live - 1
+        self._free.append(int(self._slot_of[slot]))
+        if slot != last:
+            self._slot_of[slot] = self._slot_of[last]
+            self.lengths[slot] = self.lengths[last]
+        self._live = last
+        return last if slot != last else None
+
+    def shrink(self) -> None:
+        pass  # one shape: nothing is given back
+
+    def drafter_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        slots = self._slot_of[: self._live]
+        return self.buffers.hidden()[slots], self.buffers.mask[slots]
+
 
 class Verifier:
     def __init__(self, encoder: Session, verifier: Session, manifest: Manifest,
@@ -343,7 +464,10 @@ class Verifier:
         self.kept_matrix_slots = kept_matrix_slots
 
     def batch(self, slots: int, bound: bool, memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
-              top_k: bool = True) -> Batch:
+              top_k: bool = True, static_width: int | None = None) -> Batch:
+        """``static_width``: a :class:`StaticBatch` whose every call is that many tokens a row."""
+        if static_width is not None:
+            return StaticBatch(self, slots, bound, static_width, memory, top_k)
         return Batch(self, slots, bound, memory, top_k)
 
     @property

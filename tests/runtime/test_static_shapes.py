@@ -1,0 +1,132 @@
+"""Static shapes (``Generator(static_shapes=True)``, decoding/verifier.StaticBatch).
+
+Every verifier call of a batch at one shape and every source encoded alone at the source
+allocation's width: every exact mode then equals static greedy token for token whatever the
+batch (as in the dynamic loop), static greedy equals the ordinary loop's greedy on the CPU
+(onnxruntime's CPU provider passes the export's block-vs-alone check, so padding a block or
+a cache changes no real position), and the graphs really see one shape per batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aggdec.runtime.errors import InputError
+from aggdec.runtime.generator import Generator
+from tests.runtime.test_gad import gad_bundle  # noqa: F401 - a session fixture, shared with its tests
+from tests.runtime.test_lossless import random_texts
+from tests.support.tiny import FAMILIES
+
+MAX_NEW = 24
+
+
+def _ids(results) -> list[tuple[int, ...]]:
+    return [result.ids for result in results]
+
+
+class RecordingSession:
+    """A real session whose calls' output shapes (and encoder input shapes) are recorded: the
+    graphs run as they always do, through this object."""
+
+    def __init__(self, session) -> None:
+        self.__dict__["_session"] = session
+        self.__dict__["shapes"] = []
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._session, name, value)
+
+    def run(self, inputs):
+        out = self._session.run(inputs)
+        self.shapes.append(tuple(tuple(value.shape) for value in inputs.values())
+                           + tuple(tuple(value.shape) for value in out.values()))
+        return out
+
+    def run_bound(self, binding):
+        outputs = self._session.run_bound(binding)
+        # every output, the cache buffers bound in place included: rows, width and capacities
+        self.shapes.append(tuple(tuple(value.shape()) for value in outputs))
+        return outputs
+
+
+def _recording(generator: Generator) -> tuple[RecordingSession, RecordingSession, RecordingSession | None]:
+    verifier = generator.verifier
+    verifier.encoder = RecordingSession(verifier.encoder)
+    verifier.verifier = RecordingSession(verifier.verifier)
+    if verifier.argmax is not None:
+        verifier.argmax = RecordingSession(verifier.argmax)
+    return verifier.encoder, verifier.verifier, verifier.argmax
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_exact_mode_equals_static_greedy(family, gad_bundle):  # noqa: F811
+    """Mixed lengths, so rows finish and others take their slots at different steps."""
+    texts = random_texts(seed=40 + FAMILIES.index(family), count=14)
+    expected = None
+    for io_binding in (True, False):
+        generator = Generator(gad_bundle(family), io_binding=io_binding, static_shapes=True)
+        for batch_size in (1, 3, 8):
+            greedy = _ids(generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW, batch_size=batch_size))
+            if expected is None:
+                expected = greedy
+            assert greedy == expected, (io_binding, batch_size)
+            for mode, extra in (("iad", {}), ("gad", {}), ("gad++", {"beta": 1, "tau": 5.0})):
+                got = _ids(generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                              **extra))
+                assert got == expected, (mode, io_binding, batch_size)
+    assert len({len(ids) for ids in expected}) > 3  # rows of many lengths: they finished at different steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_greedy_equals_greedy_on_the_cpu(family, bundle):
+    texts = random_texts(seed=50 + FAMILIES.index(family), count=12)
+    plain = Generator(bundle(family))
+    static = Generator(bundle(family), static_shapes=True)
+    for batch_size in (1, 5):
+        assert _ids(static.generate(texts, mode="greedy", max_new_tokens=MAX_NEW, batch_size=batch_size)) == \
+            _ids(plain.generate(texts, mode="greedy", max_new_tokens=MAX_NEW, batch_size=batch_size))
+
+
+@pytest.mark.parametrize("io_binding", (True, False))
+def test_one_shape_per_batch(io_binding, bundle):
+    """Recorded on the real sessions over a decode whose rows finish and join: one verifier
+    shape and one encoder shape in static mode; several in the ordinary loop (so that the
+    recording could see a difference)."""
+    texts = random_texts(seed=60, count=10)
+    shapes = {}
+    for static in (False, True):
+        generator = Generator(bundle("bart"), io_binding=io_binding, static_shapes=static)
+        encoder, verifier, argmax = _recording(generator)
+        for mode in ("greedy", "iad"):
+            generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=4)  # one batch per call
+        calls = verifier.shapes + (argmax.shapes if argmax is not None else [])
+        assert len(calls) > 20
+        shapes[static] = (set(calls), set(encoder.shapes))
+    verifier_shapes, encoder_shapes = shapes[True]
+    assert len(verifier_shapes) == 1, verifier_shapes if len(verifier_shapes) < 5 else len(verifier_shapes)
+    (call,) = verifier_shapes
+    generator = Generator(bundle("bart"), static_shapes=True)
+    assert call[0][:2] == (4, generator.static_width)  # the slots x the static width, every call
+    m = generator.manifest
+    assert encoder_shapes and all(shape[0] == (1, m.max_source_len) for shape in encoder_shapes)
+    assert len(shapes[False][0]) > 1
+
+
+def test_beams_equal_ordinary_beams(bundle):
+    texts = random_texts(seed=70, count=6)
+    plain = Generator(bundle("bart"))
+    static = Generator(bundle("bart"), static_shapes=True)
+    for mode in ("greedy", "iad"):
+        expected = plain.generate(texts, mode=mode, num_beams=3, num_return_sequences=2, max_new_tokens=MAX_NEW,
+                                  batch_size=2)
+        got = static.generate(texts, mode=mode, num_beams=3, num_return_sequences=2, max_new_tokens=MAX_NEW,
+                              batch_size=2)
+        assert [[h.ids for h in r.sequences] for r in got] == [[h.ids for h in r.sequences] for r in expected], mode
+
+
+@pytest.mark.parametrize("value", ("yes", 1, None, 0.0))
+def test_static_shapes_must_be_a_bool(value, bundle):
+    with pytest.raises(InputError, match="static_shapes must be True or False"):
+        Generator(bundle("bart"), static_shapes=value)
