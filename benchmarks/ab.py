@@ -11,7 +11,8 @@ A side is ``--set`` (both sides) overridden by its own ``--a``/``--b`` settings.
   or ``block.FIELD`` for IAD's BlockOptions (``block.max_block=4``, ``block.adaptive=false``);
 - a :class:`Tuning` field (``gad_decay``, ``min_repeat``, ``length_classes=32,64``, ...), on
   top of the device's profile;
-- ``bundle=DIR`` (default: BUNDLE) or ``int8_drafter=false`` (the float drafter on the CPU).
+- ``bundle=DIR`` (default: BUNDLE), ``int8_drafter=false`` (the float drafter on the CPU) or
+  ``static_shapes=true`` (one verifier shape per batch, decision 034).
 
 Values: integers, numbers, true/false, none, and comma lists for tuples (empty: ``()``).
 Each side has a Generator of its own (its own measured costs and acceptance priors).
@@ -42,7 +43,7 @@ from typing import Any
 from alternate import alternate
 
 CHUNK = 64  # sentences per alternation when batched
-GENERATOR_KEYS = ("bundle", "int8_drafter")
+GENERATOR_KEYS = ("bundle", "int8_drafter", "static_shapes")
 
 
 def parse_value(text: str, like: Any) -> Any:

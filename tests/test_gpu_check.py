@@ -180,6 +180,34 @@ def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_ru
 
 
 @pytest.mark.slow
+def test_static_shapes_equality_and_fp16_compare_every_mode_with_static_greedy(dry_run, tiny_model):
+    """`--static-shapes equality fp16` in a later call: records of their own beside the ordinary
+    ones, every mode at each batch compared with static greedy at that batch."""
+    _, _, results, out = dry_run
+    work = results.parent
+    env = {**os.environ, "GPU_CHECK_WORK": str(work), "PYTHON": sys.executable, "OUT": str(out)}
+    done = subprocess.run(["bash", str(GPU / "check.sh"), "equality", "fp16", "--static-shapes", "--dry-run", "--model",
+                           f"tiny={tiny_model}", "--data", str(work.parent / "data.txt")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for stage, against in (("equality", "cpu_greedy"), ("fp16", "fp16_greedy")):
+        record = json.loads((results / f"check-{stage}-static.json").read_text())
+        assert record["status"] == "ok", record["notes"]
+        section = record["bundles"]["tiny-static"]
+        assert section["static_shapes"]["width"] > 2
+        runs = section["runs"]
+        assert {(run["mode"], run["batch_size"]) for run in runs} == {
+            (mode, batch) for mode in ("greedy", "iad", "gad") for batch in (1, 4)}
+        for run in runs:
+            checked = run["vs_static_greedy"] if run["mode"] != "greedy" else run[f"static_greedy_vs_{against}"]
+            assert checked["equal"] == checked["sentences"] == 11, (stage, run)  # the CPU: equal to greedy too
+        assert (results / f"check-{stage}.json").is_file()  # the ordinary record stays
+    readme = (results / "README.md").read_text()
+    assert "| equality-static | ok |" in readme and "| equality | ok |" in readme
+    assert "static shapes: every exact mode == static greedy at its batch | 88/88 decodes | yes" in readme
+
+
+@pytest.mark.slow
 def test_without_pip_the_tree_is_linked_in_as_the_package(tmp_path):
     """check.sh's fallback when pip cannot install aggdec (GPU_CHECK_INSTALL=links forces it): the
     env stage imports aggdec from the links, and says it is no GPU check on the CPU."""

@@ -105,6 +105,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--commit", default=os.environ.get("AGGDEC_COMMIT"), help="the commit this tree is "
                         "(default $AGGDEC_COMMIT, else git's)")
     parser.add_argument("--graph-calls", type=int, help="timed calls per shape in the graphs stage (300; 20 dry)")
+    parser.add_argument("--static-shapes", action="store_true",
+                        help="equality and fp16: decode with static shapes (one verifier shape per batch, decision "
+                             "034); every mode compared with static greedy at the same batch size; records "
+                             "check-STAGE-static.json beside the ordinary ones")
     parser.add_argument("--digest", action="store_true", help="print the source digest the report records, and exit")
     parser.add_argument("--worker", choices=STAGES, help=argparse.SUPPRESS)
     parser.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
@@ -136,7 +140,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
         pytest_paths=tuple(args.pytest_path or (("tests/runtime/test_gpu.py",) if dry else ("tests",))),
         ct2=args.ct2 or ("off" if dry else "auto"), commit=args.commit, models=models, given_bundles=given,
         data=args.data.resolve() if args.data else None, graph_calls=args.graph_calls or (20 if dry else 300),
-        only=tuple(args.only))
+        only=tuple(args.only), static_shapes=args.static_shapes)
     return args, options
 
 

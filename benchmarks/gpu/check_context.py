@@ -44,16 +44,22 @@ class Options:
     data: Path | None
     graph_calls: int
     only: tuple[str, ...] = ()
+    static_shapes: bool = False  # equality and fp16 decode with Generator(static_shapes=True)
 
     def record_name(self, stage: str) -> str:
         """The stage's result file (without .json): one per selection of bundles, so that a stage
-        run for another bundle in a later call keeps what the earlier call recorded."""
-        return stage if not self.only else f"{stage}-{'+'.join(self.only)}"
+        run for another bundle in a later call keeps what the earlier call recorded (and one
+        for static shapes, beside the ordinary loop's)."""
+        name = stage if not self.only else f"{stage}-{'+'.join(self.only)}"
+        return f"{name}-static" if self.static_shapes and stage in STATIC_STAGES else name
 
     def record_path(self, results: Path, stage: str) -> Path:
         """RESULTS/check-RECORD.json (``check-``: not to be taken for the bench's own bench.json)."""
         return results / f"check-{self.record_name(stage)}.json"
 
+
+# the stages --static-shapes changes (check_stages.check_static_runs)
+STATIC_STAGES = ("equality", "fp16")
 
 # a stage's status, least to most serious: a later finding never hides an earlier, worse one
 SEVERITY = ("ok", "skipped", "partial", "failed", "error")

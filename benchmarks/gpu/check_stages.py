@@ -291,15 +291,19 @@ def stage_equality(ctx: Context, budget: Budget) -> None:
         if "bundle" not in entry:
             continue
         cpu = Generator(entry["bundle"], device="cpu")
-        device = Generator(entry["bundle"], device=o.device)
+        device = Generator(entry["bundle"], device=o.device, static_shapes=o.static_shapes)
         texts = usable_texts(cpu, texts_all, ctx, name)
         modes = [m for m in EXACT_MODES if m != "gad" or cpu.drafter is not None]
         if cpu.drafter is None:
             ctx.note(f"{name}: no drafter in the bundle, so no GAD")
-        section = sections[name] = {"name": name, "precision": "fp32", "sentences": len(texts), "device": o.device,
-                                    "runs": []}
+        # static shapes: a section of its own (the report merges a stage's records by section)
+        section = sections[static_key(name, o)] = {"name": name, "precision": "fp32", "sentences": len(texts),
+                                                   "device": o.device, "runs": []}
         reference, seconds = decode(cpu, texts, "greedy", 1, o.max_new_tokens)
         section["cpu_greedy_seconds"] = seconds
+        if o.static_shapes:
+            check_static_runs(ctx, budget, section, device, texts, modes, reference, "cpu_greedy")
+            continue
         refs = ctx.work / "refs"
         refs.mkdir(exist_ok=True)
         (refs / f"{name}-cpu-greedy.json").write_text(json.dumps({"texts": texts, "ids": reference}))
@@ -343,6 +347,49 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
         ctx.save()
 
 
+def static_key(name: str, options: Any) -> str:
+    """A bundle's section name in a stage's record: ``NAME-static`` with --static-shapes."""
+    return f"{name}-static" if options.static_shapes else name
+
+
+def check_static_runs(ctx: Context, budget: Budget, section: dict, generator: Any, texts: list[str], modes: list[str],
+                      reference: list, against: str) -> None:
+    """Static shapes (``generator`` made with ``static_shapes=True``): at each batch size, static
+    greedy, then every other mode compared token for token with it (``vs_static_greedy``; a
+    difference fails the stage). Static greedy against ``reference`` is recorded as a figure
+    (``static_greedy_vs_AGAINST``): the device's arithmetic, not a mode, decides it."""
+    o = ctx.options
+    section["static_shapes"] = {"width": generator.static_width}
+    for batch in o.batch_sizes:
+        if budget.left() < 5:
+            ctx.note(f"{section['name']}: budget ran out before static batch {batch} (and what follows it)")
+            ctx.mark("partial")
+            return
+        greedy, seconds = decode(generator, texts, "greedy", batch, o.max_new_tokens)
+        section["runs"].append({"mode": "greedy", "batch_size": batch, "seconds": seconds, "static_shapes": True,
+                                f"static_greedy_vs_{against}": compare(greedy, reference, texts, generator.codec)})
+        ctx.save()
+        for mode in modes:
+            if mode == "greedy":
+                continue
+            if budget.left() < 5:
+                ctx.note(f"{section['name']}: budget ran out before static {mode} at batch {batch}")
+                ctx.mark("partial")
+                return
+            got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
+            run = {"mode": mode, "batch_size": batch, "seconds": seconds, "static_shapes": True,
+                   "vs_static_greedy": compare(got, greedy, texts, generator.codec)}
+            equal = run["vs_static_greedy"]["equal"]
+            if equal < len(texts):
+                ctx.mark("failed")
+                ctx.note(f"{section['name']}: {section['precision']} static {mode} at batch {batch} on {o.device} "
+                         f"differs from static greedy at that batch in {len(texts) - equal} of {len(texts)} sentences")
+            section["runs"].append(run)
+            print(f"{section['name']} {section['precision']} static {mode} batch {batch}: {equal}/{len(texts)} equal "
+                  f"static greedy ({seconds} s)", flush=True)
+            ctx.save()
+
+
 # ------------------------------------------------------------------ fp16 on the device
 
 
@@ -384,8 +431,17 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
         if "fp16" not in entry:
             ctx.note(f"{name}: no fp16 bundle ({entry.get('fp16_error', 'not exported')})")
             continue
-        section = sections[name] = {"name": name, "precision": "fp16", "device": o.device, "block_vs_alone": {},
-                                    "runs": []}
+        section = sections[static_key(name, o)] = {"name": name, "precision": "fp16", "device": o.device,
+                                                   "block_vs_alone": {}, "runs": []}
+        if o.static_shapes:  # the graph-level checks are the ordinary record's; here the decode loop
+            generator = Generator(entry["fp16"], device=o.device)
+            texts = usable_texts(generator, texts_all, ctx, name)
+            modes = [m for m in EXACT_MODES if m != "gad" or generator.drafter is not None]
+            reference, seconds = decode(generator, texts, "greedy", 1, o.max_new_tokens)
+            section["sentences"], section["fp16_greedy_seconds"] = len(texts), seconds
+            check_static_runs(ctx, budget, section, Generator(entry["fp16"], device=o.device, static_shapes=True),
+                              texts, modes, reference, "fp16_greedy")
+            continue
         for precision in ("fp32", "fp16"):
             path = Path(entry["bundle" if precision == "fp32" else "fp16"])
             checked = position_check(path, o.device)
