@@ -201,3 +201,12 @@ def test_bad_beam_arguments_are_one_error_line(cli_bundle, args, needle):
 def test_malformed_beam_arguments_get_argparses_usage_error(cli_bundle, args, needle):
     result = aggdec("generate", str(cli_bundle), *args, stdin="w1\n")
     assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generate_with_static_shapes_gives_the_same_lines(cli_bundle):
+    lines = "w1 w2 w3\nw4 w5\nw6\n"
+    plain = aggdec("generate", str(cli_bundle), "--mode", "iad", "--max-new-tokens", "12", stdin=lines)
+    static = aggdec("generate", str(cli_bundle), "--mode", "iad", "--max-new-tokens", "12", "--static-shapes",
+                    stdin=lines)
+    assert plain.returncode == static.returncode == 0, plain.stderr + static.stderr
+    assert static.stdout == plain.stdout and len(static.stdout.splitlines()) == 3

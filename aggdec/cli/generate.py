@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="onnxruntime IO binding: auto = on (the cache buffers are bound by pointer)")
     parser.add_argument("--no-shortlist", action="store_true",
                         help="a bundle with a lexical shortlist (Marian's): decode over the whole vocabulary instead")
+    parser.add_argument("--static-shapes", action="store_true",
+                        help="every verifier call of a batch at one shape, so that a row's result cannot depend on "
+                             "its block or its neighbours on a GPU (slower on the CPU; not with a shortlist: add "
+                             "--no-shortlist; not yet run on a GPU)")
     parser.add_argument("--tf32", action="store_true",
                         help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
     parser.add_argument("--stats", action="store_true",
@@ -196,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
                           io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
                           engines=args.engines, int8_drafter=False if args.fp32_drafter else None,
-                          shortlist=not args.no_shortlist)
+                          shortlist=not args.no_shortlist, static_shapes=args.static_shapes)
     options = generator.resolve_options(DecodeOptions(
         args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k, num_beams=args.num_beams,
         length_penalty=args.length_penalty, early_stopping=args.early_stopping,

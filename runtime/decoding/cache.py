@@ -25,7 +25,10 @@ fixed (rows, T, capacity) step, e.g. under CUDA graphs, with every buffer at a f
 On the CPU the buffers are numpy arrays and every edit (a row's join, move or growth) is a
 numpy copy. On CUDA with IO binding they are device allocations; edits go through the host
 (download, edit, upload): correct, and rare (per join, finish and growth, not per step), but
-a device-side copy would be cheaper and is left for the GPU work.
+a device-side copy would be cheaper and is left for the GPU work. Static buffers
+(``static=True``, verifier.StaticBatch) have one shape for life and never move a row: their
+only edits are a joining row's encoding (:meth:`SlotBuffers.write_rows`) and a beam search's
+row copies.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ verifier's argmax after the row's true prefix: the row's greedy output, whatever
 rows, the draft or its length.
 
 Rows leave and join (continuous batching): a finished row frees its slot at once (the last
-row moves into it, so the verifier always runs on exactly the live rows) and queued sources
+row moves into it, so the verifier always runs on exactly the live rows; with static shapes,
+verifier.StaticBatch, only its index moves and its slot becomes a padding row) and queued sources
 take free slots, including sources that arrive while the batch runs (:class:`Arrivals`).
 Sources are taken shortest first, so that rows of a batch have similar lengths; results are
 yielded as rows finish, with the caller's index. Where sources come in arrival order (a
