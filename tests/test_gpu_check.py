@@ -100,8 +100,9 @@ def test_device_equals_cpu_in_every_exact_mode_and_batch(dry_run):
 def test_fp16_block_vs_alone_and_modes_equal_fp16_greedy(dry_run):
     section = json.loads((dry_run[2] / "check-fp16.json").read_text())["bundles"]["tiny"]
     for precision in ("fp32", "fp16"):
-        checked = section["block_vs_alone"][precision]
-        assert checked["bitwise_equal"] and checked["positions"] > 100, checked
+        for key in ("block_vs_alone", "block_vs_alone_static"):  # as the runtime calls it, and at one shape
+            checked = section[key][precision]
+            assert checked["bitwise_equal"] and checked["positions"] > 100, (key, checked)
     assert {(run["mode"], run["batch_size"]) for run in section["runs"]} == {
         ("iad", 1), ("gad", 1), ("greedy", 4), ("iad", 4), ("gad", 4)}
     assert all(run["vs_fp16_greedy"]["equal"] == section["sentences"] for run in section["runs"])
@@ -304,6 +305,87 @@ def test_a_wheel_carried_in_parts_is_installed_into_site(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import gpu_check_probe; print(gpu_check_probe.VALUE)"],
                            env={**os.environ, "PYTHONPATH": str(work / "site")}, capture_output=True, text=True)
     assert probe.stdout.strip() == "42", probe.stderr
+
+
+def _fatbin(images: list[tuple[int, bytes]]) -> bytes:
+    """A fatbin as nvcc lays one out: its header, then per kernel image a 64-byte header (kind 2,
+    cubin; the architecture at byte 28) and the payload."""
+    import struct
+
+    entries = b""
+    for arch, payload in images:
+        header = bytearray(64)
+        struct.pack_into("<HHIQ", header, 0, 2, 0x101, 64, len(payload))
+        struct.pack_into("<I", header, 28, arch)
+        entries += bytes(header) + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(entries)) + entries
+
+
+def _elf_with_fatbins(fatbins: list[bytes]) -> bytes:
+    """A 64-bit little-endian ELF file whose .nv_fatbin section holds ``fatbins`` (8-byte aligned,
+    zero padding between, as in a CUDA library); nothing else in it is meant to run."""
+    import struct
+
+    section = b"".join(f + bytes(-len(f) % 8) for f in fatbins)
+    names = b"\0.shstrtab\0.nv_fatbin\0"
+    body_at = 64
+    names_at = body_at + len(section)
+    headers_at = (names_at + len(names) + 7) // 8 * 8
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 0x28, headers_at)
+    struct.pack_into("<HHH", header, 0x3A, 64, 3, 1)
+
+    def section_header(name: int, offset: int, size: int) -> bytes:
+        entry = bytearray(64)
+        struct.pack_into("<I", entry, 0, name)
+        struct.pack_into("<QQ", entry, 0x18, offset, size)
+        return bytes(entry)
+
+    table = bytes(64) + section_header(1, names_at, len(names)) + section_header(11, body_at, len(section))
+    return bytes(header) + section + names + bytes(headers_at - names_at - len(names)) + table
+
+
+def test_slimming_keeps_the_chips_kernels_and_every_offset(tmp_path):
+    slim = _module("slim_ort")
+    sm80, sm90, sm120 = os.urandom(3000), os.urandom(2000), os.urandom(1000)
+    library = _elf_with_fatbins([_fatbin([(80, sm80), (90, sm90)]), _fatbin([(120, sm120)])])
+    data, zeroed = slim.keep_one_architecture(library, 90)
+    assert len(data) == len(library) and zeroed == {80: 3000}
+    assert library.replace(sm80, bytes(3000)) == bytes(data)  # sm_90 and the sm_120-only fatbin untouched
+    with pytest.raises(slim.SlimError, match="no kernel image for sm_86"):
+        slim.keep_one_architecture(library, 86)
+    with pytest.raises(slim.SlimError, match="no .nv_fatbin section"):
+        slim.keep_one_architecture(_elf_with_fatbins([])[:64] + bytes(64 * 3), 90)
+
+
+def test_a_slimmed_package_is_carried_in_parts_and_unpacked_into_site(tmp_path):
+    slim, carry = _module("slim_ort"), _module("carry")
+    wheel = tmp_path / "probe_gpu-1.0-cp312-cp312-linux_x86_64.whl"
+    cubin = os.urandom(40_000)
+    library = _elf_with_fatbins([_fatbin([(75, os.urandom(40_000)), (90, cubin)])])
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("probe_gpu/__init__.py", "VALUE = 7\n")
+        archive.writestr("probe_gpu/capi/libonnxruntime_providers_cuda.so", library)
+        archive.writestr("probe_gpu/capi/libonnxruntime.so.1.31.1", b"left out")
+        archive.writestr("probe_gpu-1.0.dist-info/METADATA", "Name: probe-gpu\n")
+    packed = tmp_path / "site.tar.xz"
+    done = slim.slim_wheel(wheel, packed, 90)
+    assert done["left_out"] == ["probe_gpu/capi/libonnxruntime.so.1.31.1"] and done["zeroed_mib"] == {"sm_75": 0}
+    folders = carry.pack_site("probe", packed, chunk_bytes=packed.stat().st_size // 2 + 1, root=tmp_path / "packs")
+    assert len(folders) == 2
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    for folder in folders:  # one part a call
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.copytree(folder, repo / ".gpu-pack" / "probe" / folder.name)
+        state = carry.stage(repo, work)["probe"]
+    assert state["state"] == f"unpacked into {work / 'site'}", state
+    kept = (work / "site" / "probe_gpu" / "capi" / "libonnxruntime_providers_cuda.so").read_bytes()
+    assert cubin in kept and len(kept) == len(library)
+    assert not (work / "site" / "probe_gpu" / "capi" / "libonnxruntime.so.1.31.1").exists()
+    probe = subprocess.run([sys.executable, "-c", "import probe_gpu; print(probe_gpu.VALUE)"],
+                           env={**os.environ, "PYTHONPATH": str(work / "site")}, capture_output=True, text=True)
+    assert probe.stdout.strip() == "7", probe.stderr
 
 
 # ------------------------------------------------------------------ what a GPU run's findings look like

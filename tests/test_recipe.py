@@ -134,6 +134,16 @@ def test_rare_pairs_keep_rare_characters_identical(corpus):
     assert data.synthetic_pairs(targets, 400, seed=3, rare_rate=0.0) == plain
 
 
+def test_rare_characters_reach_every_byte_token_the_test_split_needs():
+    """The pool spans the UTF-8 lead bytes of the test split's rare characters (``³`` C2, ``ѕ``
+    and ``ѣ`` D1, a combining breve CC, Cyrillic Extended-B EA) and every continuation byte, so
+    each byte token a model must copy occurs in its training pairs."""
+    rng = random.Random(0)
+    encoded = "".join(data.rare_string(rng) for _ in range(20000)).encode()
+    assert {0xC2, 0xCC, 0xD1, 0xEA, 0xF0} <= {b for b in encoded if b >= 0xC0}
+    assert {b for b in encoded if 0x80 <= b < 0xC0} == set(range(0x80, 0xC0))
+
+
 def test_rare_strings_avoid_common_characters():
     rng = random.Random(0)
     common = frozenset("αβγ😀")

@@ -94,7 +94,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--device", choices=("cuda", "cpu"), help="the device checked (cuda; cpu in the dry run)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", help="(1 8 32; 1 4 in the dry run)")
     parser.add_argument("--limit", type=int, help="sentences for equality and fp16 (1000; 12 in the dry run)")
-    parser.add_argument("--bench-limit", type=int, help="sentences for the bench (360; 8 in the dry run)")
+    parser.add_argument("--bench-limit", type=int, help="sentences for the bench (200; 8 in the dry run)")
     parser.add_argument("--max-new-tokens", type=int, help="(the bundle's limit; 24 in the dry run)")
     parser.add_argument("--deadline-s", type=float, help="this call's seconds for stages (540 on the GPU, 300 in the "
                         "dry run, less what check.sh spent before: $GPU_CHECK_SPENT)")
@@ -133,7 +133,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Options]:
         dry_run=dry, work=args.work.resolve(), out=args.out, name=args.name,
         device=args.device or ("cpu" if dry else "cuda"),
         batch_sizes=tuple(args.batch_sizes or ((1, 4) if dry else (1, 8, 32))),
-        limit=args.limit or (12 if dry else 1000), bench_limit=args.bench_limit or (8 if dry else 360),
+        limit=args.limit or (12 if dry else 1000), bench_limit=args.bench_limit or (8 if dry else 200),
         max_new_tokens=args.max_new_tokens or (24 if dry else None),
         deadline_s=args.deadline_s or max((300 if dry else 540) - float(os.environ.get("GPU_CHECK_SPENT", 0)), 60),
         budgets=budgets,

@@ -101,6 +101,12 @@ def targets(found: dict[str, dict], device: str) -> list[tuple[str, str, str]]:
         equal = sum(run["vs_fp16_greedy"]["equal"] for run in fp16_runs)
         total = sum(run["vs_fp16_greedy"]["sentences"] for run in fp16_runs)
         rows.append(("fp16 modes == fp16 greedy", f"{equal}/{total} decodes", "yes" if equal == total else "NO"))
+    for name, section in sections(found, "fp16").items():
+        for key, label in (("block_vs_alone", "as the runtime calls it"), ("block_vs_alone_static", "at one shape")):
+            for precision, checked in (section.get(key) or {}).items():
+                rows.append((f"{name}: {precision} verifier position = alone on {device}, {label}",
+                             f"{checked.get('positions')} positions equal" if checked.get("bitwise_equal")
+                             else checked.get("error", "not run"), "yes" if checked.get("bitwise_equal") else "NO"))
     for name, section in sections(found, "bench").items():
         figures = section.get("figures") or []
         greedy1 = _find(figures, "aggdec-greedy", 1, device)

@@ -2,14 +2,16 @@
 # The CPU side of the GPU check: make what the calls carry (benchmarks/gpu/README.md has the calls).
 # Run from the repository root, with the project installed ('.[cpu,export,bench,test]'):
 #
-#   bash benchmarks/gpu/prepare.sh [--base] [--wheel SPEC]... [--ort-version 1.31.1] [--no-ort]
+#   bash benchmarks/gpu/prepare.sh [--base] [--wheel SPEC]... [--ort-version 1.31.1] [--no-ort] [--full-wheel] [--arch 90]
 #
-# Run it in the checkout the device tool sends (the session's own, not a helper's worktree):
-# ort-gpu-chunks.sh writes .git/info/exclude, so .git must be a folder. --no-ort keeps the
-# .ort-gpu parts made before.
+# Run it in the checkout the device tool sends (the session's own, not a helper's worktree).
+# --no-ort keeps the onnxruntime-gpu parts made before.
 #
-#   .ort-gpu/w1..wN          onnxruntime-gpu's wheel in parts (../shared/tools/ort-gpu-chunks.sh),
-#                            each with a pack.json (carry.py describe-wheel)
+#   .gpu-pack/onnxruntime-gpu/w1..wN
+#                            onnxruntime-gpu slimmed to one GPU architecture (slim_ort.py: sm_90,
+#                            the H100 and H200), a 58 MiB site archive: 2 parts beside a 34 MiB tree
+#   .ort-gpu/w1..wN          with --full-wheel: the whole wheel in parts (../shared/tools/ort-gpu-chunks.sh;
+#                            9 parts; it writes .git/info/exclude, so .git must be a folder)
 #   .gpu-pack/data/w1        the UA-GEC test split as a TSV (source, annotators a1 and a2), small
 #                            enough to ride along with .ort-gpu/w1
 #   .gpu-pack/uagec-base/w*  with --base: the larger reference checkpoint (../shared/models/uagec-base/model)
@@ -24,12 +26,16 @@ py=${PYTHON:-python3}
 shared=${SHARED:-../shared}  # the shared folder beside the checkout: its tools and models
 base=0
 ort=1
+full=0
+arch=90
 ort_version=1.31.1
 wheels=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base=1 ;;
     --no-ort) ort=0 ;;
+    --full-wheel) full=1 ;;
+    --arch) arch=$2; shift ;;
     --wheel) wheels+=("$2"); shift ;;
     --ort-version) ort_version=$2; shift ;;
     *) echo "prepare.sh: unknown option $1" >&2; exit 2 ;;
@@ -37,14 +43,24 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-if [ "$ort" = 1 ]; then
+if [ "$ort" = 1 ] && [ "$full" = 1 ]; then
   if [ ! -d .git ]; then
     echo "prepare.sh: .git is not a folder here (a worktree?); ort-gpu-chunks.sh writes .git/info/exclude: run this" \
          "in the checkout the device tool sends, or pass --no-ort" >&2
     exit 2
   fi
+  rm -rf .gpu-pack/onnxruntime-gpu  # one onnxruntime-gpu on the device: the whole wheel's parts only
   bash "$shared/tools/ort-gpu-chunks.sh" "$ort_version"
   "$py" benchmarks/gpu/carry.py describe-wheel .ort-gpu
+elif [ "$ort" = 1 ]; then
+  rm -rf .ort-gpu/w[0-9]*
+  wheels_dir=$(mktemp -d)
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$wheels_dir" "onnxruntime-gpu==$ort_version"
+  "$py" benchmarks/gpu/slim_ort.py "$wheels_dir"/onnxruntime_gpu-*.whl "$wheels_dir/onnxruntime-gpu.tar.xz" --arch "$arch"
+  "$py" benchmarks/gpu/carry.py pack-site onnxruntime-gpu "$wheels_dir/onnxruntime-gpu.tar.xz"
+  rm -rf "$wheels_dir"
 fi
 
 scratch=$(mktemp -d)
@@ -83,26 +99,25 @@ sha=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 run="AGGDEC_COMMIT=$sha bash benchmarks/gpu/check.sh"
 echo
 echo "device calls (run, timeout_s 600, one after the other; benchmarks/gpu/README.md):"
-mapfile -t parts < <(ls -d .ort-gpu/w* 2>/dev/null | sort -V)
+mapfile -t parts < <(ls -d .gpu-pack/onnxruntime-gpu/w* .ort-gpu/w* 2>/dev/null | sort -V)
 n=${#parts[@]}
 call=1
 for part in "${parts[@]}"; do
   if [ "$call" = 1 ]; then
     echo "$call. carry [\"$part\", \".gpu-pack/data/w1\"]  command: $run export"
   elif [ "$call" = "$n" ]; then
-    echo "$call. carry [\"$part\"]  command: $run env pytest equality"
+    echo "$call. carry [\"$part\"]  command: $run env equality fp16 graphs bench pytest   (timeout_s 600; it stops its stages at 540 s)"
   else
     echo "$call. carry [\"$part\"]  command: $run carry"
   fi
   call=$((call + 1))
 done
-echo "$call. no carry  command: $run fp16 graphs   (and any stage the last call left 'not started')"
-echo "$((call + 1)). no carry  command: $run bench"
+echo "$call. no carry  command: $run STAGE...   (only if device time is left: the stages the last call left 'not started' or 'partial')"
 for part in $(ls -d .gpu-pack/uagec-base/w* 2>/dev/null | sort -V); do
   call=$((call + 1))
-  echo "$((call + 1)). carry [\"$part\"]  command: $run carry   (optional: the larger model)"
+  echo "$call. carry [\"$part\"]  command: $run carry   (optional: the larger model)"
 done
 if [ -d .gpu-pack/uagec-base ]; then
-  echo "$((call + 2)). no carry  command: $run export equality fp16 --only uagec-base   (optional)"
+  echo "$((call + 1)). no carry  command: $run export equality fp16 --only uagec-base   (optional)"
 fi
 echo "source digest of this tree (the report records the device's): $("$py" benchmarks/gpu/check.py --digest)"

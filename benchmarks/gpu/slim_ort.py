@@ -6,16 +6,17 @@ for chips the lent machine is not: ``libonnxruntime_providers_cuda.so`` holds on
 kernel for each of sm_75, 80, 86, 89, 90 and 120 (no PTX). This keeps the package as pip would
 install it, with three changes, and packs it as one ``.tar.xz`` of a site folder:
 
-- in the CUDA provider's ``.nv_fatbin`` section, the payload of every cubin built for another
-  architecture than ``--arch`` (90: the H100 and H200) is zeroed; the entries' headers stay, so
-  every offset in the library is unchanged and the CUDA runtime, which picks a kernel image by
-  the header's architecture, still finds the one it loads, bit for bit the original;
+- in the CUDA provider's ``.nv_fatbin`` section, in every fatbin that has a kernel image for
+  ``--arch`` (90: the H100 and H200), the other images' payloads are zeroed; the entries'
+  headers stay, so every offset in the library is unchanged and the CUDA runtime, which picks a
+  kernel image by the header's architecture, still finds the one it loads, bit for bit the
+  original (a fatbin with no image for the chip, such as sm_120-only kernels, stays whole);
 - ``libonnxruntime.so`` (the C API's library: the Python binding links the runtime in itself)
   and the TensorRT provider (TensorRT cannot be installed there) are left out.
 
-A machine whose GPU is another architecture then finds no kernel image: the ``env`` stage
-starts a CUDA session and says so. The full wheel (``prepare.sh --full-wheel``) remains the
-fallback.
+A machine whose GPU is another architecture then finds no kernel image, and the first CUDA
+graph run fails; ``prepare.sh --arch`` or ``--full-wheel`` (the whole wheel) is for such a
+machine. On an H100 the slimmed package ran every stage of the check (2026-11-26).
 
     python benchmarks/gpu/slim_ort.py WHEEL OUT.tar.xz [--arch 90]
 

@@ -182,3 +182,36 @@ def test_a_checkpoint_that_overflows_float16_is_refused(bundle, tmp_path):
         quantize_bundle(root, tmp_path / "out", precision="fp16", progress=None)
     assert not (tmp_path / "out").exists()
     quantize_bundle(root, tmp_path / "int8", precision="int8", progress=None)  # int8 keeps float32 between products
+
+
+def test_a_cast_the_converter_writes_twice_is_kept_once_and_two_different_nodes_of_one_name_refused():
+    # onnxruntime 1.30/1.31's float16 converter writes the Cast back to float32 once per kept
+    # operator reading a tensor; torch 2.11 exports the logits into both TopK and LogSoftmax
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from aggdec.export.half import _drop_repeated_casts
+
+    cast = helper.make_node("Cast", ["x"], ["x32"], name="x_cast_to_fp32_node", to=TensorProto.FLOAT)
+    nodes = [cast, helper.make_node("TopK", ["x32", "k"], ["values", "ids"], name="/TopK"), cast,
+             helper.make_node("LogSoftmax", ["x32"], ["logprobs"], name="/LogSoftmax", axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 5])],
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 2]),
+                               helper.make_tensor_value_info("logprobs", TensorProto.FLOAT, [2, 5])],
+                              [helper.make_tensor("k", TensorProto.INT64, [1], [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with pytest.raises(Exception, match="same node name|two nodes"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    _drop_repeated_casts(model.graph)
+    assert [node.op_type for node in model.graph.node] == ["Cast", "TopK", "LogSoftmax"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.arange(10, dtype=np.float16).reshape(2, 5)
+    ids, logprobs = session.run(None, {"x": x})
+    assert ids.tolist() == [[4, 3], [4, 3]] and np.allclose(np.exp(logprobs).sum(axis=1), 1.0)
+
+    other = helper.make_node("Cast", ["x"], ["x32"], name="x_cast_to_fp32_node", to=TensorProto.DOUBLE)
+    del model.graph.node[:]
+    model.graph.node.extend([cast, other])
+    with pytest.raises(ExportError, match="two different nodes named 'x_cast_to_fp32_node'"):
+        _drop_repeated_casts(model.graph)

@@ -86,6 +86,11 @@ def inject_errors(sentence: str, rng: random.Random, rate: float = 0.08) -> str:
 # The ranges are spread over 2-, 3- and 4-byte UTF-8 so that many different lead bytes occur.
 _RARE_RANGES = (
     (0x00B9, 0x00B9), (0x2070, 0x209C),  # superscripts and subscripts: km³, x₂
+    # most lead bytes of 2-byte UTF-8 and every continuation byte (80-BF): Latin-1 and
+    # Latin Extended, combining marks (a decomposed й is и + U+0306), Cyrillic outside the corpus (ѕ ѣ),
+    # Syriac to NKo
+    (0x00A1, 0x00FF), (0x0100, 0x024F), (0x0300, 0x036F), (0x0400, 0x052F), (0x0700, 0x07FF),
+    (0x0E00, 0x0E7F), (0xA640, 0xA69F),  # Thai, Cyrillic Extended-B (ꙁ ꙑ): 3-byte lead E0 and EA
     (0x2100, 0x214F), (0x2190, 0x21FF), (0x2200, 0x22FF),  # letterlike, arrows, maths
     (0x0370, 0x03FF),  # Greek
     (0x0530, 0x058F), (0x05D0, 0x05EA), (0x0620, 0x064A),  # Armenian, Hebrew, Arabic
