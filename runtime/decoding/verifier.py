@@ -374,25 +374,30 @@ class StaticBatch(Batch):
         """Encode each source alone at the source allocation's width into ``copies`` free
         slots; the new rows are the last ``len(sources) * copies`` in row order."""
         first = self._live
-        m = self._verifier.manifest
+        names = cross_names(self._verifier.manifest.decoder_layers)
         width = self.buffers.max_source
-        for ids in sources:
+        masks = np.zeros((len(sources), width), dtype=np.int64)
+        crosses: list[list[np.ndarray]] = []
+        hiddens: list[np.ndarray] = []
+        for index, ids in enumerate(sources):
             input_ids = np.full((1, width), pad_id, dtype=np.int64)
-            mask = np.zeros((1, width), dtype=np.int64)
             input_ids[0, : len(ids)] = ids
+            mask = masks[index : index + 1]
             mask[0, : len(ids)] = 1
             started = time.perf_counter()
             out = self._verifier.encoder.run({"input_ids": input_ids, "attention_mask": mask})
-            hidden = self._memory(out["encoder_hidden_states"], mask) if self._memory is not None else None
+            if self._memory is not None:
+                hiddens.append(self._memory(out["encoder_hidden_states"], mask))
             self.encoder_seconds += time.perf_counter() - started
-            slots = [self._free.pop() for _ in range(copies)]
-            cross = [np.repeat(out[name], copies, axis=0) for name in cross_names(m.decoder_layers)]
-            self.buffers.write_rows(slots, cross, np.repeat(mask, copies, axis=0),
-                                    None if hidden is None else np.repeat(hidden, copies, axis=0))
-            for slot in slots:
-                self._slot_of[self._live] = slot
-                self.lengths[self._live] = 0
-                self._live += 1
+            crosses.append([out[name] for name in names])
+        # one write for the whole admission: on CUDA each edit of a buffer goes through the host
+        slots = [self._free.pop() for _ in range(len(sources) * copies)]
+        cross = [np.repeat(np.concatenate(parts), copies, axis=0) for parts in zip(*crosses)]
+        self.buffers.write_rows(slots, cross, np.repeat(masks, copies, axis=0),
+                                np.repeat(np.concatenate(hiddens), copies, axis=0) if hiddens else None)
+        self._slot_of[first : first + len(slots)] = slots
+        self.lengths[first : first + len(slots)] = 0
+        self._live += len(slots)
         self.buffers.layout += 1  # the source mask changed: a device binding copies it again
         return range(first, self._live)
 
