@@ -130,3 +130,24 @@ def test_beams_equal_ordinary_beams(bundle):
 def test_static_shapes_must_be_a_bool(value, bundle):
     with pytest.raises(InputError, match="static_shapes must be True or False"):
         Generator(bundle("bart"), static_shapes=value)
+
+
+def test_marian_native_bundles_and_their_shortlist(tmp_path):
+    """Marian's own models (an SSRU decoder: a recurrent cache, one state per position) decode
+    under static shapes as they do without; over a lexical shortlist static shapes are refused
+    (the verifier's output width follows the rows' lists), and shortlist=False decodes it."""
+    from aggdec.export import export_bundle
+    from tests.support.marian import WORDS, add_shortlist, write_model
+
+    texts = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(1 + i % 9)) for i in range(10)]
+    folder, _config, _weights = write_model(tmp_path / "model", "ssru")
+    add_shortlist(folder)
+    export_bundle(folder, tmp_path / "bundle", progress=None, max_source_len=32, max_target_len=32)
+    with pytest.raises(InputError, match="static_shapes cannot decode .* over its lexical shortlist.*shortlist=False"):
+        Generator(tmp_path / "bundle", static_shapes=True)
+    plain = Generator(tmp_path / "bundle", shortlist=False)
+    static = Generator(tmp_path / "bundle", shortlist=False, static_shapes=True)
+    expected = _ids(plain.generate(texts, mode="greedy", max_new_tokens=MAX_NEW, batch_size=4))
+    assert len({len(ids) for ids in expected}) > 1
+    for mode in ("greedy", "iad"):
+        assert _ids(static.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=4)) == expected, mode
