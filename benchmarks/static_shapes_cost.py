@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from aggdec.sentences import load_examples
 
     sources = [example.source for example in load_examples(args.data, limit=args.limit)]
-    generators = {static: Generator(args.bundle, threads=args.threads, static_shapes=static) for static in (False, True)}
+    generators = {static: Generator(args.bundle, threads=args.threads, static_shapes=static)
+                  for static in (False, True)}
     print(f"{len(sources)} sentences of {args.data}, CPU, {args.threads} thread(s); static width "
           f"{generators[True].static_width}, source width {generators[True].manifest.max_source_len}")
     failed = False

@@ -89,7 +89,8 @@ def targets(found: dict[str, dict], device: str) -> list[tuple[str, str, str]]:
         total = sum(run["vs_static_greedy"]["sentences"] for run in static)
         rows.append(("static shapes: every exact mode == static greedy at its batch", f"{equal}/{total} decodes",
                      "yes" if equal == total else "NO"))
-    runs = [run for section in sections(found, "equality").values() for run in section["runs"] if "vs_cpu_greedy" in run]
+    runs = [run for section in sections(found, "equality").values() for run in section["runs"]
+            if "vs_cpu_greedy" in run]
     if runs:
         equal = sum(run["vs_cpu_greedy"]["equal"] for run in runs)
         total = sum(run["vs_cpu_greedy"]["sentences"] for run in runs)

@@ -97,9 +97,9 @@ class Batch:
         self._session = verifier.verifier if top_k or verifier.argmax is None else verifier.argmax
         self._candidates = ("top_logprobs", "top_ids") if self._session is verifier.verifier else ("top1_ids",)
         self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
-                                   m.max_target_len + SLACK + (static_width or 0), m.max_source_len, self._session.device,
-                                   bound, memory is not None, ACTIVATION_DTYPES[m.precision], m.cache_kind,
-                                   verifier.takes_output_rows and verifier.shortlist is not None
+                                   m.max_target_len + SLACK + (static_width or 0), m.max_source_len,
+                                   self._session.device, bound, memory is not None, ACTIVATION_DTYPES[m.precision],
+                                   m.cache_kind, verifier.takes_output_rows and verifier.shortlist is not None
                                    and slots <= verifier.kept_matrix_slots, m.cross_key_layout,
                                    static=static_width is not None)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
