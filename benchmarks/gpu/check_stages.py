@@ -334,17 +334,23 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
         got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
         run = {"mode": mode, "batch_size": batch, "seconds": seconds,
                f"vs_{against}": compare(got, reference, texts, generator.codec)}
-        equal = run[f"vs_{against}"]["equal"]
-        if equal < len(texts):
-            if explain is not None:
-                explain(run, got)
-            ctx.mark("failed")
-            ctx.note(f"{section['name']}: {section['precision']} {mode} at batch {batch} on {o.device} differs from "
-                     f"{against.replace('_', ' ')} in {len(texts) - equal} of {len(texts)} sentences")
-        section["runs"].append(run)
-        print(f"{section['name']} {section['precision']} {mode} batch {batch}: {equal}/{len(texts)} equal "
-              f"{against.replace('_', ' ')} ({seconds} s)", flush=True)
-        ctx.save()
+        if run[f"vs_{against}"]["equal"] < len(texts) and explain is not None:
+            explain(run, got)
+        judge_run(ctx, section, run, against, mode, len(texts))
+
+
+def judge_run(ctx: Context, section: dict, run: dict, against: str, what: str, sentences: int) -> None:
+    """Record ``run`` (its ``vs_AGAINST`` comparison made) in ``section``: a difference fails the
+    stage with a note; saved after each run."""
+    equal = run[f"vs_{against}"]["equal"]
+    said = f"{section['name']}: {section['precision']} {what} at batch {run['batch_size']}"
+    if equal < sentences:
+        ctx.mark("failed")
+        ctx.note(f"{said} on {ctx.options.device} differs from {against.replace('_', ' ')} in {sentences - equal} of "
+                 f"{sentences} sentences")
+    section["runs"].append(run)
+    print(f"{said}: {equal}/{sentences} equal {against.replace('_', ' ')} ({run['seconds']} s)", flush=True)
+    ctx.save()
 
 
 def static_key(name: str, options: Any) -> str:
@@ -379,15 +385,7 @@ def check_static_runs(ctx: Context, budget: Budget, section: dict, generator: An
             got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
             run = {"mode": mode, "batch_size": batch, "seconds": seconds, "static_shapes": True,
                    "vs_static_greedy": compare(got, greedy, texts, generator.codec)}
-            equal = run["vs_static_greedy"]["equal"]
-            if equal < len(texts):
-                ctx.mark("failed")
-                ctx.note(f"{section['name']}: {section['precision']} static {mode} at batch {batch} on {o.device} "
-                         f"differs from static greedy at that batch in {len(texts) - equal} of {len(texts)} sentences")
-            section["runs"].append(run)
-            print(f"{section['name']} {section['precision']} static {mode} batch {batch}: {equal}/{len(texts)} equal "
-                  f"static greedy ({seconds} s)", flush=True)
-            ctx.save()
+            judge_run(ctx, section, run, "static_greedy", f"static {mode}", len(texts))
 
 
 # ------------------------------------------------------------------ fp16 on the device
