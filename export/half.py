@@ -21,8 +21,9 @@ Lossless at fp16 means what it means for int8: IAD, GAD and GAD++ at beta 1 equa
 bundle's greedy on the same device. The block-vs-alone check (``positions.py``) proves it for
 onnxruntime's CPU provider when the bundle is written; on CUDA it fails (an H100 moved fp16
 log-probs by up to 6.8e-3 between a block and a position alone: cuBLAS picks its kernel by
-shape) except when every call has one shape (decision 034). Where float16 overflows (T5 checkpoints are known to, past their
-feed-forward layers), the conversion refuses the bundle (``quantize._figures``).
+shape) except when every call has one shape (decision 034). Where float16 overflows (T5
+checkpoints are known to, past their feed-forward layers), the conversion refuses the bundle
+(``quantize._figures``).
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ FP32_OUTPUTS = ("top_logprobs",)
 
 def _drop_repeated_casts(graph) -> None:
     """The converter puts a Cast back to float32 before each kept-in-float32 operator, named
-    after the tensor it reads; where one tensor feeds two such operators (torch 2.11 exports
-    the logits into both TopK and LogSoftmax) it writes the same Cast twice, and onnxruntime
-    refuses a graph with two nodes of one name. The copies are the same node: keep the first.
-    Two different nodes of one name or output would be the converter's error, not ours to guess."""
+    after the tensor it reads; where one tensor feeds two such operators, onnxruntime 1.30's
+    and 1.31's converters write the same Cast twice (seen on a torch 2.11 export, whose logits
+    feed both TopK and LogSoftmax through one Cast; 1.32's does not), and onnxruntime refuses a
+    graph with two nodes of one name. The copies are the same node: keep the first. Two
+    different nodes of one name or output would be the converter's error, not ours to guess."""
     seen: dict[str, bytes] = {}
     produced: set[str] = set()
     kept = []
