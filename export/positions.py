@@ -189,7 +189,8 @@ class Driver:
         ``per_source``: encode one unpadded source per call, as the runtime does for an encoder
         that couples the rows of a call (Manifest.encodes_one_source_per_call).
         ``static_width``: every call at one shape: each block padded to this many positions and
-        every cache of one capacity (:data:`STATIC_CAPACITY` past the width), so that no
+        every cache of one capacity (room for the longest prefix, block and padding, plus
+        :data:`STATIC_CAPACITY`), so that no
         product changes its shape between a block and a position alone. A GPU's libraries
         choose their kernels by shape (cuBLAS), and two kernels may sum a row in another
         order; at one shape, a row is computed the same way wherever it is."""
@@ -302,8 +303,8 @@ def check_position_independence(driver: Driver, cases: list[Case]) -> int:
         for name, values in block_cache.items():
             other = single[name]
             if driver.static_width is not None:  # past each row's block: padding's entries, never attended
-                valid = np.arange(values.shape[2])[None, :] < (case.kept + new)[:, None]
-                values, other = values * valid[:, None, :, None], other * valid[:, None, :, None]
+                valid = (np.arange(values.shape[2])[None, :] < (case.kept + new)[:, None])[:, None, :, None]
+                values, other = np.where(valid, values, 0), np.where(valid, other, 0)
             if not np.array_equal(values, other):
                 raise ValidationError(f"the verifier writes a different {name} for a block than position by position "
                                       f"(batch {batch}, block {new}); IAD/GAD would not equal greedy.")

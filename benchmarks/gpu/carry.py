@@ -39,6 +39,8 @@ PACK_ROOT = Path(".gpu-pack")
 WHEEL_ROOT = Path(".ort-gpu")
 # what may travel with a call, and the share ort-gpu-chunks.sh leaves for the rest (its 62 MiB)
 CALL_LIMIT_MIB, SPLIT_LIMIT_MIB = 64, 62
+# what a site pack's first part shares its call with: the data pack (180 kB) and a margin
+SITE_MARGIN_MIB = 1
 MIB = 1024 * 1024
 
 
@@ -61,9 +63,9 @@ def tree_bytes(root: Path) -> int:
     return sum((root / name.decode()).stat().st_size for name in listed if name and (root / name.decode()).is_file())
 
 
-def room_mib(root: Path) -> int:
-    """MiB a call can carry beside the tree, as ort-gpu-chunks.sh counts it."""
-    return (SPLIT_LIMIT_MIB * MIB - tree_bytes(root)) // MIB
+def room_mib(root: Path, limit_mib: int = SPLIT_LIMIT_MIB) -> int:
+    """MiB a call can carry beside the tree: of ``limit_mib`` (ort-gpu-chunks.sh's 62 by default)."""
+    return (limit_mib * MIB - tree_bytes(root)) // MIB
 
 
 def split_file(path: Path, out_root: Path, chunk_bytes: int, description: dict) -> list[Path]:
@@ -113,12 +115,12 @@ def pack(name: str, sources: list[Path], chunk_bytes: int, root: Path = PACK_ROO
         shutil.rmtree(work)
 
 
-def pack_site(name: str, archive: Path, chunk_bytes: int, root: Path = PACK_ROOT, **facts) -> list[Path]:
+def pack_site(name: str, archive: Path, chunk_bytes: int, root: Path = PACK_ROOT) -> list[Path]:
     """A site folder packed as one archive (slim_ort.py's onnxruntime-gpu), split into
     ``root/NAME/w1..wN``; the device unpacks it into WORK/site once every part is there."""
     if not archive.is_file():
         raise CarryError(f"{archive} does not exist")
-    return split_file(archive, root / name, chunk_bytes, {"name": name, "kind": "site", **facts})
+    return split_file(archive, root / name, chunk_bytes, {"name": name, "kind": "site"})
 
 
 def describe_wheel(root: Path = WHEEL_ROOT) -> list[Path]:
@@ -248,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     site = sub.add_parser("pack-site", help="CPU side: a site archive (slim_ort.py) into .gpu-pack/NAME/w1..wN")
     site.add_argument("name")
     site.add_argument("archive", type=Path)
-    site.add_argument("--room-mib", type=int, help="MiB per part (default: what fits beside the tree)")
+    site.add_argument("--room-mib", type=int, help="MiB per part (default: what fits beside the tree in a call, "
+                      "less 1 MiB for the data pack)")
     describe = sub.add_parser("describe-wheel", help="CPU side: pack.json for ort-gpu-chunks.sh's folders")
     describe.add_argument("root", nargs="?", type=Path, default=WHEEL_ROOT)
     staging = sub.add_parser("stage", help="device side: gather carried parts, install complete files")
@@ -262,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.name}: {len(folders)} folder(s) to carry, one per call: "
                   + " ".join(str(f) for f in folders))
         elif args.command == "pack-site":
-            room = args.room_mib if args.room_mib is not None else room_mib(Path("."))
+            # the whole call but the margin: the slimmed onnxruntime-gpu (58 MiB) then fits in two
+            # parts beside a 34 MiB tree, where ort-gpu-chunks.sh's 62 MiB would make three
+            room = (args.room_mib if args.room_mib is not None
+                    else room_mib(Path("."), CALL_LIMIT_MIB - SITE_MARGIN_MIB))
             folders = pack_site(args.name, args.archive, room * MIB)
             print(f"{args.name}: {len(folders)} folder(s) to carry, one per call: "
                   + " ".join(str(f) for f in folders))

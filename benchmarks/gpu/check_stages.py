@@ -327,9 +327,7 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
     for batch, mode in ordered_runs(o.batch_sizes, modes):
         if (batch, mode) in skip:
             continue
-        if budget.left() < 5:
-            ctx.note(f"{section['name']}: budget ran out before {mode} at batch {batch} (and what follows it)")
-            ctx.mark("partial")
+        if out_of_budget(ctx, budget, section, f"{mode} at batch {batch}"):
             return
         got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
         run = {"mode": mode, "batch_size": batch, "seconds": seconds,
@@ -337,6 +335,16 @@ def check_runs(ctx: Context, budget: Budget, section: dict, generator: Any, text
         if run[f"vs_{against}"]["equal"] < len(texts) and explain is not None:
             explain(run, got)
         judge_run(ctx, section, run, against, mode, len(texts))
+
+
+def out_of_budget(ctx: Context, budget: Budget, section: dict, before: str) -> bool:
+    """Whether the stage's budget is spent (a run needs a few seconds); if so, the stage is
+    partial, with a note of where it stopped."""
+    if budget.left() >= 5:
+        return False
+    ctx.note(f"{section['name']}: budget ran out before {before} (and what follows it)")
+    ctx.mark("partial")
+    return True
 
 
 def judge_run(ctx: Context, section: dict, run: dict, against: str, what: str, sentences: int) -> None:
@@ -367,9 +375,7 @@ def check_static_runs(ctx: Context, budget: Budget, section: dict, generator: An
     o = ctx.options
     section["static_shapes"] = {"width": generator.static_width}
     for batch in o.batch_sizes:
-        if budget.left() < 5:
-            ctx.note(f"{section['name']}: budget ran out before static batch {batch} (and what follows it)")
-            ctx.mark("partial")
+        if out_of_budget(ctx, budget, section, f"static batch {batch}"):
             return
         greedy, seconds = decode(generator, texts, "greedy", batch, o.max_new_tokens)
         section["runs"].append({"mode": "greedy", "batch_size": batch, "seconds": seconds, "static_shapes": True,
@@ -378,9 +384,7 @@ def check_static_runs(ctx: Context, budget: Budget, section: dict, generator: An
         for mode in modes:
             if mode == "greedy":
                 continue
-            if budget.left() < 5:
-                ctx.note(f"{section['name']}: budget ran out before static {mode} at batch {batch}")
-                ctx.mark("partial")
+            if out_of_budget(ctx, budget, section, f"static {mode} at batch {batch}"):
                 return
             got, seconds = decode(generator, texts, mode, batch, o.max_new_tokens)
             run = {"mode": mode, "batch_size": batch, "seconds": seconds, "static_shapes": True,
@@ -391,8 +395,11 @@ def check_static_runs(ctx: Context, budget: Budget, section: dict, generator: An
 # ------------------------------------------------------------------ fp16 on the device
 
 
-# the static check's block width: the widest validation block (export.positions.NEW_LENS)
-STATIC_WIDTH = 33
+def static_check_width() -> int:
+    """The one-shape check's block width: the widest block the validation cases verify."""
+    from aggdec.export.positions import NEW_LENS
+
+    return max(NEW_LENS)
 
 
 def position_check(path: Path, device: str, static_width: int | None = None) -> dict:
@@ -450,9 +457,10 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
                 ctx.note(f"{name}: {precision} block-vs-alone differs on {o.device}: {checked['error']}")
             # the same at one shape for every call (decision 034): whether fixed shapes make a
             # position's result independent of its block on this device's libraries
-            static = position_check(path, o.device, static_width=STATIC_WIDTH)
-            section.setdefault("block_vs_alone_static", {})[precision] = {**static, "width": STATIC_WIDTH}
-            print(f"{name} {precision} block vs alone at one shape (width {STATIC_WIDTH}) on {o.device}: {static}",
+            width = static_check_width()
+            static = position_check(path, o.device, static_width=width)
+            section.setdefault("block_vs_alone_static", {})[precision] = {**static, "width": width}
+            print(f"{name} {precision} block vs alone at one shape (width {width}) on {o.device}: {static}",
                   flush=True)
             if not static["bitwise_equal"]:
                 ctx.mark("failed")
