@@ -9,7 +9,7 @@
 #
 #   .gpu-pack/onnxruntime-gpu/w1..wN
 #                            onnxruntime-gpu slimmed to one GPU architecture (slim_ort.py: sm_90,
-#                            the H100 and H200), a 58 MiB site archive: 2 parts beside a 34 MiB tree
+#                            the H100 and H200), a 58 MiB site archive: 2 or 3 parts, as the tree leaves room
 #   .ort-gpu/w1..wN          with --full-wheel: the whole wheel in parts (../shared/tools/ort-gpu-chunks.sh;
 #                            9 parts; it writes .git/info/exclude, so .git must be a folder)
 #   .gpu-pack/data/w1        the UA-GEC test split as a TSV (source, annotators a1 and a2), small

@@ -1,4 +1,4 @@
-"""onnxruntime-gpu made small enough to reach the lent GPU in two calls instead of nine.
+"""onnxruntime-gpu made small enough to reach the lent GPU in two or three calls instead of nine.
 
 Its wheel is 256 MB, and a device call carries 64 MiB with the tree, so the wheel whole takes
 nine calls (and a quarter of the session's device time in transfers). Most of it is GPU code
