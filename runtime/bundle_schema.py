@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import BundleError
+from .segmentation import SEGMENTATIONS
 
 MAX_SEQUENCE_LEN = 65536  # refused above: no position table is that long, and buffers are sized from it
 # ONNX element types a bundle graph may use; the onnxruntime spelling of each, for the load-time check
@@ -333,11 +334,12 @@ FIELDS: dict[str, Rule] = {
     "beam_rules": optional(obj({"family": one_of(BEAM_FAMILIES), "normalize": number(-1e3, 1e3),
                                 "word_penalty": number(-1e3, 1e3)})),
     "cross_key_layout": optional(one_of(CROSS_KEY_LAYOUTS)),
+    "segmentation": optional(one_of(SEGMENTATIONS)),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
                              "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression",
-                             "beam_rules", "cross_key_layout"})
+                             "beam_rules", "cross_key_layout", "segmentation"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

