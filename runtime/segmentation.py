@@ -33,6 +33,9 @@ SEGMENTATIONS = (MARIAN_SENTENCEPIECE,)
 
 # SentencePiece's unigram model: an unknown character scores this far below the lowest piece
 UNK_PENALTY = 10.0
+# the longest piece SentencePiece's trainer allows (max_sentencepiece_length); a longer one is not
+# a SentencePiece vocabulary, and would make every start position's walk that long
+LONGEST_PIECE = 512
 _FLOAT32 = struct.Struct("<f")
 
 
@@ -59,7 +62,14 @@ class MarianSentencePiece:
         for index, entry in enumerate(model["vocab"]):
             if index == self._unk or index in special:
                 continue  # control and unknown pieces are not in SentencePiece's trie
-            piece, score = str(entry[0]), _float32(float(entry[1]))
+            try:
+                piece, score = str(entry[0]), _float32(float(entry[1]))
+            except (TypeError, ValueError, IndexError, OverflowError):
+                raise BundleError(f"{where}: the Unigram vocabulary's entry {index} is not a [piece, score] pair.") \
+                    from None
+            if not piece or len(piece) > LONGEST_PIECE:
+                raise BundleError(f"{where}: the Unigram vocabulary's piece {index} has {len(piece)} characters; a "
+                                  f"SentencePiece piece has 1 to {LONGEST_PIECE}.")
             node = self._trie
             for character in piece:
                 node = node.setdefault(character, {})

@@ -105,6 +105,10 @@ def test_a_manifest_asking_for_an_unknown_or_impossible_segmentation_is_refused_
     spec["model"] = {"type": "WordLevel", "vocab": {p: i for i, p in enumerate(tokenizer_pieces())}, "unk_token": "<unk>"}
     with pytest.raises(BundleError, match="needs a Unigram tokenizer"):
         TextCodec(tmp_path / "t.json", json.dumps(spec).encode("utf-8"), segmentation=MARIAN_SENTENCEPIECE)
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["model"]["vocab"][-1] = ["a" * 600, -30.0]  # no SentencePiece piece: every walk would be that long
+    with pytest.raises(BundleError, match="600 characters"):
+        TextCodec(tmp_path / "t.json", json.dumps(spec).encode("utf-8"), segmentation=MARIAN_SENTENCEPIECE)
 
 
 def write_spm(path: Path, pieces: list[tuple[str, float, int]]) -> None:
