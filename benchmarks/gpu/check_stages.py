@@ -677,6 +677,56 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
                 ctx.save()
 
 
+# ------------------------------------------------------------------ cache edits: on the device or through the host
+
+EDIT_PATHS = ("host", "graphs")  # cache.DEVICE_EDITS: the old whole-buffer round trip, the device edit graphs
+
+
+def stage_edits(ctx: Context, budget: Budget) -> None:
+    """Greedy at each batch size with the cache edits through the host (cache.DEVICE_EDITS =
+    "host": every finished row, admission, growth and beam reorder downloads and uploads whole
+    buffers) and on the device (the edit graphs, device_edits.py), the two alternated (host,
+    graphs, graphs, host) in one process on the same sentences; both must give the same outputs.
+    In the dry run the buffers are CPU onnxruntime values (cache.ORT_BUFFERS_ON_CPU), so both
+    paths run there too, at CPU speed."""
+    from aggdec import Generator
+    from aggdec.runtime.decoding import cache
+
+    o = ctx.options
+    cache.ORT_BUFFERS_ON_CPU = o.dry_run
+    texts_all = ctx.sources(o.bench_limit)
+    sections = ctx.result.setdefault("bundles", {})
+    for name, entry in ctx.bundles().items():
+        if "bundle" not in entry:
+            continue
+        generator = Generator(entry["bundle"], device=o.device)
+        texts = usable_texts(generator, texts_all, ctx, name)
+        section = sections[name] = {"name": name, "sentences": len(texts), "device": o.device, "runs": []}
+        decode(generator, texts[:8], "greedy", 1, o.max_new_tokens)  # warm-up: sessions, edit graphs
+        for batch in o.batch_sizes:
+            if out_of_budget(ctx, budget, section, f"batch {batch}"):
+                break
+            seconds = dict.fromkeys(EDIT_PATHS, 0.0)
+            outputs = {}
+            for path in (*EDIT_PATHS, *EDIT_PATHS[::-1]):
+                cache.DEVICE_EDITS = path  # read when a batch's buffers are made
+                outputs[path], took = decode(generator, texts, "greedy", batch, o.max_new_tokens)
+                seconds[path] += took
+            cache.DEVICE_EDITS = "graphs"
+            run = {"batch_size": batch, "seconds": {p: round(t, 3) for p, t in seconds.items()},
+                   "sentences_per_second": {p: round(2 * len(texts) / t, 1) for p, t in seconds.items()},
+                   "host_over_graphs": round(seconds["host"] / seconds["graphs"], 3),
+                   "graphs_vs_host": compare(outputs["graphs"], outputs["host"], texts)}
+            if run["graphs_vs_host"]["equal"] < len(texts):
+                ctx.mark("failed")
+                ctx.note(f"{name}: greedy at batch {batch} with device edits differs from host edits in "
+                         f"{len(texts) - run['graphs_vs_host']['equal']} of {len(texts)} sentences")
+            section["runs"].append(run)
+            print(f"{name}: greedy at batch {batch}: {run['sentences_per_second']} sentences/s, host/graphs "
+                  f"{run['host_over_graphs']}", flush=True)
+            ctx.save()
+
+
 # ------------------------------------------------------------------ aggdec bench
 
 
@@ -777,5 +827,5 @@ def stage_bench(ctx: Context, budget: Budget) -> None:
 
 STAGE_FUNCTIONS: dict[str, Callable[[Context, Budget], None]] = {
     "env": stage_env, "export": stage_export, "pytest": stage_pytest, "equality": stage_equality,
-    "fp16": stage_fp16, "graphs": stage_graphs, "bench": stage_bench}
+    "fp16": stage_fp16, "graphs": stage_graphs, "bench": stage_bench, "edits": stage_edits}
 
