@@ -3,13 +3,18 @@ against numpy, both on the CPU, at the reference model's buffer shapes; and how 
 edit moves on CUDA with and without them (counted from the shapes, not measured).
 
     python benchmarks/device_edits_cpu.py [--slots 32] [--repeats 200] [--out DIR]
+        [--decode BUNDLE [--data examples/uagec_test_sample.tsv] [--batch-size 32] [--rounds 2]]
 
 The graph side is the CUDA code path run on CPU onnxruntime values (cache.ORT_BUFFERS_ON_CPU):
 its time here is onnxruntime's per-run overhead plus a CPU memcpy, which says what the path adds
 on the host side per edit, NOT what it costs on a GPU (there the copies are device-to-device and
 the baseline is the host round trip; benchmarks/gpu/check.sh's ``edits`` stage measures that).
-Sides alternate edit by edit (order reversed every other repeat); medians are printed as a table
-and written to DIR/device-edits.json.
+A third side, ``host``, runs the edits CUDA buffers had before the graphs (the whole allocation
+copied out, edited by numpy, copied back; cache.DEVICE_EDITS = "host") on CPU onnxruntime
+values: the round trip's memory traffic without the PCIe. Sides alternate edit by edit (each
+first in turn); medians are printed as a table and written to DIR/device-edits.json.
+``--decode``: also greedy over the data at the batch size with each side's buffers, the sides
+alternated (each first in turn, ``--rounds`` times): seconds, and whether the outputs agree.
 """
 
 from __future__ import annotations
@@ -30,13 +35,17 @@ from aggdec.runtime.decoding.cache import KEYS_TRANSPOSED, SlotBuffers
 SHAPE = dict(layers=2, heads=4, head_dim=64, d_model=256, max_target=258, max_source=256)
 
 
-def make(graphs: bool, slots: int) -> SlotBuffers:
-    cache.ORT_BUFFERS_ON_CPU = graphs
+def make(side: str, slots: int) -> SlotBuffers:
+    """numpy: the CPU's own buffers; graphs: CPU onnxruntime values edited by the edit graphs (the
+    CUDA path); host: CPU onnxruntime values edited as CUDA's were before them (the whole
+    allocation copied out, edited by numpy, copied back: the round trip without the PCIe)."""
+    cache.ORT_BUFFERS_ON_CPU = side != "numpy"
+    cache.DEVICE_EDITS = "host" if side == "host" else "graphs"
     try:
         return SlotBuffers(**SHAPE, slots=slots, device="cpu", bound=True, keep_hidden=False,
                            cross_key_layout=KEYS_TRANSPOSED)
     finally:
-        cache.ORT_BUFFERS_ON_CPU = False
+        cache.ORT_BUFFERS_ON_CPU, cache.DEVICE_EDITS = False, "graphs"
 
 
 def encoded(rows: int, length: int, rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
@@ -93,14 +102,44 @@ def bytes_moved(slots: int, rows: int, capacity: int, source: int) -> dict[str, 
     }
 
 
+def decode(bundle: Path, data: Path, batch: int, rounds: int) -> dict:
+    from aggdec import Generator
+    from aggdec.sentences import load_examples
+
+    texts = [example.source for example in load_examples(str(data), None)]
+    generator = Generator(bundle, device="cpu", threads=1)
+    texts = [text for text in texts if generator.check(text) is None]
+    seconds: dict[str, float] = {}
+    outputs: dict[str, list] = {}
+    sides = ["numpy", "graphs", "host"]
+    for round_ in range(rounds * len(sides)):
+        side = (sides if round_ // len(sides) % 2 == 0 else sides[::-1])[round_ % len(sides)]
+        cache.ORT_BUFFERS_ON_CPU = side != "numpy"
+        cache.DEVICE_EDITS = "host" if side == "host" else "graphs"
+        started = time.perf_counter()
+        outputs[side] = [r.ids for r in generator.generate(texts, mode="greedy", batch_size=batch)]
+        seconds[side] = seconds.get(side, 0.0) + time.perf_counter() - started
+        cache.ORT_BUFFERS_ON_CPU, cache.DEVICE_EDITS = False, "graphs"
+    equal = {side: sum(a == b for a, b in zip(outputs[side], outputs["numpy"])) for side in sides}
+    return {"sentences": len(texts), "batch_size": batch, "rounds": rounds,
+            "seconds": {side: round(t, 2) for side, t in seconds.items()},
+            "over_numpy": {side: round(t / seconds["numpy"], 3) for side, t in seconds.items()},
+            "equal_to_numpy": equal}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--decode", type=Path, metavar="BUNDLE", help="also time greedy decoding of BUNDLE")
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "examples" /
+                        "uagec_test_sample.tsv")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    sides = {"numpy": make(False, args.slots), "graphs": make(True, args.slots)}
+    sides = {side: make(side, args.slots) for side in ("numpy", "graphs", "host")}
     for buffers in sides.values():
         fill(buffers, args.slots, 64, rng)
     results = {}
@@ -108,26 +147,32 @@ def main() -> None:
         seconds: dict[str, list[float]] = {side: [] for side in sides}
         order = list(sides)
         for repeat in range(args.repeats):
-            for side in (order if repeat % 2 == 0 else order[::-1]):
+            for side in order[repeat % 3 :] + order[: repeat % 3]:  # each side first in turn
                 buffers = sides[side]
                 setup(buffers)
                 started = time.perf_counter()
                 edit(buffers)
                 seconds[side].append(time.perf_counter() - started)
         medians = {side: statistics.median(values) * 1e6 for side, values in seconds.items()}
-        results[name] = {"median_us": medians, "graphs_over_numpy": medians["graphs"] / medians["numpy"]}
+        results[name] = {"median_us": medians, "graphs_over_numpy": medians["graphs"] / medians["numpy"],
+                         "host_over_graphs": medians["host"] / medians["graphs"]}
     moved = bytes_moved(args.slots, args.slots, 64, 64)
     print(f"slots {args.slots}, capacity 64, source capacity 64, {args.repeats} repeats per edit and side")
-    print("| edit | numpy (us) | graphs (us) | graphs / numpy | CUDA host edits move (PCIe) | device edits copy |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| edit | numpy (us) | graphs (us) | host round trip (us) | graphs / numpy | host / graphs | "
+          "on CUDA, host edits move (PCIe) | device edits write |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in results.items():
         row["bytes"] = moved[name]
-        print(f"| {name} | {row['median_us']['numpy']:.1f} | {row['median_us']['graphs']:.1f} | "
-              f"{row['graphs_over_numpy']:.2f} | {moved[name]['host'] / 1e6:.1f} MB | {moved[name]['device'] / 1e3:.0f} kB |")
+        us = row["median_us"]
+        print(f"| {name} | {us['numpy']:.1f} | {us['graphs']:.1f} | {us['host']:.0f} | {row['graphs_over_numpy']:.2f} | "
+              f"{row['host_over_graphs']:.0f} | {moved[name]['host'] / 1e6:.1f} MB | {moved[name]['device'] / 1e3:.0f} kB |")
+    report = {"slots": args.slots, "repeats": args.repeats, "shape": SHAPE, "edits": results}
+    if args.decode:
+        report["decode"] = decode(args.decode, args.data, args.batch_size, args.rounds)
+        print(json.dumps(report["decode"]))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "device-edits.json").write_text(json.dumps({"slots": args.slots, "repeats": args.repeats,
-                                                                "shape": SHAPE, "edits": results}, indent=1) + "\n")
+        (args.out / "device-edits.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
