@@ -61,7 +61,10 @@ def fill(buffers: SlotBuffers, rows: int, source: int, rng: np.random.Generator)
     buffers.ensure_capacity(40)  # a typical mid-decode capacity: 64 positions
 
 
-def edits(rng: np.random.Generator, slots: int) -> dict[str, tuple[Callable[[SlotBuffers], None], Callable[[SlotBuffers], None]]]:
+Edit = Callable[[SlotBuffers], object]
+
+
+def edits(rng: np.random.Generator, slots: int) -> dict[str, tuple[Edit, Edit]]:
     """name -> (set-up, edit): the set-up (untimed) brings the buffers to the edit's state."""
     one, one_mask = encoded(1, 40, rng)
 
@@ -164,8 +167,9 @@ def main() -> None:
     for name, row in results.items():
         row["bytes"] = moved[name]
         us = row["median_us"]
-        print(f"| {name} | {us['numpy']:.1f} | {us['graphs']:.1f} | {us['host']:.0f} | {row['graphs_over_numpy']:.2f} | "
-              f"{row['host_over_graphs']:.0f} | {moved[name]['host'] / 1e6:.1f} MB | {moved[name]['device'] / 1e3:.0f} kB |")
+        print(f"| {name} | {us['numpy']:.1f} | {us['graphs']:.1f} | {us['host']:.0f} | "
+              f"{row['graphs_over_numpy']:.2f} | {row['host_over_graphs']:.0f} | {moved[name]['host'] / 1e6:.1f} MB | "
+              f"{moved[name]['device'] / 1e3:.0f} kB |")
     report = {"slots": args.slots, "repeats": args.repeats, "shape": SHAPE, "edits": results}
     if args.decode:
         report["decode"] = decode(args.decode, args.data, args.batch_size, args.rounds)

@@ -174,7 +174,8 @@ def same(plain, graphs, rows=None, positions=None, sources=None):
 
 
 def encoded(rng, count, length, buffers):
-    cross = [rng.standard_normal(cache.cross_dims(count, 2, length, 3, key, buffers.cross_key_layout)).astype(np.float32)
+    layout = buffers.cross_key_layout
+    cross = [rng.standard_normal(cache.cross_dims(count, 2, length, 3, key, layout)).astype(np.float32)
              for key in buffers._cross_keys]
     mask = np.ones((count, length), np.int64)
     mask[:, length - 1 :] = rng.integers(0, 2, (count, 1))
