@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ProviderError
 from ..session import providers_for, require_onnxruntime
 
 COPY_WIDTHS = (64, 16, 4, 1)  # export/edit_graphs.py's, widest first: a batch of copies is cut greedily
@@ -55,7 +56,13 @@ class EditGraphs:
         providers = providers_for(device)
 
         def load(name: str) -> Any:
-            return ort.InferenceSession((folder / f"{name}.onnx").read_bytes(), options, providers=providers)
+            session = ort.InferenceSession((folder / f"{name}.onnx").read_bytes(), options, providers=providers)
+            # onnxruntime falls back to the CPU when a provider does not start; a CPU kernel handed
+            # device pointers must never run (the decode's own sessions refuse the same way)
+            if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+                raise ProviderError("onnxruntime could not start its CUDA provider for the cache edit graphs; "
+                                    "use device 'cpu' or fix the CUDA installation.")
+            return session
 
         self._copy = {width: load(f"copy_{width}") for width in COPY_WIDTHS}
         self._pad = {np.dtype(dtype): load(f"pad_{dtype}") for dtype in ("float32", "float16")}
