@@ -115,3 +115,24 @@ def test_rows_arriving_mid_batch_equal_the_numpy_path(bundle, monkeypatch):
 
     plain, edited = decode_both(monkeypatch, bundle("marian"), run)
     assert edited == plain and sorted(plain) == list(range(len(texts)))
+
+
+def test_a_recurrent_cache_and_a_shortlist_equal_the_numpy_path(monkeypatch, tmp_path):
+    """A Marian-native SSRU bundle (one recurrent state per position, one self buffer a layer)
+    over its lexical shortlist (each row's output matrix kept on the host beside the buffers)."""
+    from aggdec.export import export_bundle
+    from tests.support.marian import WORDS, add_shortlist, write_model
+
+    texts = [" ".join(WORDS[(i * 5 + j * 3) % len(WORDS)] for j in range(1 + i % 9)) for i in range(10)]
+    folder, _config, _weights = write_model(tmp_path / "model", "ssru")
+    add_shortlist(folder)
+    export_bundle(folder, tmp_path / "bundle", progress=None, max_source_len=32, max_target_len=32)
+
+    def run(generator):
+        assert generator.manifest.cache_kind == "recurrent"
+        return [_ids(generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=4))
+                for mode in ("greedy", "iad")] + [
+            _beams(generator.generate(texts[:4], num_beams=3, max_new_tokens=MAX_NEW, batch_size=2))]
+
+    plain, edited = decode_both(monkeypatch, tmp_path / "bundle", run)
+    assert edited == plain and plain[0] == plain[1] and len({len(ids) for ids in plain[0]}) > 1
