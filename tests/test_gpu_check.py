@@ -123,12 +123,12 @@ def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
 
 @pytest.mark.slow
 def test_edits_stage_times_host_and_device_edits_and_compares_them(dry_run):
-    """Both edit paths ran (CPU onnxruntime values in the dry run) at each batch size, gave the
-    same outputs, and the report has their table."""
+    """Both edit paths ran (CPU onnxruntime values in the dry run) at each batch size and for
+    beams, gave the same outputs, and the report has their table."""
     code, output, results, _ = dry_run
     edits = json.loads((results / "check-edits.json").read_text())
     runs = edits["bundles"]["tiny"]["runs"]
-    assert [r["batch_size"] for r in runs] == [1, 4], output
+    assert [(r["batch_size"], r.get("num_beams", 1)) for r in runs] == [(1, 1), (4, 1), (4, 4)], output
     for run in runs:
         assert run["graphs_vs_host"]["equal"] == run["graphs_vs_host"]["sentences"] > 0
         assert all(run["sentences_per_second"][path] > 0 for path in ("host", "graphs"))

@@ -680,13 +680,22 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
 # ------------------------------------------------------------------ cache edits: on the device or through the host
 
 EDIT_PATHS = ("host", "graphs")  # cache.DEVICE_EDITS: the old whole-buffer round trip, the device edit graphs
+EDIT_BEAMS = 4  # the beam run (issue 29: a reorder every step): this many beams, at the largest batch size
+
+
+def edit_runs(batch_sizes: tuple[int, ...]) -> list[dict]:
+    """The stage's decodes, as generate() options: greedy at each batch size (batch 1 first), then
+    beam search at the largest."""
+    return [{"mode": "greedy", "batch_size": batch} for batch in batch_sizes] + [
+        {"mode": "greedy", "batch_size": max(batch_sizes), "num_beams": EDIT_BEAMS}]
 
 
 def stage_edits(ctx: Context, budget: Budget) -> None:
-    """Greedy at each batch size with the cache edits through the host (cache.DEVICE_EDITS =
-    "host": every finished row, admission, growth and beam reorder downloads and uploads whole
-    buffers) and on the device (the edit graphs, device_edits.py), the two alternated (host,
-    graphs, graphs, host) in one process on the same sentences; both must give the same outputs.
+    """Greedy at each batch size, then beam search at the largest (:func:`edit_runs`), with the
+    cache edits through the host (cache.DEVICE_EDITS = "host": every finished row, admission,
+    growth and beam reorder downloads and uploads whole buffers) and on the device (the edit
+    graphs, device_edits.py), the two alternated (host, graphs, graphs, host) in one process on
+    the same sentences (beams: the first quarter of them); both must give the same outputs.
     In the dry run the buffers are CPU onnxruntime values (cache.ORT_BUFFERS_ON_CPU), so both
     paths run there too, at CPU speed."""
     from aggdec import Generator
@@ -703,26 +712,31 @@ def stage_edits(ctx: Context, budget: Budget) -> None:
         texts = usable_texts(generator, texts_all, ctx, name)
         section = sections[name] = {"name": name, "sentences": len(texts), "device": o.device, "runs": []}
         decode(generator, texts[:8], "greedy", 1, o.max_new_tokens)  # warm-up: sessions, edit graphs
-        for batch in o.batch_sizes:
-            if out_of_budget(ctx, budget, section, f"batch {batch}"):
+        for options in edit_runs(o.batch_sizes):
+            beams = options.get("num_beams", 1)
+            what = f"{'greedy' if beams == 1 else f'{beams} beams'} at batch {options['batch_size']}"
+            if out_of_budget(ctx, budget, section, what):
                 break
+            part = texts if beams == 1 else texts[: max(len(texts) // 4, 1)]
             seconds = dict.fromkeys(EDIT_PATHS, 0.0)
             outputs = {}
             for path in (*EDIT_PATHS, *EDIT_PATHS[::-1]):
                 cache.DEVICE_EDITS = path  # read when a batch's buffers are made
-                outputs[path], took = decode(generator, texts, "greedy", batch, o.max_new_tokens)
-                seconds[path] += took
+                started = time.perf_counter()
+                results = generator.generate(part, max_new_tokens=o.max_new_tokens, **options)
+                seconds[path] += time.perf_counter() - started
+                outputs[path] = [r.ids for r in results]
             cache.DEVICE_EDITS = "graphs"
-            run = {"batch_size": batch, "seconds": {p: round(t, 3) for p, t in seconds.items()},
-                   "sentences_per_second": {p: round(2 * len(texts) / t, 1) for p, t in seconds.items()},
+            run = {**options, "sentences": len(part), "seconds": {p: round(t, 3) for p, t in seconds.items()},
+                   "sentences_per_second": {p: round(2 * len(part) / t, 1) for p, t in seconds.items()},
                    "host_over_graphs": round(seconds["host"] / seconds["graphs"], 3),
-                   "graphs_vs_host": compare(outputs["graphs"], outputs["host"], texts)}
-            if run["graphs_vs_host"]["equal"] < len(texts):
+                   "graphs_vs_host": compare(outputs["graphs"], outputs["host"], part)}
+            if run["graphs_vs_host"]["equal"] < len(part):
                 ctx.mark("failed")
-                ctx.note(f"{name}: greedy at batch {batch} with device edits differs from host edits in "
-                         f"{len(texts) - run['graphs_vs_host']['equal']} of {len(texts)} sentences")
+                ctx.note(f"{name}: {what} with device edits differs from host edits in "
+                         f"{len(part) - run['graphs_vs_host']['equal']} of {len(part)} sentences")
             section["runs"].append(run)
-            print(f"{name}: greedy at batch {batch}: {run['sentences_per_second']} sentences/s, host/graphs "
+            print(f"{name}: {what}: {run['sentences_per_second']} sentences/s, host/graphs "
                   f"{run['host_over_graphs']}", flush=True)
             ctx.save()
 
