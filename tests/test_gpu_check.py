@@ -72,7 +72,7 @@ def test_every_stage_runs_and_passes(dry_run):
     assert code == 0, output
     stages = json.loads((results / "check.json").read_text())["stages"]
     assert {name: stage["status"] for name, stage in stages.items()} == {
-        name: "ok" for name in ("env", "export", "pytest", "equality", "fp16", "graphs", "bench")}, output
+        name: "ok" for name in ("env", "export", "pytest", "equality", "fp16", "graphs", "bench", "edits")}, output
 
 
 @pytest.mark.slow
@@ -119,6 +119,20 @@ def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
         assert [(s["rows"], s["tokens"]) for s in shapes] == [(1, 1), (1, 16), (8, 1), (32, 1)]
         assert all(s["runtime_style_ms"] > 0 and s["all_bound_ms"] > 0 and "cuda_graph_ms" not in s for s in shapes)
         assert all(s["all_bound_equals_runtime_style"] is True for s in shapes)
+
+
+@pytest.mark.slow
+def test_edits_stage_times_host_and_device_edits_and_compares_them(dry_run):
+    """Both edit paths ran (CPU onnxruntime values in the dry run) at each batch size and for
+    beams, gave the same outputs, and the report has their table."""
+    code, output, results, _ = dry_run
+    edits = json.loads((results / "check-edits.json").read_text())
+    runs = edits["bundles"]["tiny"]["runs"]
+    assert [(r["batch_size"], r.get("num_beams", 1)) for r in runs] == [(1, 1), (4, 1), (4, 4)], output
+    for run in runs:
+        assert run["graphs_vs_host"]["equal"] == run["graphs_vs_host"]["sentences"] > 0
+        assert all(run["sentences_per_second"][path] > 0 for path in ("host", "graphs"))
+    assert "## Cache edits: through the host against on the device" in (results / "README.md").read_text()
 
 
 @pytest.mark.slow

@@ -24,6 +24,9 @@ def test_wheel_installs_and_imports(tmp_path, bundle):
         assert module in names
     assert not any(name.startswith(("tests/", "runtime/", "export/")) for name in names)
     assert "aggdec/py.typed" in names  # PEP 561: type checkers read aggdec's hints
+    # the cache edit graphs CUDA batches run (package data: the runtime cannot build them)
+    graphs = "aggdec/runtime/decoding/edit_graphs"
+    assert {f"{graphs}/copy_64.onnx", f"{graphs}/pad_float16.onnx"} <= set(names)
     license_text = (ROOT / "LICENSE").read_text()
     licenses = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
     assert licenses and zipfile.ZipFile(wheel).read(licenses[0]).decode() == license_text
@@ -55,4 +58,4 @@ def test_the_sdist_carries_the_license_and_the_changelog(tmp_path):
     assert build.returncode == 0, build.stderr
     with tarfile.open(next(tmp_path.glob("aggdec-*.tar.gz"))) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    assert {"LICENSE", "CHANGELOG.md", "aggdec/py.typed"} <= names
+    assert {"LICENSE", "CHANGELOG.md", "aggdec/py.typed", "runtime/decoding/edit_graphs/copy_1.onnx"} <= names

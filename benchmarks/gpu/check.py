@@ -20,6 +20,10 @@ what is left of the call is skipped with a note, as is the rest of one that runs
   graphs (``enable_cuda_graph``); the graph's outputs compared bitwise with the plain run's.
 - ``bench``: ``aggdec bench --device cuda`` at the batch sizes, fp32 and fp16 systems, and
   CTranslate2 on CUDA when its wheel is installed and sees the GPU.
+- ``edits``: greedy at the batch sizes (and beam search at the largest) with the cache edits
+  through the host (as before device_edits.py) and on the device, alternated in one process:
+  sentences/s of each and whether their outputs are equal (issue 32's batching regression,
+  read from the code as the host round trip; this measures it).
 
 The stages are in check_stages.py, what they share in check_context.py, the report in
 check_report.py; carry.py gathers what the calls carried (check.sh runs it first).

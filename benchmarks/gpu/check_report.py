@@ -174,6 +174,15 @@ def write_report(options: Options, results: Path) -> tuple[str, dict]:
                       "| system | batch | median ms | sent/s | vs greedy | = greedy |", "|---|---|---|---|---|---|"]
             lines += [f"| {f['system']} | {f['batch_size']} | {f['median_ms']} | {f['sentences_per_second']} | "
                       f"{f['speedup_vs_aggdec_greedy']} | {f['exact_match_vs_greedy']} |" for f in section["figures"]]
+    edits = sections(found, "edits")
+    if edits:
+        lines += ["", "## Cache edits: through the host against on the device (sentences/s)", "",
+                  "| bundle | beams | batch | host edits | device edits | host time / device time | outputs equal |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, section in edits.items():
+            lines += [f"| {key} | {r.get('num_beams', 1)} | {r['batch_size']} | {r['sentences_per_second']['host']} | "
+                      f"{r['sentences_per_second']['graphs']} | {r['host_over_graphs']} | "
+                      f"{r['graphs_vs_host']['equal']}/{r['graphs_vs_host']['sentences']} |" for r in section["runs"]]
     graphs = sections(found, "graphs")
     if graphs:
         lines += ["", "## One verifier call (median ms)", "",

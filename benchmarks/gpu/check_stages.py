@@ -677,6 +677,70 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
                 ctx.save()
 
 
+# ------------------------------------------------------------------ cache edits: on the device or through the host
+
+EDIT_PATHS = ("host", "graphs")  # cache.DEVICE_EDITS: the old whole-buffer round trip, the device edit graphs
+EDIT_BEAMS = 4  # the beam run (issue 29: a reorder every step): this many beams, at the largest batch size
+
+
+def edit_runs(batch_sizes: tuple[int, ...]) -> list[dict]:
+    """The stage's decodes, as generate() options: greedy at each batch size (batch 1 first), then
+    beam search at the largest."""
+    return [{"mode": "greedy", "batch_size": batch} for batch in batch_sizes] + [
+        {"mode": "greedy", "batch_size": max(batch_sizes), "num_beams": EDIT_BEAMS}]
+
+
+def stage_edits(ctx: Context, budget: Budget) -> None:
+    """Greedy at each batch size, then beam search at the largest (:func:`edit_runs`), with the
+    cache edits through the host (cache.DEVICE_EDITS = "host": every finished row, admission,
+    growth and beam reorder downloads and uploads whole buffers) and on the device (the edit
+    graphs, device_edits.py), the two alternated (host, graphs, graphs, host) in one process on
+    the same sentences (beams: the first quarter of them); both must give the same outputs.
+    In the dry run the buffers are CPU onnxruntime values (cache.ORT_BUFFERS_ON_CPU), so both
+    paths run there too, at CPU speed."""
+    from aggdec import Generator
+    from aggdec.runtime.decoding import cache
+
+    o = ctx.options
+    cache.ORT_BUFFERS_ON_CPU = o.dry_run
+    texts_all = ctx.sources(o.bench_limit)
+    sections = ctx.result.setdefault("bundles", {})
+    for name, entry in ctx.bundles().items():
+        if "bundle" not in entry:
+            continue
+        generator = Generator(entry["bundle"], device=o.device)
+        texts = usable_texts(generator, texts_all, ctx, name)
+        section = sections[name] = {"name": name, "sentences": len(texts), "device": o.device, "runs": []}
+        decode(generator, texts[:8], "greedy", 1, o.max_new_tokens)  # warm-up: sessions, edit graphs
+        for options in edit_runs(o.batch_sizes):
+            beams = options.get("num_beams", 1)
+            what = f"{'greedy' if beams == 1 else f'{beams} beams'} at batch {options['batch_size']}"
+            if out_of_budget(ctx, budget, section, what):
+                break
+            part = texts if beams == 1 else texts[: max(len(texts) // 4, 1)]
+            seconds = dict.fromkeys(EDIT_PATHS, 0.0)
+            outputs = {}
+            for path in (*EDIT_PATHS, *EDIT_PATHS[::-1]):
+                cache.DEVICE_EDITS = path  # read when a batch's buffers are made
+                started = time.perf_counter()
+                results = generator.generate(part, max_new_tokens=o.max_new_tokens, **options)
+                seconds[path] += time.perf_counter() - started
+                outputs[path] = [r.ids for r in results]
+            cache.DEVICE_EDITS = "graphs"
+            run = {**options, "sentences": len(part), "seconds": {p: round(t, 3) for p, t in seconds.items()},
+                   "sentences_per_second": {p: round(2 * len(part) / t, 1) for p, t in seconds.items()},
+                   "host_over_graphs": round(seconds["host"] / seconds["graphs"], 3),
+                   "graphs_vs_host": compare(outputs["graphs"], outputs["host"], part)}
+            if run["graphs_vs_host"]["equal"] < len(part):
+                ctx.mark("failed")
+                ctx.note(f"{name}: {what} with device edits differs from host edits in "
+                         f"{len(part) - run['graphs_vs_host']['equal']} of {len(part)} sentences")
+            section["runs"].append(run)
+            print(f"{name}: {what}: {run['sentences_per_second']} sentences/s, host/graphs "
+                  f"{run['host_over_graphs']}", flush=True)
+            ctx.save()
+
+
 # ------------------------------------------------------------------ aggdec bench
 
 
@@ -777,5 +841,5 @@ def stage_bench(ctx: Context, budget: Budget) -> None:
 
 STAGE_FUNCTIONS: dict[str, Callable[[Context, Budget], None]] = {
     "env": stage_env, "export": stage_export, "pytest": stage_pytest, "equality": stage_equality,
-    "fp16": stage_fp16, "graphs": stage_graphs, "bench": stage_bench}
+    "fp16": stage_fp16, "graphs": stage_graphs, "bench": stage_bench, "edits": stage_edits}
 

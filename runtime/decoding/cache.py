@@ -23,9 +23,13 @@ Rows, capacity and source capacity only change between calls, so a device can ca
 fixed (rows, T, capacity) step, e.g. under CUDA graphs, with every buffer at a fixed address.
 
 On the CPU the buffers are numpy arrays and every edit (a row's join, move or growth) is a
-numpy copy. On CUDA with IO binding they are device allocations; edits go through the host
-(download, edit, upload): correct, and rare (per join, finish and growth, not per step), but
-a device-side copy would be cheaper and is left for the GPU work. Static buffers
+numpy copy. On CUDA with IO binding they are device allocations (onnxruntime values), edited on
+the device by tiny onnxruntime graphs (``device_edits.py``): only the rows that change move, and
+a joining row's cross keys and values are the only upload. The same graphs can drive CPU
+onnxruntime values (:data:`ORT_BUFFERS_ON_CPU`), which is how the tests run that path without a
+GPU. :data:`DEVICE_EDITS` = "host" brings back the edits of before (download the whole
+allocation, edit it in numpy, upload it), kept only so the GPU check can measure one against
+the other. Static buffers
 (``static=True``, verifier.StaticBatch) have one shape for life and never move a row: their
 only edits are a joining row's encoding (:meth:`SlotBuffers.write_rows`) and a beam search's
 row copies.
@@ -42,8 +46,19 @@ import numpy as np
 from ..bundle_schema import CROSS_KEY_LAYOUTS
 from ..errors import CapacityError
 from ..session import require_onnxruntime
+from .device_edits import DeviceEdits
 
 MIN_CAPACITY = 16
+
+# How buffers held as onnxruntime values (CUDA with IO binding) are edited: "graphs" (on their
+# device, device_edits.py) or "host" (the whole allocation through numpy and back, as before
+# device_edits: correct, but hundreds of MB of PCIe traffic per finished row at batch 32). "host"
+# is kept so that the GPU check can time both on the same machine (benchmarks/gpu/README.md);
+# read when a batch's buffers are made.
+DEVICE_EDITS = "graphs"
+# A bound CPU batch keeps its buffers as CPU onnxruntime values, edited like CUDA's: for tests
+# (the CUDA edit path, run without a GPU); numpy buffers are cheaper on the CPU.
+ORT_BUFFERS_ON_CPU = False
 
 Dim = int | str  # a shape dim: a size, or a graph spec's symbolic name
 
@@ -115,14 +130,14 @@ def bucket(needed: int, limit: int) -> int:
 
 
 class _Flat:
-    """One flat float allocation (float32, or float16 for fp16 bundles), on the host or (with IO
-    binding on CUDA) on the device."""
+    """One flat float allocation (float32, or float16 for fp16 bundles): a numpy array, or (with
+    IO binding on CUDA, or :data:`ORT_BUFFERS_ON_CPU`) an onnxruntime value on ``device``."""
 
-    def __init__(self, size: int, on_device: bool, dtype: np.dtype) -> None:
+    def __init__(self, size: int, device: str | None, dtype: np.dtype) -> None:
         self.size = size
-        if on_device:
+        if device is not None:
             ort = require_onnxruntime()
-            self._value: Any = ort.OrtValue.ortvalue_from_numpy(np.zeros(size, dtype), "cuda", 0)
+            self._value: Any = ort.OrtValue.ortvalue_from_numpy(np.zeros(size, dtype), device, 0)
             self._host: np.ndarray | None = None
         else:
             self._value = None
@@ -143,7 +158,8 @@ class _Flat:
 
     @contextlib.contextmanager
     def edit(self) -> Iterator[np.ndarray]:
-        """The whole allocation as a writable host array; a device buffer is updated after."""
+        """The whole allocation as a writable host array; a device buffer is updated after (only
+        with :data:`DEVICE_EDITS` = "host": otherwise device buffers are edited by the graphs)."""
         if self._value is None:
             yield self._host  # type: ignore[misc]
             return
@@ -177,13 +193,16 @@ class SlotBuffers:
         on_device = bound and device == "cuda"
         self.bound = bound
         self.device = "cuda" if on_device else "cpu"
-        self._self = [_Flat(slots * heads * max_target * head_dim, on_device, self.dtype)
+        # where the buffers are onnxruntime values (None: numpy arrays), and their edits' graphs
+        held = self.device if on_device or (bound and ORT_BUFFERS_ON_CPU) else None
+        self._edits = DeviceEdits(held, self.dtype) if held is not None and DEVICE_EDITS == "graphs" else None
+        self._self = [_Flat(slots * heads * max_target * head_dim, held, self.dtype)
                       for _ in range(layers * len(CACHE_KINDS[cache_kind]))]
-        self._cross = [_Flat(slots * heads * max_source * head_dim, on_device, self.dtype) for _ in range(2 * layers)]
+        self._cross = [_Flat(slots * heads * max_source * head_dim, held, self.dtype) for _ in range(2 * layers)]
         self.cross_key_layout = cross_key_layout
         self._cross_keys = [index % 2 == 0 for index in range(2 * layers)]  # cross_names' order: key, value
         # the drafter reads the encoder output from the host side: it is small, written once a row
-        self._hidden = _Flat(slots * max_source * d_model, False, self.dtype) if keep_hidden else None
+        self._hidden = _Flat(slots * max_source * d_model, None, self.dtype) if keep_hidden else None
         self.keep_hidden = keep_hidden
         self.mask = np.zeros((slots, max_source), dtype=np.int64)
         # host-side even with IO binding on CUDA (bound as a CPU input, copied once per layout)
@@ -260,6 +279,9 @@ class SlotBuffers:
             return
         keep = min(old[axis], new[axis])
         for flat in flats:
+            if flat.on_device and self._edits is not None:
+                self._edits.relayout(flat.pointer(), old, new)
+                continue
             with flat.edit() as data:
                 before = data[: int(np.prod(old))].reshape(old)
                 index = [slice(None)] * len(old)
@@ -301,8 +323,8 @@ class SlotBuffers:
         A batch that never empties (a server's) would otherwise keep the capacity of the longest
         row it ever held, and every later call would attend over it. Only positions past every
         row's length are dropped, and those are masked, so results are unchanged. Host buffers
-        only: device buffers are edited through the host, and a GPU call costs about the same
-        at any span.
+        only (and CPU onnxruntime values, :data:`ORT_BUFFERS_ON_CPU`): a GPU call costs about
+        the same at any span.
         """
         if self.rows == 0 or self.device != "cpu":
             return
@@ -331,12 +353,20 @@ class SlotBuffers:
         self._ensure_source(length)
         first, self.rows = self.rows, self.rows + count
         self.layout += 1
+        uploads = []
         for flat, key, values in zip(self._cross, self._cross_keys, cross):
             shape, axis = self.cross_shape(key=key), source_axis(key, self.cross_key_layout)
+            if self._edits is not None:  # the new rows, padded to the source capacity, are all that moves
+                rows = np.zeros((count, *shape[1:]), self.dtype)
+                np.moveaxis(rows, axis, 2)[:, :, :length] = np.moveaxis(values, axis, 2)
+                uploads.append((rows, flat.pointer() + first * rows[0].nbytes))
+                continue
             with flat.edit() as data:
                 view = np.moveaxis(data[: int(np.prod(shape))].reshape(shape), axis, 2)  # source at axis 2
                 view[first:, :, :length] = np.moveaxis(values, axis, 2)
                 view[first:, :, length:] = 0.0
+        if self._edits is not None:
+            self._edits.upload(uploads)
         self.mask[first : self.rows] = 0
         self.mask[first : self.rows, :length] = mask
         if hidden is not None and self._hidden is not None:
@@ -356,9 +386,13 @@ class SlotBuffers:
         """Static buffers: the rows of one encoder call (as :meth:`add_rows` takes them, at the
         source capacity's width) into ``slots``, which need not be consecutive."""
         assert self.static and mask.shape == (len(slots), self.source_capacity)
-        for flat, key, values in zip(self._cross, self._cross_keys, cross):
-            with flat.edit() as data:
-                data[: int(np.prod(self.cross_shape(key=key)))].reshape(self.cross_shape(key=key))[slots] = values
+        if self._edits is not None:  # a row is contiguous: one upload per row and buffer
+            self._edits.upload([(values[i], flat.pointer() + slot * values[i].nbytes)
+                                for flat, values in zip(self._cross, cross) for i, slot in enumerate(slots)])
+        else:
+            for flat, key, values in zip(self._cross, self._cross_keys, cross):
+                with flat.edit() as data:
+                    data[: int(np.prod(self.cross_shape(key=key)))].reshape(self.cross_shape(key=key))[slots] = values
         self.mask[slots] = mask
         if hidden is not None and self._hidden is not None:
             self.hidden()[slots] = hidden
@@ -368,12 +402,15 @@ class SlotBuffers:
         ``sources`` onto rows ``targets``, all read before any is written; only those rows move.
         The cross-attention rows, mask and encoder output are left alone: a beam search copies
         between rows of one source, where they are the same. The layout does not change, so a
-        binding stays valid. On CUDA this goes through the host like every other edit here
-        (:meth:`_Flat.edit`): correct, but a copy of the whole buffer each way, per step.
-        NOT RUN on a GPU."""
+        binding stays valid. Device buffers: only the rows that change move, on the device
+        (:meth:`DeviceEdits.move_rows`; NOT YET RUN on a GPU)."""
         if not targets:
             return
         shape = self.self_shape()
+        if self._edits is not None:
+            row_bytes = int(np.prod(shape[1:])) * self.dtype.itemsize
+            self._edits.move_rows([flat.pointer() for flat in self._self], row_bytes, sources, targets)
+            return
         for flat in self._self:
             with flat.edit() as data:
                 view = data[: int(np.prod(shape))].reshape(shape)
@@ -384,11 +421,18 @@ class SlotBuffers:
         last = self.rows - 1
         if slot != last:
             # a row is contiguous in every buffer, whatever the layout after its axis
-            for flats, shape in ((self._self, self.self_shape()), (self._cross, self.cross_shape())):
-                for flat in flats:
-                    with flat.edit() as data:
-                        view = data[: int(np.prod(shape))].reshape(shape)
-                        view[slot] = view[last]
+            buffers = ((self._self, self.self_shape()), (self._cross, self.cross_shape()))
+            if self._edits is not None:  # one row per buffer, all in one batch of copies
+                sizes = [(flat, int(np.prod(shape[1:])) * self.dtype.itemsize) for flats, shape in buffers
+                         for flat in flats]
+                self._edits.copy([(flat.pointer() + last * size, flat.pointer() + slot * size, size)
+                                  for flat, size in sizes])
+            else:
+                for flats, shape in buffers:
+                    for flat in flats:
+                        with flat.edit() as data:
+                            view = data[: int(np.prod(shape))].reshape(shape)
+                            view[slot] = view[last]
             self.mask[slot] = self.mask[last]
             if self.keeps_matrices:
                 self._matrices[slot] = self._matrices[last]

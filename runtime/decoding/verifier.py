@@ -390,7 +390,7 @@ class StaticBatch(Batch):
                 hiddens.append(self._memory(out["encoder_hidden_states"], mask))
             self.encoder_seconds += time.perf_counter() - started
             crosses.append([out[name] for name in names])
-        # one write for the whole admission: on CUDA each edit of a buffer goes through the host
+        # one write for the whole admission: on CUDA one batch of uploads (device_edits.py)
         slots = [self._free.pop() for _ in range(len(sources) * copies)]
         cross = [np.repeat(np.concatenate(parts), copies, axis=0) for parts in zip(*crosses)]
         self.buffers.write_rows(slots, cross, np.repeat(masks, copies, axis=0),

@@ -37,6 +37,38 @@ def test_cuda_cache_stays_on_the_device(bundle):
     assert all(flat.on_device for flat in batch.buffers._self)
 
 
+def test_cuda_cache_edits_stay_on_the_device(bundle, monkeypatch):
+    """Rows finishing and joining (batch 4 over 12 texts), capacity growth and beam reorders on
+    CUDA: every edit ran the device edit graphs (device_edits.py), none copied a whole buffer
+    through the host (_Flat.edit on a device buffer), and the output is the CPU's; the old host
+    edits (DEVICE_EDITS = "host", the GPU check's baseline) give it too."""
+    from aggdec.runtime.decoding import cache
+    from aggdec.runtime.decoding.device_edits import edit_graphs
+
+    texts = random_texts(seed=6, count=12)
+    options = dict(max_new_tokens=MAX_NEW, batch_size=4)
+    cpu = Generator(bundle("marian"), device="cpu")
+    expected = [r.ids for r in cpu.generate(texts, mode="greedy", **options)]
+    beams = [[h.ids for h in r.sequences] for r in cpu.generate(texts[:4], num_beams=3, **options)]
+    host_edits = []
+    original_edit = cache._Flat.edit
+
+    def counted(flat):
+        host_edits.append(flat.on_device)
+        return original_edit(flat)
+
+    monkeypatch.setattr(cache._Flat, "edit", counted)
+    cuda = Generator(bundle("marian"), device="cuda")
+    before = (edit_graphs("cuda").copy_runs, edit_graphs("cuda").pad_runs)
+    assert [r.ids for r in cuda.generate(texts, mode="greedy", **options)] == expected
+    assert [[h.ids for h in r.sequences] for r in cuda.generate(texts[:4], num_beams=3, **options)] == beams
+    assert True not in host_edits, "a device buffer was edited through the host"
+    assert edit_graphs("cuda").copy_runs > before[0] and edit_graphs("cuda").pad_runs > before[1]
+    monkeypatch.setattr(cache, "DEVICE_EDITS", "host")
+    assert [r.ids for r in cuda.generate(texts, mode="greedy", **options)] == expected
+    assert True in host_edits
+
+
 def test_bench_runs_cpu_and_gpu_side_by_side(bundle, tmp_path):
     """`aggdec bench --device cpu cuda`: both columns, the CPU-vs-GPU plot, GPU outputs = CPU greedy;
     the int8 systems on the CPU only, with a note for cuda."""
