@@ -109,7 +109,8 @@ def verifier_graphs(generator: Generator) -> dict[str, str]:
     return {"verifier": "verifier", **({"verifier_argmax": "argmax"} if generator.verifier.argmax is not None else {})}
 
 
-def kernel_times(trace: str, vocab_size: int) -> tuple[collections.Counter, collections.Counter, int, collections.Counter]:
+def kernel_times(trace: str, vocab_size: int) -> tuple[collections.Counter, collections.Counter, int,
+                                                        collections.Counter]:
     """(microseconds per operator type, microseconds per head operator type, calls, microseconds
     per node name) of a trace."""
     by_type: collections.Counter = collections.Counter()
