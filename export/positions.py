@@ -123,8 +123,9 @@ def isolate_positions(model) -> tuple[object, int]:
         transpose = producers.get(node.input[1])
         if transpose is None or transpose.op_type != "Transpose" or not transpose.input[0].startswith(SELF_KEY_OUT):
             return None
-        perm = list(next(a.ints for a in transpose.attribute if a.name == "perm"))
-        return transpose.input[0] if perm == [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2] else None
+        perm = list(next((a.ints for a in transpose.attribute if a.name == "perm"), []))  # none: all axes reversed
+        swaps_last_two = len(perm) >= 2 and perm == [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]
+        return transpose.input[0] if swaps_last_two else None
 
     rewritten, count, bypassed = [], 0, set()
     for node in graph.node:
