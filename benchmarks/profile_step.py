@@ -18,6 +18,10 @@ bundle's own verifier graph:
 
     python benchmarks/profile_step.py BUNDLE [BUNDLE ...] [--modes greedy iad] [--batch-sizes 1 32]
                                       [--sentences 64] [--threads 1] [--json OUT.json] [--pruning]
+                                      [--nodes NAME ...]
+
+``--nodes``: also the summed kernel time of these nodes (as named in the graph and in
+onnxruntime's trace), e.g. the self-attention keys' K^T.
 
 ``--pruning`` first checks whether onnxruntime skips the nodes that only unrequested outputs
 need (an ArgMax output is added to the verifier and requested alone with the caches): if it
@@ -105,10 +109,13 @@ def verifier_graphs(generator: Generator) -> dict[str, str]:
     return {"verifier": "verifier", **({"verifier_argmax": "argmax"} if generator.verifier.argmax is not None else {})}
 
 
-def kernel_times(trace: str, vocab_size: int) -> tuple[collections.Counter, collections.Counter, int]:
-    """(microseconds per operator type, microseconds per head operator type, calls) of a trace."""
+def kernel_times(trace: str, vocab_size: int) -> tuple[collections.Counter, collections.Counter, int,
+                                                        collections.Counter]:
+    """(microseconds per operator type, microseconds per head operator type, calls, microseconds
+    per node name) of a trace."""
     by_type: collections.Counter = collections.Counter()
     head: collections.Counter = collections.Counter()
+    by_node: collections.Counter = collections.Counter()
     calls = 0
     for event in json.loads(Path(trace).read_text()):
         if event.get("cat") == "Session" and event.get("name") == "model_run":
@@ -117,14 +124,15 @@ def kernel_times(trace: str, vocab_size: int) -> tuple[collections.Counter, coll
             continue
         op = event["args"]["op_name"]
         by_type[op] += event["dur"]
+        by_node[event["name"].removesuffix("_kernel_time")] += event["dur"]
         shapes = [dims for output in event["args"].get("output_type_shape", []) for dims in output.values()]
         if op in HEAD_OPS or any(dims and dims[-1] == vocab_size for dims in shapes):
             head[op] += event["dur"]
-    return by_type, head, calls
+    return by_type, head, calls, by_node
 
 
 def profile(path: str, mode: str, batch_size: int, texts: list[str], threads: int,
-            tuning: Tuning | None = None) -> dict[str, Any]:
+            tuning: Tuning | None = None, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
     opened = open_bundle(path, threads=threads)
     m = opened.manifest
     generator = Generator.from_bundle(opened, tuning)
@@ -136,10 +144,11 @@ def profile(path: str, mode: str, batch_size: int, texts: list[str], threads: in
     started = time.perf_counter()
     results = generator.generate(texts, mode=mode, batch_size=batch_size)
     wall = time.perf_counter() - started
-    by_type, head, calls = collections.Counter(), collections.Counter(), 0
+    by_type, head, calls, by_node = collections.Counter(), collections.Counter(), 0, collections.Counter()
     for session in profiled.values():
-        graph_types, graph_head, graph_calls = kernel_times(session.end_profiling(), m.vocab_size)
+        graph_types, graph_head, graph_calls, graph_nodes = kernel_times(session.end_profiling(), m.vocab_size)
         by_type, head, calls = by_type + graph_types, head + graph_head, calls + graph_calls
+        by_node += graph_nodes
     ran = [graph for graph, session in profiled.items() if session.seconds > 0]
 
     unbound = Generator.from_bundle(open_bundle(path, threads=threads, io_binding=False), tuning)
@@ -164,6 +173,7 @@ def profile(path: str, mode: str, batch_size: int, texts: list[str], threads: in
         "ops_ms_per_call": {op: us / 1e3 / calls for op, us in by_type.most_common()},
         "head_ms_per_call": {op: us / 1e3 / calls for op, us in head.most_common()},
         "head_share": sum(head.values()) / kernels,
+        "nodes_ms_per_call": {name: by_node[name] / 1e3 / calls for name in nodes},
         "padded_positions_share": totals["padded_positions"] / positions,
         "padded_source_share": totals["padded_source_tokens"] / totals["source_tokens"],
         "unneeded_keys_share": 1 - totals["keys_needed"] / totals["keys_read"],
@@ -228,6 +238,10 @@ def report(row: dict[str, Any]) -> str:
              + ", ".join(f"{op} {ms:.3f} ms" for op, ms in row["head_ms_per_call"].items())]
     for op, ms in list(row["ops_ms_per_call"].items())[:12]:
         lines.append(f"    {op:22s} {ms:7.3f} ms  {100 * ms / row['kernel_ms_per_call']:5.1f}%")
+    if row["nodes_ms_per_call"]:
+        named = sum(row["nodes_ms_per_call"].values())
+        lines.append(f"  nodes {' + '.join(row['nodes_ms_per_call'])}: {named:.3f} ms, "
+                     f"{100 * named / row['kernel_ms_per_call']:.1f}% of kernel time")
     return "\n".join(lines)
 
 
@@ -242,6 +256,8 @@ def main() -> None:
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--top-k-graph", action="store_true",
                         help="run the top-K verifier graph in every mode (Tuning argmax_graph=False)")
+    parser.add_argument("--nodes", nargs="*", default=[],
+                        help="also report these nodes' kernel time (names as in the graph, e.g. /Transpose_3)")
     parser.add_argument("--pruning", action="store_true",
                         help="also check whether onnxruntime skips nodes that only unrequested outputs need")
     args = parser.parse_args()
@@ -259,7 +275,7 @@ def main() -> None:
             texts = [e.source for e in examples[: max(args.sentences, 2 * batch_size)]]
             for mode in args.modes:
                 row = profile(path, mode, batch_size, texts, args.threads,
-                              Tuning(argmax_graph=False) if args.top_k_graph else None)
+                              Tuning(argmax_graph=False) if args.top_k_graph else None, tuple(args.nodes))
                 print(report(row), flush=True)
                 rows.append(row)
     if args.json:

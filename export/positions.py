@@ -26,6 +26,10 @@ from ..runtime.manifest import Manifest
 
 
 ISOLATE_ROWS = "/IsolateRows"  # the name suffix of the Unsqueeze that makes a position a one-row matrix
+# the name suffix of the Unsqueeze that makes a position's query a one-column matrix (self-attention
+# scores taken as K.q^T, :func:`isolate_positions`)
+ISOLATE_COLUMNS = "/IsolateColumns"
+SELF_KEY_OUT = "self_key_out."  # cache.self_cache_out_names: a layer's self-attention keys, new tokens written
 
 
 def fresh_names(graph):
@@ -80,8 +84,20 @@ def isolate_positions(model) -> tuple[object, int]:
     kernel sums in the same order whatever M (the check below proves it on every bundle), in
     int8 their MatMulInteger is exact. A product already isolated is left as it is, so a
     bundle exported with this rewrite can be quantized (which applies it again for bundles
-    exported before it). Changes ``model`` in place; returns it and the number of MatMuls
-    rewritten."""
+    exported before it).
+
+    The self-attention scores are the exception to the shape above: Q.K^T's right operand
+    there is the transpose of the cache buffer the call has just written (a Transpose of a
+    ``self_key_out`` output), a copy of every row's whole buffer in every call (5-6% of a
+    greedy batch-32 call's kernel time). Each position's scores are taken as K.q^T instead,
+    K [..., C, Dh] by the query as a one-column matrix, q [..., T, Dh, 1] -> [..., T, C, 1]:
+    the buffer is read as it is and the Transpose goes. Each position is still a product of
+    its own (M = C rows, N = 1, one kernel whatever T: MLAS's one-column path, a dot product
+    per key), so a block is bitwise its positions alone, as the check proves; the scores are
+    the same dot products summed in another order than the M = 1 kernel's, so they may
+    differ from a bundle exported before in the last bit.
+
+    Changes ``model`` in place; returns it and the number of MatMuls rewritten."""
     from onnx import helper
 
     graph = model.graph
@@ -98,16 +114,39 @@ def isolate_positions(model) -> tuple[object, int]:
     producers = {out: node for node in graph.node for out in node.output}
 
     def isolated(node) -> bool:
-        rows = producers.get(node.input[0])
-        return rows is not None and rows.op_type == "Unsqueeze" and ISOLATE_ROWS in rows.name
+        rows, columns = producers.get(node.input[0]), producers.get(node.input[1])
+        return ((rows is not None and rows.op_type == "Unsqueeze" and ISOLATE_ROWS in rows.name)
+                or (columns is not None and columns.op_type == "Unsqueeze" and ISOLATE_COLUMNS in columns.name))
 
-    rewritten, count = [], 0
+    def self_keys_transposed(node) -> str | None:
+        """The self-attention key buffer whose K^T is ``node``'s right operand, or None."""
+        transpose = producers.get(node.input[1])
+        if transpose is None or transpose.op_type != "Transpose" or not transpose.input[0].startswith(SELF_KEY_OUT):
+            return None
+        perm = list(next((a.ints for a in transpose.attribute if a.name == "perm"), []))  # none: all axes reversed
+        swaps_last_two = len(perm) >= 2 and perm == [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]
+        return transpose.input[0] if swaps_last_two else None
+
+    rewritten, count, bypassed = [], 0, set()
     for node in graph.node:
         if (node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or any(i in inits for i in node.input)
                 or isolated(node)):
             rewritten.append(node)
             continue
         base = (node.name or node.output[0]).strip("/").replace("/", "_")
+        keys = self_keys_transposed(node)
+        if keys is not None:  # scores as K.q^T, each position's query a column (see above)
+            broadcast, column, product = fresh(f"{base}_keys"), fresh(f"{base}_column"), fresh(f"{base}_per_column")
+            rewritten += [
+                helper.make_node("Unsqueeze", [keys, axis(-3)], [broadcast], name=fresh(f"{base}/BroadcastKeys")),
+                helper.make_node("Unsqueeze", [node.input[0], axis(-1)], [column],
+                                 name=fresh(f"{base}{ISOLATE_COLUMNS}")),
+                helper.make_node("MatMul", [broadcast, column], [product], name=fresh(f"{base}/PerColumnMatMul")),
+                helper.make_node("Squeeze", [product, axis(-1)], [node.output[0]], name=fresh(f"{base}/Join")),
+            ]
+            bypassed.add(node.input[1])
+            count += 1
+            continue
         rows, columns, product = fresh(f"{base}_rows"), fresh(f"{base}_columns"), fresh(f"{base}_per_row")
         rewritten += [
             helper.make_node("Unsqueeze", [node.input[0], axis(-2)], [rows], name=fresh(f"{base}{ISOLATE_ROWS}")),
@@ -116,6 +155,9 @@ def isolate_positions(model) -> tuple[object, int]:
             helper.make_node("Squeeze", [product, axis(-2)], [node.output[0]], name=fresh(f"{base}/Join")),
         ]
         count += 1
+    # the K^T a rewritten score product no longer reads: dropped when nothing else does
+    read = {name for node in rewritten for name in node.input} | {output.name for output in graph.output}
+    rewritten = [node for node in rewritten if not (set(node.output) & bypassed and not set(node.output) & read)]
     del graph.node[:]
     graph.node.extend(rewritten)
     return model, count

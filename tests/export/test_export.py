@@ -38,9 +38,13 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_attention_product_of_the_verifier_is_one_row_per_position(family, bundle):
     """A float GEMM may sum in another order for a block of T rows than for one row, so the
-    verifier multiplies each position's attention as a one-row matrix (export/positions.py);
-    the export then proved the result bitwise equal alone and in blocks (its check)."""
+    verifier multiplies each position's attention as a one-row matrix, or (self-attention
+    scores, K.q^T) its query as a one-column one (export/positions.py); the export then proved
+    the result bitwise equal alone and in blocks (its check). The self-attention keys are read
+    as the cache holds them: no call transposes a layer's whole key buffer."""
     import onnx
+
+    from aggdec.runtime.decoding.cache import self_cache_out_names
 
     for file in ("verifier.onnx", "verifier_argmax.onnx"):
         graph = onnx.load(str(bundle(family) / file)).graph
@@ -48,9 +52,17 @@ def test_every_attention_product_of_the_verifier_is_one_row_per_position(family,
         producers = {out: node for node in graph.node for out in node.output}
         products = [node for node in graph.node if node.op_type == "MatMul" and not set(node.input) & constants]
         assert products  # Q.K^T and weights.V of every self- and cross-attention layer
+        by_column = []
         for node in products:
-            rows = producers[node.input[0]]
-            assert rows.op_type == "Unsqueeze" and "IsolateRows" in rows.name, (file, node.name)
+            rows, columns = producers[node.input[0]], producers[node.input[1]]
+            if columns.op_type == "Unsqueeze" and "IsolateColumns" in columns.name:
+                assert rows.op_type == "Unsqueeze" and rows.input[0].startswith("self_key_out."), (file, node.name)
+                by_column.append(rows.input[0])
+            else:
+                assert rows.op_type == "Unsqueeze" and "IsolateRows" in rows.name, (file, node.name)
+        layers = len([o for o in graph.output if o.name.startswith("self_")]) // 2
+        assert sorted(by_column) == sorted(self_cache_out_names(layers)[0::2]), file  # every layer's scores
+        assert not any(node.op_type == "Transpose" and node.input[0].startswith("self_key") for node in graph.node)
     # the rewrite is idempotent: quantizing a bundle exported with it applies it again
     from aggdec.export.positions import isolate_positions
 
