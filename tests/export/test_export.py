@@ -62,7 +62,7 @@ def test_every_attention_product_of_the_verifier_is_one_row_per_position(family,
 def test_the_verifiers_reshapes_are_constant_where_provable(family, bundle):
     """Each call runs every node, and a traced dynamic reshape's shape is computed by small nodes
     at every call: the export makes them constant (export/shape_folding.py) before its checks,
-    so nothing it could fold is left, and no Reshape's shape is a Concat of traced dims."""
+    so some Reshape has a constant shape and nothing the folding could make constant is left."""
     import onnx
 
     from aggdec.export.shape_folding import constant_reshapes
