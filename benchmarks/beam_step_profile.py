@@ -30,11 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from aggdec.runtime.decoding.verifier import Batch
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.loader import open_bundle
 from aggdec.sentences import load_examples
-
-from aggdec.runtime.decoding.verifier import Batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script's helpers
 from profile_step import kernel_times, verifier_graphs, verifier_session  # noqa: E402
@@ -43,13 +42,11 @@ ROWS: list[int] = []  # rows of each verifier call, while counted
 
 
 def _counting(verify):
+    """``Batch.verify`` that also records each call's rows (in ROWS)."""
     def counted(self, tokens):
         ROWS.append(tokens.shape[0])
         return verify(self, tokens)
     return counted
-
-
-Batch.verify = _counting(Batch.verify)
 
 
 def parse_config(text: str) -> tuple[int, int]:
@@ -81,12 +78,14 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
 
+    Batch.verify = _counting(Batch.verify)  # this process only: the rows of every call
     sources = [example.source for example in load_examples(args.data, args.limit)]
     opened = open_bundle(args.bundle, threads=1)
     vocab = opened.manifest.vocab_size
     generator = Generator.from_bundle(opened)
     decode(generator, sources[:8], 4, 1, args.max_new_tokens)  # warm-up
-    plain_sessions = {attribute: getattr(generator.verifier, attribute) for attribute in verifier_graphs(generator).values()}
+    plain_sessions = {attribute: getattr(generator.verifier, attribute)
+                      for attribute in verifier_graphs(generator).values()}
 
     translator = tokenizer = None
     if args.ct2:

@@ -46,7 +46,8 @@ def main() -> None:
         total += reference.size
         differ_lse += int((reference != lse).sum())
         differ_parts += int((reference != parts).sum())
-        worst = [max(worst[0], float(np.abs(reference - lse).max())), max(worst[1], float(np.abs(reference - parts).max()))]
+        worst = [max(worst[0], float(np.abs(reference - lse).max())),
+                 max(worst[1], float(np.abs(reference - parts).max()))]
     print(json.dumps({"onnxruntime": ort.__version__, "elements": total,
                       "x_minus_reducelogsumexp_differs": differ_lse, "max_minus_log_sum_exp_differs": differ_parts,
                       "max_abs_difference": worst}, indent=1))
