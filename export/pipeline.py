@@ -21,6 +21,7 @@ from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import check_verifier_graphs, cpu_session, validation_cases
 from .safety import check_destination, check_options, guarded, make_temp, one_line, publish, remove_temp
+from .shape_folding import fold_reshapes
 from .specs import encoder_spec, verifier_spec
 from .tracing import (check_drafter, encoder_dummy, load_drafter, say, trace, trace_verifiers,
                       trace_drafter, verifier_dummy)
@@ -219,7 +220,7 @@ def export_bundle(
                                     verifier_dummy(layers, heads, head_dim, cross_key_layout), tmp,
                                     lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head,
                                                                cross_key_layout=cross_key_layout), opset,
-                                    argmax_graph=argmax_graph)
+                                    fold_reshapes, argmax_graph=argmax_graph)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:

@@ -70,6 +70,24 @@ def test_every_attention_product_of_the_verifier_is_one_row_per_position(family,
     assert isolate_positions(model)[1] == 0
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_verifiers_reshapes_are_constant_where_provable(family, bundle):
+    """Each call runs every node, and a traced dynamic reshape's shape is computed by small nodes
+    at every call: the export makes them constant (export/shape_folding.py) before its checks,
+    so some Reshape has a constant shape and nothing the folding could make constant is left."""
+    import onnx
+
+    from aggdec.export.shape_folding import constant_reshapes
+
+    for file in ("verifier.onnx", "verifier_argmax.onnx"):
+        model = onnx.load(str(bundle(family) / file))
+        constants = {init.name for init in model.graph.initializer} | {
+            out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+        reshapes = [node for node in model.graph.node if node.op_type == "Reshape"]
+        assert any(node.input[1] in constants for node in reshapes), file
+        assert constant_reshapes(model) == 0, file
+
+
 def test_the_position_check_catches_a_verifier_whose_positions_interact(bundle, tmp_path):
     """The export's check fails a verifier where one position's result depends on the others:
     here the block's log-probs are shifted by the block's own mean, as a per-tensor scale would."""

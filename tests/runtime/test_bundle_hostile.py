@@ -581,3 +581,19 @@ def test_a_mask_id_the_tokenizer_produces_is_refused(gad_copy, capsys):
     with pytest.raises(BundleError, match=needle):
         Generator(gad_copy)
     assert_cli_one_error(gad_copy, capsys, needle)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_ids_a_graph_returns_are_checked_against_the_vocabulary(dtype):
+    """check_ids runs on every verifier call (int64 ids: one reduction, a negative id read as
+    unsigned); a negative id and one past the vocabulary are both refused, naming the id."""
+    from aggdec.runtime.bundle_probe import check_ids
+
+    check_ids(np.array([[0, 9], [3, 4]], dtype=dtype), 10, "the verifier")
+    check_ids(np.zeros((2, 0), dtype=dtype), 10, "the verifier")
+    strided = np.array([[1, -3, 2, 5]], dtype=dtype)[:, ::2]  # a view, as a slice of a graph's output is
+    check_ids(strided, 10, "the verifier")
+    for bad in (-1, 10, np.iinfo(dtype).min):
+        ids = np.array([[2, bad], [0, 1]], dtype=dtype)
+        with pytest.raises(BundleError, match=f"the verifier returned token id {bad}, outside"):
+            check_ids(ids, 10, "the verifier")
