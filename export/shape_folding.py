@@ -58,7 +58,7 @@ def remove_dead_nodes(graph) -> int:
 def constant_reshapes(model) -> int:
     """Make the target shape of each Reshape in ``model`` (an onnx ModelProto, top-level graph)
     constant where the module docstring's rules allow; returns how many were made constant."""
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
 
     graph = model.graph
     producers = {output: node for node in graph.node for output in node.output}
@@ -96,6 +96,7 @@ def constant_reshapes(model) -> int:
         return perm is not None and position < len(perm) and perm[position] == index
 
     count = 0
+    shapes = []
     for node in graph.node:
         if node.op_type != "Reshape" or any(a.name == "allowzero" and a.i for a in node.attribute):
             continue
@@ -131,9 +132,15 @@ def constant_reshapes(model) -> int:
                 index += 1
                 name = f"constant_reshape_{index}"
             names.add(name)
-            graph.initializer.append(numpy_helper.from_array(np.array(entries, dtype=np.int64), name))
+            # a Constant node, not an initializer: a graph saved with its weights as external
+            # data keeps node attributes inline, and onnxruntime must read a Reshape's target
+            # while it resolves the graph, before external initializers are in
+            shapes.append(helper.make_node("Constant", [], [name], name=f"{name}_value",
+                                           value=numpy_helper.from_array(np.array(entries, dtype=np.int64), name)))
             node.input[1] = name
             count += 1
+    for constant in shapes:  # no inputs: first in the graph is a valid topological place
+        graph.node.insert(0, constant)
     if count:
         remove_dead_nodes(graph)
     return count

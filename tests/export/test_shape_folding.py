@@ -51,7 +51,9 @@ def test_reshapes_become_constant_only_where_provable_and_compute_the_same(trace
     before = len(folded.graph.node)
     assert constant_reshapes(folded) == 2  # the split and the merge; not the reshape by other's size
     assert len(folded.graph.node) < before  # the shape arithmetic that fed them is gone
-    constants = {init.name: numpy_helper.to_array(init) for init in folded.graph.initializer}
+    # as Constant nodes, so that a graph saved with external data keeps them inline
+    constants = {node.output[0]: numpy_helper.to_array(node.attribute[0].t) for node in folded.graph.node
+                 if node.op_type == "Constant"}
     shapes = sorted(constants[node.input[1]].tolist() for node in folded.graph.node
                     if node.op_type == "Reshape" and node.input[1] in constants)
     assert [0, 0, HEADS, HEAD_DIM] in shapes and [0, 0, -1] in shapes, shapes
