@@ -215,6 +215,7 @@ def export_bundle(
         say(progress, f"[3/5] tracing {graph_names} to ONNX")
         encoder_graph = EncoderGraph(model, family.encoder(model), parts, cross_key_layout).eval()
         trace(encoder_graph, encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+        fold_reshapes(tmp / enc_spec.file)  # before validate(), which proves the values unchanged
         verifiers = trace_verifiers(lambda head: VerifierGraph(model, parts, top_k, suppressed, vocab, head,
                                                                cross_key_layout),
                                     verifier_dummy(layers, heads, head_dim, cross_key_layout), tmp,

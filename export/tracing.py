@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..runtime.errors import ExportError
 from .positions import isolate_positions
+from .shape_folding import fold_reshapes
 from .specs import drafter_source_spec, drafter_spec, dynamic_axes
 from .validate import validate_drafter, validate_drafter_source
 
@@ -75,6 +76,10 @@ def trace_drafter(drafter, d_model: int, tmp: Path, opset: int, shortlist: bool 
         graphs["drafter_source"] = drafter_source_spec(d_model)
         trace(DrafterSourceGraph(drafter).eval(), drafter_dummy(drafter, d_model)[4:],
                tmp / graphs["drafter_source"].file, graphs["drafter_source"], opset)
+    # before check_drafter: its checks against torch run on the folded graphs, and the int8
+    # drafter is quantized from the folded one
+    for spec in graphs.values():
+        fold_reshapes(tmp / spec.file)
     return graphs
 
 

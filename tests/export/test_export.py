@@ -79,13 +79,78 @@ def test_the_verifiers_reshapes_are_constant_where_provable(family, bundle):
 
     from aggdec.export.shape_folding import constant_reshapes
 
-    for file in ("verifier.onnx", "verifier_argmax.onnx"):
+    for file in ("encoder.onnx", "verifier.onnx", "verifier_argmax.onnx"):
         model = onnx.load(str(bundle(family) / file))
         constants = {init.name for init in model.graph.initializer} | {
             out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
         reshapes = [node for node in model.graph.node if node.op_type == "Reshape"]
         assert any(node.input[1] in constants for node in reshapes), file
         assert constant_reshapes(model) == 0, file
+
+
+def _with_scores(model):
+    """``model`` with the input of its ArgMax (the drafter's scores) as an output too, so that a
+    comparison sees every float, not only the ids they rank."""
+    from onnx import TensorProto, helper
+
+    argmax = next(node for node in model.graph.node if node.op_type == "ArgMax")
+    model.graph.output.append(helper.make_tensor_value_info(argmax.input[0], TensorProto.FLOAT, None))
+    return model.SerializeToString()
+
+
+def test_the_drafter_graphs_reshapes_are_constant_and_compute_bitwise_the_same(drafter_bundle):
+    """The drafter runs at every GAD iteration: the export makes its traced reshapes constant
+    too, before its checks and before its int8 copy is quantized from it. Its graphs (with
+    source layers: drafter.onnx and drafter_source.onnx) have nothing left to fold, and compute
+    bitwise what the unfolded trace of the same drafter computes, scores included, at shapes
+    other than the trace's."""
+    import numpy as np
+    import onnx
+
+    from aggdec.export.drafter import Drafter, DrafterGraph, DrafterSourceGraph, drafter_inputs, \
+        new_drafter_from_verifier
+    from aggdec.export.shape_folding import constant_reshapes
+    from aggdec.export.tracing import drafter_dummy, trace
+    from aggdec.runtime.graph_specs import drafter_source_spec, drafter_spec
+    from aggdec.runtime.session import ort
+
+    root, drafter_dir = drafter_bundle("marian", "fold", lambda model: new_drafter_from_verifier(
+        model, layers=2, k=5, seed=2, window=4, encoder_layers=1))
+    drafter = Drafter.load(drafter_dir).eval()
+    d_model, k = drafter.config.d_model, drafter.config.k
+    specs = {"drafter": drafter_spec(d_model, k), "drafter_source": drafter_source_spec(d_model)}
+    modules = {"drafter": DrafterGraph(drafter), "drafter_source": DrafterSourceGraph(drafter)}
+    dummy = drafter_dummy(drafter, d_model)
+    rng = np.random.default_rng(0)
+    cpu = ["CPUExecutionProvider"]
+    for name, spec in specs.items():
+        exported = onnx.load(str(root / spec.file))
+        assert constant_reshapes(exported) == 0, spec.file
+        unfolded = root.parent / f"unfolded-{spec.file}"
+        trace(modules[name].eval(), dummy if name == "drafter" else dummy[4:], unfolded, spec, 17)
+        assert constant_reshapes(onnx.load(str(unfolded))) > 0, spec.file  # there was something to fold
+        traced = onnx.load(str(unfolded))
+        serialize = _with_scores if name == "drafter" else type(traced).SerializeToString
+        graphs = [serialize(model) for model in (exported, traced)]
+        # as written (onnxruntime's own ReshapeFusion would make the unfolded reshapes constant
+        # too) and as the runtime loads them
+        sessions = []
+        for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+            options = ort.SessionOptions()
+            options.graph_optimization_level = level
+            sessions.append([ort.InferenceSession(graph, options, providers=cpu) for graph in graphs])
+        for prefixes, source in (([[0]], 1), ([[0, 5, 6, 7, 8, 9], [0, 3], [0, 4, 4]], 7), ([[0, 9]] * 4, 3)):
+            ids, mask, start, offset = (t.numpy() for t in drafter_inputs(
+                prefixes, k, drafter.config.mask_token_id, drafter.config.pad_token_id, drafter.config.window))
+            batch = len(prefixes)
+            source_mask = np.ones((batch, source), np.int64)
+            source_mask[0, source // 2 + 1:] = 0  # a padded source row
+            hidden = rng.standard_normal((batch, source, d_model)).astype(np.float32)
+            feeds = dict(zip(spec.input_names(), (ids, mask, start, offset, hidden, source_mask)
+                             if name == "drafter" else (hidden, source_mask), strict=True))
+            for folded, unfolded_session in sessions:
+                for a, b in zip(folded.run(None, feeds), unfolded_session.run(None, feeds), strict=True):
+                    assert a.shape == b.shape and np.array_equal(a, b), (spec.file, batch, source)
 
 
 def test_the_position_check_catches_a_verifier_whose_positions_interact(bundle, tmp_path):
