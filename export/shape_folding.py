@@ -147,16 +147,11 @@ def constant_reshapes(model) -> int:
 
 
 def fold_reshapes(path) -> None:
-    """:func:`constant_reshapes` on the ONNX file at ``path``, rewritten in place: each traced
-    graph of a bundle (a verifier before its positions are isolated, the encoder, the drafter
-    before its int8 copy is quantized from it). The export's checks that follow (against torch,
-    and each verifier block position bitwise equal to the same position alone) prove the values
-    unchanged on every bundle. Plain beam 4 on the reference model at batch 1 is about 200
-    small nodes a call after onnxruntime's optimizations; this removes about 40 of them
-    (benchmarks/results/beam-host-cpu). The reference drafter (391 -> 187 nodes) and encoder
-    (417 -> 365) end with the same nodes after onnxruntime's optimizations as without it
-    (benchmarks/results/drafter-fold-cpu): its ReshapeFusion already makes their reshapes the
-    same, so there it only shortens the graphs on disk and their load."""
+    """:func:`constant_reshapes` on the ONNX file at ``path``, rewritten in place: a traced
+    encoder, verifier or drafter, before its positions are isolated and before the export's
+    checks, which then prove the values unchanged on every bundle (against torch, and each
+    block position bitwise equal to the same position alone). Why: fewer small nodes per call,
+    where per-node cost is most of a small model's call (benchmarks/results/beam-host-cpu)."""
     import onnx
 
     model = onnx.load(str(path))
