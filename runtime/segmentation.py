@@ -4,7 +4,8 @@ made from Marian models (the manifest's ``segmentation``: "marian_sentencepiece"
 Why not the ``tokenizers`` library's Unigram model, which reads the same pieces and scores:
 where two segmentations of a text score alike ("...." as "." + "..." or as "..." + ".", "!!!!",
 runs of one letter), the winner is decided by rounding, and the two implementations round
-differently. The SentencePiece built into Marian 1.12 and Bergamot (``EncodeOptimized``) keeps
+differently. The SentencePiece built into Marian 1.12 (``EncodeOptimized``; read from
+SentencePiece's source, and the only variant tried that reproduced pymarian 1.12.42) keeps
 the best path score ending at each position in float32, adds a piece's score to it in double,
 replaces a position's best only by a strictly greater candidate (so on an exact tie the path
 whose last piece starts first wins), and visits start positions left to right and pieces

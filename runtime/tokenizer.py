@@ -17,9 +17,8 @@ class TextCodec:
         segments as the tokenizer does; "marian_sentencepiece" as Marian's SentencePiece does
         (segmentation.py), for a bundle made from a Marian model."""
         try:
-            if contents is None:
-                contents = path.read_bytes()
-            self._tokenizer = Tokenizer.from_str(contents.decode("utf-8"))
+            text = (path.read_bytes() if contents is None else contents).decode("utf-8")
+            self._tokenizer = Tokenizer.from_str(text)
         except UnicodeDecodeError as exc:
             raise BundleError(f"the tokenizer {str(path)!r} is not UTF-8 text (invalid byte at offset "
                               f"{exc.start}).") from None
@@ -38,7 +37,7 @@ class TextCodec:
         self._special_ids = [i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special]
         self._segmenter = None
         if segmentation == MARIAN_SENTENCEPIECE:
-            self._segmenter = MarianSentencePiece.from_json(self._tokenizer, contents.decode("utf-8"), str(path))
+            self._segmenter = MarianSentencePiece.from_json(self._tokenizer, text, str(path))
         elif segmentation is not None:  # the manifest's schema allows only the names above
             raise BundleError(f"{str(path)!r}: unknown segmentation {segmentation!r}.")
 

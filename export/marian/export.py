@@ -295,15 +295,16 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         encoder = EncoderGraph(model, model.encoder, parts, cross_key_layout)
         if table is None:
             trace(encoder.eval(), encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+            fold_reshapes(tmp / enc_spec.file)  # fewer nodes per call; validate() below proves the values unchanged
         else:  # it also gathers each new row's output matrix (ShortlistEncoderGraph); 3 lists of 4 ids
             rows_dummy = torch.tensor([[0, 4, 7, -1], [1, 2, 3, 5], [6, 8, -1, -1]])
             trace(ShortlistEncoderGraph(encoder, model).eval(), (*encoder_dummy(), rows_dummy), tmp / enc_spec.file,
                   enc_spec, opset)
             graph = onnx.load(str(tmp / enc_spec.file))
             optional_output_ids(graph)
+            constant_reshapes(graph)  # as fold_reshapes, in the same load and save
             onnx.checker.check_model(graph)
             onnx.save(graph, str(tmp / enc_spec.file))
-        fold_reshapes(tmp / enc_spec.file)  # fewer nodes per call; validate() below proves the values unchanged
         batch, new, capacity, source = 2, 3, 9, 5  # distinct sizes so the tracer cannot confuse one dim with another
         own = layers if recurrent else 2 * layers
         dummy = (torch.randint(3, 10, (batch, new)), torch.tensor([4, 3], dtype=torch.int64),

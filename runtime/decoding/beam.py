@@ -138,8 +138,8 @@ class BeamGroup:
         token_array = top_ids.reshape(-1)[order]
         ended_array = np.ones(len(order), dtype=bool) if at_limit else token_array == limits.eos_id
         # Python lists from here: a step handles 2N candidates, where a numpy call per element
-        # costs more than the arithmetic (this runs once per beam step; plain beam 4 on the
-        # reference model spends about a quarter of its time outside onnxruntime)
+        # costs more than the arithmetic (this runs once per beam step, and a plain beam step's
+        # host work is a real share of it on a small model: benchmarks/results/beam-host-cpu)
         parents = (order // accumulated.shape[1]).tolist()
         tokens = token_array.tolist()
         ended = ended_array.tolist()
