@@ -177,7 +177,8 @@ class Generator:
         only, not on its block, the rows beside it or when it joined, which a GPU's
         shape-dependent kernels otherwise break (decoding/verifier.StaticBatch). On the CPU it
         is slower (every call pays the widest block and the longest cache). Not with a shortlist
-        (``shortlist=False`` decodes such a bundle without one). NOT RUN on a GPU yet.
+        (``shortlist=False`` decodes such a bundle without one). On a GPU it is what makes fp16
+        exact: every mode equalled static greedy on an H100, at 1.5-2.6x the time batched (decision 034).
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
