@@ -14,6 +14,7 @@ import pytest
 from aggdec.runtime.decoding import cache
 from aggdec.runtime.decoding.cache import SlotBuffers
 from aggdec.runtime.decoding.device_edits import COPY_WIDTHS, DeviceEdits
+from tests.support.traces import host_edit_log
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -192,14 +193,7 @@ def test_slot_buffers_through_the_graphs_equal_numpy(monkeypatch, dtype, layout)
     through the host."""
     rng = np.random.default_rng(1)
     plain, graphs = pair(monkeypatch, dtype, layout)
-    host_edits = []
-    original_edit = cache._Flat.edit
-
-    def counted(flat):
-        host_edits.append(flat.on_device)
-        return original_edit(flat)
-
-    monkeypatch.setattr(cache._Flat, "edit", counted)
+    host_edits = host_edit_log(monkeypatch)
     for count, length in ((2, 5), (1, 3), (2, 19)):  # the third widens the source: a re-layout
         first, sources = plain.rows, plain.source_capacity
         sync(rng, plain, graphs)

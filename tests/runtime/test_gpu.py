@@ -7,6 +7,7 @@ import pytest
 
 from aggdec.runtime.generator import Generator
 from tests.runtime.test_lossless import MAX_NEW, random_texts
+from tests.support.traces import host_edit_log
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,14 +51,7 @@ def test_cuda_cache_edits_stay_on_the_device(bundle, monkeypatch):
     cpu = Generator(bundle("marian"), device="cpu")
     expected = [r.ids for r in cpu.generate(texts, mode="greedy", **options)]
     beams = [[h.ids for h in r.sequences] for r in cpu.generate(texts[:4], num_beams=3, **options)]
-    host_edits = []
-    original_edit = cache._Flat.edit
-
-    def counted(flat):
-        host_edits.append(flat.on_device)
-        return original_edit(flat)
-
-    monkeypatch.setattr(cache._Flat, "edit", counted)
+    host_edits = host_edit_log(monkeypatch)
     cuda = Generator(bundle("marian"), device="cuda")
     before = (edit_graphs("cuda").copy_runs, edit_graphs("cuda").pad_runs)
     assert [r.ids for r in cuda.generate(texts, mode="greedy", **options)] == expected

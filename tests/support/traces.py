@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from aggdec.runtime.decoding import cache
 from aggdec.runtime.decoding.alignment import repeated_tail
 
 
@@ -28,3 +29,18 @@ def iterations_by_source(result, start: list[int]) -> Iterations:
             drafted += 1
         done += appended
     return Iterations(repeat, plain, drafted, repeat_tokens)
+
+
+def host_edit_log(monkeypatch) -> list[bool]:
+    """Every whole-buffer edit through the host from now on (``cache._Flat.edit``: download,
+    change, upload), recorded as whether the buffer was a device one: the device edit graphs
+    (decoding/device_edits.py) should leave no True in it."""
+    log: list[bool] = []
+    original = cache._Flat.edit
+
+    def recorded(flat):
+        log.append(flat.on_device)
+        return original(flat)
+
+    monkeypatch.setattr(cache._Flat, "edit", recorded)
+    return log
