@@ -169,7 +169,8 @@ def test_results_come_back_as_one_tarball_in_the_committed_layout(dry_run):
 
 @pytest.mark.slow
 def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_run, tiny_model):
-    """`equality --only tiny` in a later call: its own record beside the first; `carry` alone runs nothing."""
+    """`equality --only tiny` in a later call: its own record beside the first, and a call after it
+    sets that record aside; `carry` alone runs nothing."""
     _, _, results, out = dry_run
     work = results.parent
     env = {**os.environ, "GPU_CHECK_WORK": str(work), "PYTHON": sys.executable, "OUT": str(out)}
@@ -180,6 +181,14 @@ def test_a_later_call_runs_one_bundle_again_and_keeps_the_earlier_records(dry_ru
     record = json.loads((results / "check-equality-tiny.json").read_text())
     assert record["stage"] == "equality" and record["status"] == "ok" and set(record["bundles"]) == {"tiny"}
     assert (results / "check-equality.json").is_file()
+    # the same stage again: the earlier record (and its log) set aside in replaced/, not lost
+    twice = subprocess.run(["bash", str(GPU / "check.sh"), "equality", "--only", "tiny", *common], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert twice.returncode == 0, twice.stdout + twice.stderr
+    kept = sorted((results / "replaced").glob("check-equality-tiny.*.json"))
+    assert [json.loads(path.read_text()) for path in kept] == [record]
+    assert sorted((results / "replaced").glob("equality-tiny.*.log"))
+    assert json.loads((results / "check-equality-tiny.json").read_text())["status"] == "ok"
     nothing = subprocess.run(["bash", str(GPU / "check.sh"), "carry", *common], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 0 and "== equality" not in nothing.stdout, nothing.stdout + nothing.stderr

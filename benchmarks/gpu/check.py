@@ -174,6 +174,24 @@ def run_worker(stage: str, options: Options, budget_s: float) -> int:
 # ------------------------------------------------------------------ the orchestrator
 
 
+def set_aside(record: Path, log: Path) -> None:
+    """Move an earlier call's record of a stage (and its log) into ``replaced/``, named by when
+    it started: a later call of the stage, a shorter one say, must not silently lose a complete
+    record. The report reads the top folder only."""
+    if not record.is_file():
+        return
+    try:
+        started = json.loads(record.read_text()).get("started")
+    except (ValueError, AttributeError):
+        started = None
+    replaced = record.parent / "replaced"
+    replaced.mkdir(exist_ok=True)
+    stamp = str(started or "unstarted").replace(":", "")
+    record.replace(replaced / f"{record.stem}.{stamp}.json")
+    if log.is_file():
+        log.replace(replaced / f"{log.stem}.{stamp}.log")
+
+
 def run_stages(argv: list[str], options: Options, stages: list[str]) -> int:
     started = time.monotonic()
     results = options.work / "results"
@@ -192,8 +210,8 @@ def run_stages(argv: list[str], options: Options, stages: list[str]) -> int:
             print(f"== {stage}: skipped ({note})", flush=True)
             continue
         print(f"== {record_name} (budget {budget:.0f} s)", flush=True)
-        path.unlink(missing_ok=True)  # what follows is this call's record, or none
         log = results / "logs" / f"{record_name}.log"
+        set_aside(path, log)  # what follows is this call's record, or none
         command = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", stage, "--budget-s", f"{budget:.0f}"]
         began = time.monotonic()
         with log.open("w") as handle:
