@@ -623,11 +623,10 @@ def same_outputs(a: tuple, b: tuple) -> bool:
 def stage_graphs(ctx: Context, budget: Budget) -> None:
     o = ctx.options
     r = ctx.result
-    r["wired_into_runtime"] = False
-    ctx.note("measured at fixed shapes, not wired into the decode loop: a batch's rows, block width and cache "
-             "capacity change between calls, so the loop would need a captured graph per (rows, T, capacity, "
-             "source) and its ids, lengths, mask and candidates in device buffers at fixed addresses "
-             "(runtime/decoding/verifier.py binds them from the host every call)")
+    r["wired_into_runtime"] = True
+    ctx.note("one call measured at fixed shapes; the decode loop captures and replays graphs with static shapes "
+             "and Generator(cuda_graphs=True) (runtime/decoding/fixed_calls.py), which the cudagraphs stage "
+             "measures")
     if o.device != "cuda":
         ctx.note(f"enable_cuda_graph is an option of onnxruntime's CUDA provider: not applicable on {o.device}; "
                  "the runtime-style and all-bound calls are still timed")
