@@ -310,10 +310,12 @@ class OrtSession:
     def run_bound(self, binding: Any, graph_id: int | None = None) -> list[Any]:
         """Run through ``binding``. ``graph_id`` (at least 1; a ``cuda_graph`` session's): every
         input and output of ``binding`` is an onnxruntime value on the device at an address fixed
-        for that id, and the call is captured on its id's first run (onnxruntime runs it
-        uncaptured first, then captures and replays, so that the first call's outputs are
-        computed too) and replayed on the next: the binding must not change between them
-        (decoding/fixed_calls.py). Ignored by a session without ``cuda_graph`` (the CPU's)."""
+        for that id. onnxruntime's CUDA provider runs an id uncaptured twice (its arena allocates
+        then), captures the next run and replays it, so that every run's outputs are computed
+        (its Python tests say the first call does all of that, running itself again); later runs
+        replay the graph: the binding must not change between them (decoding/fixed_calls.py).
+        The provider keeps graphs per thread: a thread that did not capture an id captures it
+        again. Ignored by a session without ``cuda_graph`` (the CPU's)."""
         started = time.perf_counter()
         try:  # outputs bound with a shape are checked by onnxruntime; the caller checks the others
             if self.cuda_graph:

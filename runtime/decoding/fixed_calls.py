@@ -19,7 +19,11 @@ its decode ends, with its buffers and its graph id (``gpu_graph_id``, one per ca
 from 1: 0 is onnxruntime's own). A later batch of that shape replays the graph captured before;
 two batches of one shape at once (two threads, two cohorts) take two calls, and two graphs.
 The graphs captured are at most (shapes x concurrent batches), and so is the memory the pool
-keeps. NOT YET RUN on a GPU (benchmarks/gpu/README.md, the ``cudagraphs`` stage).
+keeps (onnxruntime keeps them per thread: a batch of a shape on a new thread captures again).
+A capture runs in CUDA's global capture mode, which another thread's synchronous CUDA work
+(another session's run, an upload) breaks: the run then fails, and the pool goes on without
+graphs (:meth:`FixedCalls.refuse`); decode from one thread to keep them. NOT YET RUN on a GPU
+(benchmarks/gpu/README.md, the ``cudagraphs`` stage).
 """
 
 from __future__ import annotations
