@@ -206,6 +206,8 @@ class Generator:
         Off by default; NOT YET RUN on a GPU in the decode loop (an isolated greedy call took
         0.27 ms under them against 0.66 ms on an H100). Where onnxruntime refuses (a verifier node off
         the CUDA provider), decoding goes on without them and :attr:`cuda_graphs_refused` says why.
+        Decode from one thread at a time with it: a capture runs in CUDA's global capture mode,
+        in which another thread's CUDA work fails.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
