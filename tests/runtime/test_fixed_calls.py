@@ -62,10 +62,11 @@ def test_fixed_calls_equal_the_static_path(family, gad_bundle):  # noqa: F811
     assert again == expected and pool.made == made  # reused: no new buffers, no new graph
 
 
-def test_fixed_beams_equal_static_beams(bundle):
+@pytest.mark.parametrize("family", ["bart", "marian", "t5"])
+def test_fixed_beams_equal_static_beams(family, bundle):
     texts = random_texts(seed=81, count=6)
-    static = Generator(bundle("bart"), static_shapes=True)
-    fixed = Generator(bundle("bart"), static_shapes=True)
+    static = Generator(bundle(family), static_shapes=True)
+    fixed = Generator(bundle(family), static_shapes=True)
     _fixed(fixed)
     for mode in ("greedy", "iad"):
         for _ in range(2):  # the second decode reuses the first's buffers
