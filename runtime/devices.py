@@ -18,7 +18,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Protocol
 
-from .errors import ProviderError
+from .errors import BundleError, ProviderError
+from .graph_specs import VERIFIER_GRAPHS
 from .manifest import BundleFiles, Manifest
 from .session import DEVICES as ORT_DEVICES
 from .session import OrtSession, Session, check_device
@@ -35,6 +36,9 @@ class SessionRequest:
     tf32: bool = False
     io_binding: bool | None = None  # None: the factory's choice
     engines: Path | None = None  # prebuilt engines (TensorRT); refused by factories that have none
+    # the verifier graphs under onnxruntime's CUDA graphs (Generator(cuda_graphs=True)); refused
+    # by factories that have none
+    cuda_graphs: bool = False
 
 
 class SessionFactory(Protocol):
@@ -65,13 +69,34 @@ class OrtFactory:
         check_device(request.device, request.tf32)
         if request.engines is not None:
             raise ProviderError(f"engines applies to device 'tensorrt' only, not {request.device!r}.")
+        if request.cuda_graphs and request.device != "cuda":
+            raise ProviderError(f"CUDA graphs apply to device 'cuda' only, not {request.device!r}.")
+        if request.cuda_graphs and request.io_binding is False:
+            raise ProviderError("CUDA graphs replay calls whose every input and output is bound on the device: "
+                                "they need io_binding.")
         return True if request.io_binding is None else bool(request.io_binding)
 
     def open(self, root: Path, manifest: Manifest, graphs: Sequence[str], request: SessionRequest,
              files: BundleFiles) -> dict[str, Session]:
-        return {name: OrtSession(root / manifest.graph(name).file, request.device, request.threads, request.tf32,
-                                 manifest.graph(name), name, contents=files.read(manifest.graph(name).file),
-                                 external_data=files.external_data()) for name in graphs}
+        return {name: self._session(root, manifest, name, request, files) for name in graphs}
+
+    def _session(self, root: Path, manifest: Manifest, name: str, request: SessionRequest,
+                 files: BundleFiles) -> OrtSession:
+        def make(cuda_graph: bool) -> OrtSession:
+            return OrtSession(root / manifest.graph(name).file, request.device, request.threads, request.tf32,
+                              manifest.graph(name), name, contents=files.read(manifest.graph(name).file),
+                              external_data=files.external_data(), cuda_graph=cuda_graph)
+
+        if not (request.cuda_graphs and name in VERIFIER_GRAPHS):  # only the verifier's calls have static shapes
+            return make(False)
+        try:
+            return make(True)
+        except BundleError as exc:
+            # onnxruntime refuses enable_cuda_graph for a graph with a node off the CUDA provider
+            # (or with control flow): the graph still decodes, without CUDA graphs (and says why)
+            session = make(False)
+            session.cuda_graph_refused = str(exc)[:600]
+            return session
 
 
 _FACTORIES: dict[str, SessionFactory] = {device: OrtFactory() for device in ORT_DEVICES}

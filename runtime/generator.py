@@ -10,6 +10,7 @@ import dataclasses
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from .decoding.gad import DrafterDraft, HypothesisDrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.sizing import AcceptancePrior, CallCost, ReplayPayoff
+from .decoding.fixed_calls import FixedCalls
 from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
@@ -63,6 +65,24 @@ def _check_tuning(tuning: object) -> None:
 def _check_static_shapes(static_shapes: object) -> None:
     if not isinstance(static_shapes, bool):
         raise InputError(f"static_shapes must be True or False, not {static_shapes!r}.")
+
+
+def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool, device: str, io_binding: bool | None) -> None:
+    """CUDA graphs replay one shape at fixed addresses: static shapes, onnxruntime's CUDA
+    provider, buffers bound on the device."""
+    if not isinstance(cuda_graphs, bool):
+        raise InputError(f"cuda_graphs must be True or False, not {cuda_graphs!r}.")
+    if not cuda_graphs:
+        return
+    if device != "cuda":
+        raise InputError(f"cuda_graphs needs device 'cuda' (onnxruntime's CUDA provider captures them), not "
+                         f"{device!r}.")
+    if not static_shapes:
+        raise InputError("cuda_graphs needs static_shapes=True (--static-shapes): a graph is captured for one "
+                         "verifier shape, and only static shapes keep a batch's calls at one.")
+    if io_binding is False:
+        raise InputError("cuda_graphs needs io_binding: a graph replays calls whose inputs and outputs are bound "
+                         "on the device.")
 
 
 def _check_batch_size(batch_size: object) -> None:
@@ -149,7 +169,8 @@ class Generator:
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
                  engines: str | Path | None = None, int8_drafter: bool | None = None,
-                 tuning: Tuning | None = None, shortlist: bool = True, static_shapes: bool = False) -> None:
+                 tuning: Tuning | None = None, shortlist: bool = True, static_shapes: bool = False,
+                 cuda_graphs: bool = False) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
@@ -179,18 +200,29 @@ class Generator:
         is slower (every call pays the widest block and the longest cache). Not with a shortlist
         (``shortlist=False`` decodes such a bundle without one). On a GPU it is what makes fp16
         exact: every mode equalled static greedy on an H100, at 1.5-2.6x the time batched (decision 034).
+        ``cuda_graphs``: with ``static_shapes`` on ``device="cuda"``, the verifier's calls are
+        captured as CUDA graphs (onnxruntime's ``enable_cuda_graph``), one per batch shape, and
+        replayed: every input and output bound once on the device (decoding/fixed_calls.py).
+        Off by default; NOT YET RUN on a GPU in the decode loop (an isolated greedy call took
+        0.27 ms under them against 0.66 ms on an H100). Where onnxruntime refuses (a verifier node off
+        the CUDA provider), decoding goes on without them and :attr:`cuda_graphs_refused` says why.
+        Decode from one thread at a time with it: a capture runs in CUDA's global capture mode,
+        in which another thread's CUDA work fails.
 
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
         _check_tuning(tuning)  # before any file is read
         _check_static_shapes(static_shapes)
+        _check_cuda_graphs(cuda_graphs, static_shapes, device, io_binding)
         self._setup(open_bundle(bundle_dir, device=device, threads=threads, io_binding=io_binding, verify=verify,
-                                tf32=tf32, engines=engines, int8_drafter=int8_drafter, shortlist=shortlist),
+                                tf32=tf32, engines=engines, int8_drafter=int8_drafter, shortlist=shortlist,
+                                cuda_graphs=cuda_graphs),
                     tuning, static_shapes)
 
     @classmethod
     def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None, static_shapes: bool = False) -> Generator:
-        """A Generator over a bundle :func:`~aggdec.runtime.loader.open_bundle` opened."""
+        """A Generator over a bundle :func:`~aggdec.runtime.loader.open_bundle` opened (with
+        ``cuda_graphs=True`` there for CUDA graphs, which need ``static_shapes`` here)."""
         generator = cls.__new__(cls)
         generator._setup(bundle, tuning, static_shapes)
         return generator
@@ -200,6 +232,7 @@ class Generator:
             raise InputError(f"bundle must be what open_bundle returns, not {type(bundle).__name__}.")
         _check_tuning(tuning)
         _check_static_shapes(static_shapes)
+        _check_cuda_graphs(bundle.request.cuda_graphs, static_shapes, bundle.device, bundle.io_binding)
         if static_shapes and bundle.shortlist is not None:
             raise InputError(f"static_shapes cannot decode {str(bundle.root)!r} over its lexical shortlist: the "
                              "verifier's output width follows each batch's lists; open it with shortlist=False "
@@ -210,10 +243,19 @@ class Generator:
         self.device, self.tf32, self.io_binding = bundle.device, bundle.request.tf32, bundle.io_binding
         self.drafter_graph, self.drafter = bundle.drafter_graph, bundle.drafter
         self._sessions = bundle.sessions
+        argmax = bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None
+        # CUDA graphs: the verifier sessions were made with enable_cuda_graph (devices.OrtFactory),
+        # unless onnxruntime refused it for one of them (then none is used: said here)
+        refused = [f"{name}: {why}" for name, why in ((name, getattr(session, "cuda_graph_refused", None))
+                                                      for name, session in bundle.sessions.items()) if why]
+        self.cuda_graphs_refused: str | None = "; ".join(refused) if bundle.request.cuda_graphs and refused else None
+        self.cuda_graphs = bundle.request.cuda_graphs and not refused
+        if self.cuda_graphs_refused:
+            warnings.warn("onnxruntime refused CUDA graphs for the verifier, which decodes without them: "
+                          + self.cuda_graphs_refused, RuntimeWarning, stacklevel=3)
         self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
-                                 self.tuning.encoder_call_tokens, bundle.shortlist,
-                                 bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None,
-                                 self.tuning.kept_matrix_slots)
+                                 self.tuning.encoder_call_tokens, bundle.shortlist, argmax,
+                                 self.tuning.kept_matrix_slots, FixedCalls() if self.cuda_graphs else None)
         # GAD's measured costs (a verifier call by block width, a drafter call), kept across
         # requests so that each starts from what the earlier ones measured; IAD's too when
         # load-adaptive (Tuning.load_adaptive: fitted per batch width)

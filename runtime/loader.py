@@ -96,7 +96,7 @@ class OpenedBundle:
 
 def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = None, io_binding: bool | None = None,
                 verify: bool = True, tf32: bool = False, engines: str | Path | None = None,
-                int8_drafter: bool | None = None, shortlist: bool = True) -> OpenedBundle:
+                int8_drafter: bool | None = None, shortlist: bool = True, cuda_graphs: bool = False) -> OpenedBundle:
     """Open the bundle at ``path`` on ``device`` (arguments as ``Generator`` takes them).
 
     The order is the order of what can be refused cheapest: the device and its options (no
@@ -105,7 +105,7 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     tokenizer before any text meets them. Raises BundleError, BundleNotFoundError,
     ProviderError or InputError, each naming what to fix."""
     request = SessionRequest(device=device, threads=threads, tf32=tf32, io_binding=io_binding,
-                             engines=None if engines is None else Path(engines))
+                             engines=None if engines is None else Path(engines), cuda_graphs=cuda_graphs)
     factory = session_factory(device)
     bound = factory.check(request)  # before reading any file
     root = Path(path)

@@ -9,6 +9,10 @@ TensorRT engines.
 CUDA options (:func:`cuda_provider_options`): TF32 is off unless asked for. onnxruntime's CUDA
 provider otherwise runs float32 matrix products on TF32 tensor cores (10-bit mantissa), and
 aggdec promises transformers' float32 greedy output; ``tf32=True`` trades that for speed.
+``cuda_graph=True`` (the verifier sessions of ``Generator(cuda_graphs=True)``) turns on the
+provider's ``enable_cuda_graph``: a bound run given a ``graph_id`` is captured as a CUDA graph on
+its first run for that id and replayed after (:meth:`OrtSession.run_bound`); every other run of
+such a session passes ``gpu_graph_id`` -1, onnxruntime's "no capture, no replay".
 ``device_id`` is not passed (0 is the provider's default): since onnxruntime 1.26, a
 ``device_id`` provider option makes the Python binding first look for a registered plugin EP
 device and, finding none for the built-in CUDA provider, log "No registered plugin EP device
@@ -66,23 +70,28 @@ class Session(Protocol):
     def run_bound(self, binding: Any) -> list[Any]: ...
 
 
-def cuda_provider_options(tf32: bool = False) -> dict[str, str]:
+def cuda_provider_options(tf32: bool = False, cuda_graph: bool = False) -> dict[str, str]:
     """onnxruntime CUDAExecutionProvider options: TF32 off unless asked for; no ``device_id``
-    (see the module docstring for both)."""
+    (see the module docstring for both); ``enable_cuda_graph`` with ``cuda_graph``."""
     if not isinstance(tf32, bool):
         raise ProviderError(f"tf32 must be True or False, got {tf32!r}.")
-    return {"use_tf32": "1" if tf32 else "0"}
+    options = {"use_tf32": "1" if tf32 else "0"}
+    if cuda_graph:
+        options["enable_cuda_graph"] = "1"
+    return options
 
 
-def providers_for(device: str, tf32: bool = False) -> list[Any]:
+def providers_for(device: str, tf32: bool = False, cuda_graph: bool = False) -> list[Any]:
     """The providers list passed to onnxruntime for ``device`` (availability not checked)."""
     if device not in DEVICES:
         raise ProviderError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}.")
     if tf32 and device != "cuda":
         raise ProviderError(f"tf32 applies to device 'cuda' only (TF32 is a GPU math mode), not {device!r}.")
+    if cuda_graph and device != "cuda":
+        raise ProviderError(f"CUDA graphs apply to device 'cuda' only, not {device!r}.")
     if device == "cpu":
         return ["CPUExecutionProvider"]
-    return [("CUDAExecutionProvider", cuda_provider_options(tf32)), "CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", cuda_provider_options(tf32, cuda_graph)), "CPUExecutionProvider"]
 
 
 def installed_onnxruntime_distributions() -> list[str]:
@@ -137,9 +146,9 @@ def preload_cuda_libraries() -> list[str]:
         return _CUDA_PRELOAD
 
 
-def check_device(device: str, tf32: bool = False) -> list[Any]:
+def check_device(device: str, tf32: bool = False, cuda_graph: bool = False) -> list[Any]:
     """The onnxruntime providers for a device, or a ProviderError saying how to get them."""
-    providers = providers_for(device, tf32)
+    providers = providers_for(device, tf32, cuda_graph)
     if device == "cpu":
         return providers
     module = require_onnxruntime()
@@ -192,7 +201,7 @@ class OrtSession:
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
                  tf32: bool = False, spec: GraphSpec | None = None, name: str | None = None,
                  contents: bytes | None = None, external_data: Mapping[str, bytes] | None = None,
-                 profile_prefix: str | None = None) -> None:
+                 profile_prefix: str | None = None, cuda_graph: bool = False) -> None:
         """``spec``: the IO the manifest declares for this graph; with it, every unbound call's
         outputs are checked against the shapes the inputs imply (a bundle is untrusted: a graph
         can declare one shape and compute another). ``name``: the graph's, for messages.
@@ -201,8 +210,11 @@ class OrtSession:
         its external-data tensors may name, and a graph naming any other fails to load.
         Without ``contents`` the graph is read from ``path``. ``profile_prefix``: onnxruntime's
         profiler records every call, and :meth:`end_profiling` writes its JSON trace there
-        (benchmarks/profile_step.py); None: no profiling."""
-        providers = check_device(device, tf32)
+        (benchmarks/profile_step.py); None: no profiling. ``cuda_graph``: CUDA only, the
+        provider's ``enable_cuda_graph`` (the module docstring; :meth:`run_bound`'s ``graph_id``);
+        onnxruntime refuses such a session when a node is not on the CUDA provider (a
+        BundleError here: ``devices.OrtFactory`` then opens the graph without it)."""
+        providers = check_device(device, tf32, cuda_graph)
         self.spec = spec
         self.label = f"{Path(path).name} ({name})" if name else Path(path).name
         ort = require_onnxruntime()
@@ -239,6 +251,12 @@ class OrtSession:
             )
         self.device = device
         self.tf32 = tf32
+        self.cuda_graph = cuda_graph
+        # set by devices.OrtFactory when onnxruntime refused cuda_graph for this graph: why
+        self.cuda_graph_refused: str | None = None
+        self._run_options: dict[int, Any] = {}  # gpu_graph_id -> its RunOptions (cuda_graph only)
+        # a capture must not interleave with another run of the session: its runs take turns
+        self._graph_lock = threading.Lock()
         # what onnxruntime actually applied, per provider (recorded by aggdec bench)
         self.provider_options = {name: dict(values) for name, values in self._session.get_provider_options().items()}
         self.seconds = 0.0
@@ -251,10 +269,23 @@ class OrtSession:
         with self._lock:
             self.seconds += seconds
 
+    def _options(self, graph_id: int) -> Any:
+        """The RunOptions naming ``graph_id`` (-1: neither captured nor replayed)."""
+        options = self._run_options.get(graph_id)
+        if options is None:
+            options = require_onnxruntime().RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            self._run_options[graph_id] = options
+        return options
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         started = time.perf_counter()
         try:
-            values = self._session.run(None, dict(inputs))
+            if self.cuda_graph:  # host inputs: never a graph (the load-time probes, an unbound call)
+                with self._graph_lock:
+                    values = self._session.run(None, dict(inputs), self._options(-1))
+            else:
+                values = self._session.run(None, dict(inputs))
         except Exception as exc:  # onnxruntime's untyped errors: the graph failed on inputs of its declared IO
             raise self._failed(exc, inputs) from exc
         self._count(time.perf_counter() - started)
@@ -276,10 +307,22 @@ class OrtSession:
         """A fresh IO binding: one per batch, so that threads never share one."""
         return self._session.io_binding()
 
-    def run_bound(self, binding: Any) -> list[Any]:
+    def run_bound(self, binding: Any, graph_id: int | None = None) -> list[Any]:
+        """Run through ``binding``. ``graph_id`` (at least 1; a ``cuda_graph`` session's): every
+        input and output of ``binding`` is an onnxruntime value on the device at an address fixed
+        for that id. onnxruntime's CUDA provider runs an id uncaptured twice (its arena allocates
+        then), captures the next run and replays it, so that every run's outputs are computed
+        (its Python tests say the first call does all of that, running itself again); later runs
+        replay the graph: the binding must not change between them (decoding/fixed_calls.py).
+        The provider keeps graphs per thread: a thread that did not capture an id captures it
+        again. Ignored by a session without ``cuda_graph`` (the CPU's)."""
         started = time.perf_counter()
         try:  # outputs bound with a shape are checked by onnxruntime; the caller checks the others
-            self._session.run_with_iobinding(binding)
+            if self.cuda_graph:
+                with self._graph_lock:
+                    self._session.run_with_iobinding(binding, self._options(-1 if graph_id is None else graph_id))
+            else:
+                self._session.run_with_iobinding(binding)
         except Exception as exc:
             raise self._failed(exc) from exc
         self._count(time.perf_counter() - started)

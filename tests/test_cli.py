@@ -210,3 +210,8 @@ def test_generate_with_static_shapes_gives_the_same_lines(cli_bundle):
                     stdin=lines)
     assert plain.returncode == static.returncode == 0, plain.stderr + static.stderr
     assert static.stdout == plain.stdout and len(static.stdout.splitlines()) == 3
+
+
+def test_generate_refuses_cuda_graphs_where_they_cannot_run(cli_bundle):
+    result = aggdec("generate", str(cli_bundle), "--static-shapes", "--cuda-graphs", stdin="w1\n")
+    assert_one_clean_error(result, "cuda_graphs needs device 'cuda'")

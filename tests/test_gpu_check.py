@@ -72,7 +72,8 @@ def test_every_stage_runs_and_passes(dry_run):
     assert code == 0, output
     stages = json.loads((results / "check.json").read_text())["stages"]
     assert {name: stage["status"] for name, stage in stages.items()} == {
-        name: "ok" for name in ("env", "export", "pytest", "equality", "fp16", "graphs", "bench", "edits")}, output
+        name: "ok" for name in ("env", "export", "pytest", "equality", "fp16", "graphs", "bench", "edits",
+                                "cudagraphs")}, output
 
 
 @pytest.mark.slow
@@ -113,12 +114,31 @@ def test_fp16_block_vs_alone_and_modes_equal_fp16_greedy(dry_run):
 def test_graphs_stage_times_the_call_and_says_cuda_graphs_need_cuda(dry_run):
     graphs = json.loads((dry_run[2] / "check-graphs.json").read_text())
     assert any("not applicable on cpu" in note for note in graphs["notes"])
-    assert graphs["wired_into_runtime"] is False
+    assert graphs["wired_into_runtime"] is True  # Generator(cuda_graphs=True); the cudagraphs stage decodes with it
     for key in ("tiny-fp32", "tiny-fp16"):
         shapes = graphs["bundles"][key]
         assert [(s["rows"], s["tokens"]) for s in shapes] == [(1, 1), (1, 16), (8, 1), (32, 1)]
         assert all(s["runtime_style_ms"] > 0 and s["all_bound_ms"] > 0 and "cuda_graph_ms" not in s for s in shapes)
         assert all(s["all_bound_equals_runtime_style"] is True for s in shapes)
+
+
+@pytest.mark.slow
+def test_cudagraphs_stage_compares_fixed_calls_with_the_static_path(dry_run):
+    """On the CPU there are no CUDA graphs: the stage decodes with the fixed calls they replay
+    (every input and output bound once) against the static path, and says so."""
+    record = json.loads((dry_run[2] / "check-cudagraphs.json").read_text())
+    assert record["cuda_graphs"] is False
+    assert any("CUDA graphs need onnxruntime's CUDA provider" in note for note in record["notes"])
+    for key in ("tiny-fp32", "tiny-fp16"):
+        section = record["bundles"][key]
+        assert {(run["mode"], run["batch_size"]) for run in section["runs"]} == {
+            (mode, batch) for mode in ("greedy", "iad", "gad") for batch in (1, 4)}
+        for run in section["runs"]:
+            assert run["vs_static_plain"]["equal"] == run["vs_static_plain"]["sentences"] == section["sentences"] > 0
+            assert run["seconds"]["plain"] > 0 and run["seconds"]["graphs"] > 0
+        assert section["fixed_calls_made"] >= 2 and section["graph_refused_at_run"] is None
+    report = (dry_run[2] / "README.md").read_text()
+    assert "CUDA graphs in the decode loop == static shapes without them" in report
 
 
 @pytest.mark.slow

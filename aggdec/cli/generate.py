@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every verifier call of a batch at one shape, so that a row's result cannot depend on "
                              "its block or its neighbours on a GPU (slower on the CPU; not with a shortlist: add "
                              "--no-shortlist; not yet run on a GPU)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="cuda, with --static-shapes: capture each batch shape's verifier call as a CUDA graph "
+                             "and replay it (off; not yet run on a GPU in the decode loop)")
     parser.add_argument("--tf32", action="store_true",
                         help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
     parser.add_argument("--stats", action="store_true",
@@ -200,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
                           io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
                           engines=args.engines, int8_drafter=False if args.fp32_drafter else None,
-                          shortlist=not args.no_shortlist, static_shapes=args.static_shapes)
+                          shortlist=not args.no_shortlist, static_shapes=args.static_shapes,
+                          cuda_graphs=args.cuda_graphs)
     options = generator.resolve_options(DecodeOptions(
         args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k, num_beams=args.num_beams,
         length_penalty=args.length_penalty, early_stopping=args.early_stopping,

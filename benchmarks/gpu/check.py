@@ -18,6 +18,9 @@ what is left of the call is skipped with a note, as is the rest of one that runs
 - ``graphs``: one verifier call at fixed shapes, timed three ways: as the runtime binds it
   today, with every input and output a device buffer, and the latter under onnxruntime's CUDA
   graphs (``enable_cuda_graph``); the graph's outputs compared bitwise with the plain run's.
+- ``cudagraphs``: static-shape decodes without and with CUDA graphs (``Generator(cuda_graphs=True)``),
+  every exact mode at each batch size, alternated in one process: outputs equal token for token,
+  and the time of each (on the CPU, the fixed calls without a graph).
 - ``bench``: ``aggdec bench --device cuda`` at the batch sizes, fp32 and fp16 systems, and
   CTranslate2 on CUDA when its wheel is installed and sees the GPU.
 - ``edits``: greedy at the batch sizes (and beam search at the largest) with the cache edits

@@ -121,6 +121,12 @@ def targets(found: dict[str, dict], device: str) -> list[tuple[str, str, str]]:
             ratio = greedy32["sentences_per_second"] / greedy1["sentences_per_second"]
             rows.append((f"{name}: greedy batch 32 >= {TARGET_BATCH32:g}x batch 1 throughput", f"{ratio:.2f}x",
                          "yes" if ratio >= TARGET_BATCH32 else "no"))
+    graph_runs = [run for section in sections(found, "cudagraphs").values() for run in section.get("runs", [])]
+    if graph_runs:
+        equal = sum(run["vs_static_plain"]["equal"] for run in graph_runs)
+        total = sum(run["vs_static_plain"]["sentences"] for run in graph_runs)
+        rows.append(("CUDA graphs in the decode loop == static shapes without them", f"{equal}/{total} decodes",
+                     "yes" if equal == total else "NO"))
     for key, shapes in sections(found, "graphs").items():
         one = next((s for s in shapes if s["rows"] == 1 and s["tokens"] == 1), None)
         if one and "cuda_graph_ms" in one:
@@ -183,6 +189,16 @@ def write_report(options: Options, results: Path) -> tuple[str, dict]:
             lines += [f"| {key} | {r.get('num_beams', 1)} | {r['batch_size']} | {r['sentences_per_second']['host']} | "
                       f"{r['sentences_per_second']['graphs']} | {r['host_over_graphs']} | "
                       f"{r['graphs_vs_host']['equal']}/{r['graphs_vs_host']['sentences']} |" for r in section["runs"]]
+    decoded = sections(found, "cudagraphs")
+    if decoded:
+        lines += ["", "## Static shapes without and with CUDA graphs in the decode loop (seconds, and time without / "
+                  "with)", "",
+                  "| bundle | mode | batch | without | with | whole decode | verifier calls | outputs equal |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for key, section in decoded.items():
+            lines += [f"| {key} | {r['mode']} | {r['batch_size']} | {r['seconds']['plain']} | {r['seconds']['graphs']} | "
+                      f"{r['plain_over_graphs']} | {r['verifier_plain_over_graphs']} | "
+                      f"{r['vs_static_plain']['equal']}/{r['vs_static_plain']['sentences']} |" for r in section["runs"]]
     graphs = sections(found, "graphs")
     if graphs:
         lines += ["", "## One verifier call (median ms)", "",

@@ -623,11 +623,10 @@ def same_outputs(a: tuple, b: tuple) -> bool:
 def stage_graphs(ctx: Context, budget: Budget) -> None:
     o = ctx.options
     r = ctx.result
-    r["wired_into_runtime"] = False
-    ctx.note("measured at fixed shapes, not wired into the decode loop: a batch's rows, block width and cache "
-             "capacity change between calls, so the loop would need a captured graph per (rows, T, capacity, "
-             "source) and its ids, lengths, mask and candidates in device buffers at fixed addresses "
-             "(runtime/decoding/verifier.py binds them from the host every call)")
+    r["wired_into_runtime"] = True
+    ctx.note("one call measured at fixed shapes; the decode loop captures and replays graphs with static shapes "
+             "and Generator(cuda_graphs=True) (runtime/decoding/fixed_calls.py), which the cudagraphs stage "
+             "measures")
     if o.device != "cuda":
         ctx.note(f"enable_cuda_graph is an option of onnxruntime's CUDA provider: not applicable on {o.device}; "
                  "the runtime-style and all-bound calls are still timed")
@@ -675,6 +674,102 @@ def stage_graphs(ctx: Context, budget: Budget) -> None:
                 rows_out.append(row)
                 print(f"{name} {precision} rows {rows} T {new}: {row}", flush=True)
                 ctx.save()
+
+
+# ------------------------------------------------------------------ CUDA graphs in the decode loop
+
+GRAPH_ORDER = ("plain", "graphs", "graphs", "plain")  # alternated in one process: drift falls on both
+
+
+def graph_generators(bundle: str, device: str) -> tuple[Any, Any, str | None]:
+    """Two static-shape Generators over ``bundle``: without and with CUDA graphs (on the CPU,
+    which has none, the second runs the same fixed calls with CPU values: the binding and the
+    pool the graphs replay, without a graph); and what onnxruntime said if it refused them."""
+    from aggdec import Generator
+    from aggdec.runtime.decoding.fixed_calls import FixedCalls
+
+    plain = Generator(bundle, device=device, static_shapes=True)
+    if device == "cuda":
+        graphs = Generator(bundle, device=device, static_shapes=True, cuda_graphs=True)
+        return plain, graphs, graphs.cuda_graphs_refused
+    graphs = Generator(bundle, device=device, static_shapes=True)
+    graphs.verifier.fixed_calls = FixedCalls()
+    return plain, graphs, None
+
+
+def stage_cudagraphs(ctx: Context, budget: Budget) -> None:
+    """Static-shape decodes (decision 034) without and with CUDA graphs (``Generator(cuda_graphs=True)``,
+    runtime/decoding/fixed_calls.py), every exact mode at each batch size, alternated
+    (:data:`GRAPH_ORDER`) on the same sentences: the outputs must be equal token for token (a
+    difference fails the stage), and the time of each is recorded. Each batch size's shapes are
+    captured in an untimed warm-up first (its time recorded: the first call of a shape runs
+    twice and captures). The dry run has no CUDA graphs: there the second system is the fixed
+    calls on CPU values (the same binding and pool, no graph)."""
+    import warnings
+
+    o = ctx.options
+    ctx.result["cuda_graphs"] = o.device == "cuda"
+    if o.device != "cuda":
+        ctx.note(f"CUDA graphs need onnxruntime's CUDA provider: on {o.device} the 'graphs' system is the fixed "
+                 "calls without a graph (every input and output bound once), compared with the static path")
+    texts_all = ctx.sources(o.bench_limit)
+    sections = ctx.result.setdefault("bundles", {})
+    for name, entry in ctx.bundles().items():
+        for precision, key in (("fp32", "bundle"), ("fp16", "fp16")):
+            if key not in entry:
+                continue
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                plain, graphs, refused = graph_generators(entry[key], o.device)
+            texts = usable_texts(plain, texts_all, ctx, name)
+            modes = [m for m in EXACT_MODES if m != "gad" or plain.drafter is not None]
+            section = sections[f"{name}-{precision}"] = {"name": name, "precision": precision, "device": o.device,
+                                                         "sentences": len(texts), "width": plain.static_width,
+                                                         "runs": []}
+            if refused:
+                section["cuda_graphs_refused"] = refused
+                ctx.mark("partial")
+                ctx.note(f"{name} {precision}: onnxruntime refused CUDA graphs: {refused}")
+            for batch in o.batch_sizes:
+                if out_of_budget(ctx, budget, section, f"{precision} batch {batch}"):
+                    return
+                started = time.perf_counter()  # the shapes' first calls (and captures), untimed below
+                for mode in modes:
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        decode(graphs, texts[:batch], mode, batch, o.max_new_tokens)
+                    said += caught
+                    decode(plain, texts[:batch], mode, batch, o.max_new_tokens)
+                warm_s = round(time.perf_counter() - started, 3)
+                for mode in modes:
+                    if out_of_budget(ctx, budget, section, f"{precision} {mode} at batch {batch}"):
+                        return
+                    seconds = dict.fromkeys(GRAPH_ORDER, 0.0)
+                    verifier_s = dict.fromkeys(GRAPH_ORDER, 0.0)
+                    outputs = {}
+                    for system in GRAPH_ORDER:
+                        generator = graphs if system == "graphs" else plain
+                        before = generator.verifier.seconds["verifier"]
+                        outputs[system], took = decode(generator, texts, mode, batch, o.max_new_tokens)
+                        seconds[system] += took
+                        verifier_s[system] += generator.verifier.seconds["verifier"] - before
+                    run = {"mode": mode, "batch_size": batch, "warm_up_seconds": warm_s,
+                           "seconds": {k: round(v / 2, 3) for k, v in seconds.items()},
+                           "verifier_seconds": {k: round(v / 2, 3) for k, v in verifier_s.items()},
+                           "plain_over_graphs": round(seconds["plain"] / seconds["graphs"], 3),
+                           "verifier_plain_over_graphs": round(verifier_s["plain"] / max(verifier_s["graphs"], 1e-9),
+                                                               3),
+                           "vs_static_plain": compare(outputs["graphs"], outputs["plain"], texts, plain.codec)}
+                    judge_run(ctx, section, run, "static_plain", f"{mode} with CUDA graphs", len(texts))
+            pool = graphs.verifier.fixed_calls
+            section["fixed_calls_made"] = pool.made if pool is not None else 0
+            section["graph_refused_at_run"] = pool.refused if pool is not None else None
+            section["warnings"] = [str(w.message)[:600] for w in said]
+            if section["graph_refused_at_run"]:
+                ctx.mark("partial")
+                ctx.note(f"{name} {precision}: a captured graph failed, the rest ran without: "
+                         f"{section['graph_refused_at_run']}")
+            ctx.save()
 
 
 # ------------------------------------------------------------------ cache edits: on the device or through the host
@@ -841,5 +936,6 @@ def stage_bench(ctx: Context, budget: Budget) -> None:
 
 STAGE_FUNCTIONS: dict[str, Callable[[Context, Budget], None]] = {
     "env": stage_env, "export": stage_export, "pytest": stage_pytest, "equality": stage_equality,
-    "fp16": stage_fp16, "graphs": stage_graphs, "bench": stage_bench, "edits": stage_edits}
+    "fp16": stage_fp16, "graphs": stage_graphs, "bench": stage_bench, "edits": stage_edits,
+    "cudagraphs": stage_cudagraphs}
 

@@ -158,6 +158,19 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
     # a closed queue's size is known: no more buffer rows than it can ever fill
     size = min(slots, (len(arrived) + len(work)) * per_source) if work.closed else slots
     cohorts: dict[int, Cohort] = {}
+    try:
+        yield from _cohorts(verifier, work, limits, drafts, verification, slots, pad_id, bound, linger, classes,
+                            width_quantile, beams, static_width, per_source, arrived, size, cohorts)
+    finally:  # however the decode ends: a pooled batch gives its buffers back (fixed_calls.py)
+        for cohort in cohorts.values():
+            cohort.batch.close()
+
+
+def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
+             verification: Verification, slots: int, pad_id: int, bound: bool, linger: float,
+             classes: Sequence[int], width_quantile: float, beams: BeamRules | None, static_width: int | None,
+             per_source: int, arrived: list[Work], size: int, cohorts: dict[int, Cohort]) -> Iterator[Finished]:
+    """:func:`decode`'s loop, over the batches it keeps in ``cohorts``."""
     clock = 0.0  # the seconds of the cohort that took the last call: where a cohort that was empty starts
     while True:
         live = sum(len(cohort.rows) for cohort in cohorts.values())

@@ -23,6 +23,7 @@ from ..manifest import Manifest
 from ..session import Session
 from ..graph_specs import takes_output_rows
 from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names
+from .fixed_calls import FixedCall, FixedCalls
 from .shortlist import Shortlist
 
 # cache positions beyond max_target_len: a row's decoder prefix is at most two tokens, so a
@@ -84,24 +85,21 @@ def length_groups(lengths: list[int], call_tokens: int) -> list[range]:
 class Batch:
     def __init__(self, verifier: Verifier, slots: int, bound: bool,
                  memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, top_k: bool = True,
-                 static_width: int | None = None) -> None:
+                 static_width: int | None = None, buffers: SlotBuffers | None = None) -> None:
         """``memory``: what a draft source reads of each row's encoder output, kept per row
         (:attr:`SlotBuffers.hidden`) and computed once, when the row is encoded; None: nothing.
         ``top_k``: its calls return the top-K candidates with their log-probs; False: only each
         position's best id is read, and the bundle's argmax graph runs when it has one.
-        ``static_width``: :class:`StaticBatch`'s (its caches hold that many positions more)."""
+        ``static_width``: :class:`StaticBatch`'s (its caches hold that many positions more).
+        ``buffers``: made before (a pooled :class:`~.fixed_calls.FixedCall`'s); None: new ones."""
         m = verifier.manifest
         self._verifier = verifier
         self._memory = memory
         # the graph its calls run: both take the same inputs and write the same cache
-        self._session = verifier.verifier if top_k or verifier.argmax is None else verifier.argmax
-        self._candidates = ("top_logprobs", "top_ids") if self._session is verifier.verifier else ("top1_ids",)
-        self.buffers = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
-                                   m.max_target_len + SLACK + (static_width or 0), m.max_source_len,
-                                   self._session.device, bound, memory is not None, ACTIVATION_DTYPES[m.precision],
-                                   m.cache_kind, verifier.takes_output_rows and verifier.shortlist is not None
-                                   and slots <= verifier.kept_matrix_slots, m.cross_key_layout,
-                                   static=static_width is not None)
+        self._session = verifier.session_for(top_k)
+        self._candidates = verifier.candidates_of(self._session)
+        self.buffers = buffers if buffers is not None else verifier.slot_buffers(
+            self._session, slots, bound, memory is not None, static_width)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = self._session.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
@@ -298,6 +296,10 @@ class Batch:
                                   f"{' and '.join(str(list(value.shape)) for value in candidates)} for {rows} row(s) of "
                                   f"{new} token(s), where its declared IO implies {list(expected)}; the bundle's graph "
                                   "does not compute what its manifest says.")
+        return self._top(candidates, rows, new)
+
+    def _top(self, candidates: list[np.ndarray], rows: int, new: int) -> tuple[np.ndarray, np.ndarray]:
+        """(top log-probs, top ids) from a call's candidates (:meth:`verify`'s shapes)."""
         if len(candidates) == 2:
             top_logprobs, top_ids = candidates
         else:  # the argmax graph: the best id, as the first (and only) candidate
@@ -305,6 +307,9 @@ class Batch:
             top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
         check_ids(top_ids, self._verifier.manifest.vocab_size, "the verifier")  # they become the output
         return top_logprobs, top_ids
+
+    def close(self) -> None:
+        """The decode that made this batch is done with it (a pooled batch gives its call back)."""
 
     def keep(self, counts: np.ndarray) -> None:
         """Each row keeps the first ``counts[row]`` tokens of the block just verified."""
@@ -358,8 +363,27 @@ class StaticBatch(Batch):
 
     def __init__(self, verifier: Verifier, slots: int, bound: bool, width: int,
                  memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, top_k: bool = True) -> None:
+        """With ``verifier.fixed_calls`` (and ``bound``), every call runs through one
+        :class:`~.fixed_calls.FixedCall` taken from that pool (every input and output bound once,
+        at fixed addresses: CUDA graphs), given back by :meth:`close`."""
         self.width = width
-        super().__init__(verifier, slots, bound, memory, top_k, static_width=width)
+        self._pool = verifier.fixed_calls if bound else None
+        self._call: FixedCall | None = None
+        if self._pool is not None:
+            session = verifier.session_for(top_k)
+            self._pool_key = self._pool.key(session, slots, width, memory is not None)
+            self._call = self._pool.take(self._pool_key, lambda graph_id: FixedCall(
+                session, verifier.slot_buffers(session, slots, bound, memory is not None, width), width,
+                verifier.candidates_of(session), verifier.manifest.top_k,
+                (self_cache_names(verifier.manifest.decoder_layers, verifier.manifest.cache_kind),
+                 self_cache_out_names(verifier.manifest.decoder_layers, verifier.manifest.cache_kind),
+                 cross_names(verifier.manifest.decoder_layers)), graph_id))
+            # a call used before: its slots start as new ones do (padding rows over one source
+            # position); the caches keep the last rows' finite data, as a slot a row left does
+            self._call.buffers.mask.fill(0)
+            self._call.buffers.mask[:, 0] = 1
+        super().__init__(verifier, slots, bound, memory, top_k, static_width=width,
+                         buffers=self._call.buffers if self._call is not None else None)
         self._live = 0
         self._slot_of = np.zeros(slots, dtype=np.int64)  # row index -> its slot
         self._free = list(range(slots - 1, -1, -1))  # a stack: the lowest free slot is taken first
@@ -399,6 +423,8 @@ class StaticBatch(Batch):
         self.lengths[first : first + len(slots)] = 0
         self._live += len(slots)
         self.buffers.layout += 1  # the source mask changed: a device binding copies it again
+        if self._call is not None:
+            self._call.source_mask_changed()
         return range(first, self._live)
 
     def block_limit(self) -> int:
@@ -416,7 +442,11 @@ class StaticBatch(Batch):
         self._past.fill(0)
         self._past[slots] = self.lengths[:rows]
         started = time.perf_counter()
-        top_logprobs, top_ids = self._run(self._tokens, self._past)
+        if self._call is not None and self._pool is not None:
+            top_logprobs, top_ids = self._top(self._call.run(self._tokens, self._past, self._pool.refuse),
+                                              self.slots, self.width)
+        else:
+            top_logprobs, top_ids = self._run(self._tokens, self._past)
         # the rows' own width: in this batch a call costs the same at any, which is what the
         # draft sizing should learn (the width is paid anyway)
         self.last_call = (new, time.perf_counter() - started, rows)
@@ -440,6 +470,11 @@ class StaticBatch(Batch):
     def shrink(self) -> None:
         pass  # one shape: nothing is given back
 
+    def close(self) -> None:
+        if self._call is not None and self._pool is not None:
+            self._pool.give(self._pool_key, self._call)
+            self._call = None
+
     def drafter_inputs(self) -> tuple[np.ndarray, np.ndarray]:
         slots = self._slot_of[: self._live]
         return self.buffers.hidden()[slots], self.buffers.mask[slots]
@@ -448,13 +483,17 @@ class StaticBatch(Batch):
 class Verifier:
     def __init__(self, encoder: Session, verifier: Session, manifest: Manifest,
                  encoder_call_tokens: int | None = None, shortlist: Shortlist | None = None,
-                 argmax: Session | None = None, kept_matrix_slots: int = KEPT_MATRIX_SLOTS) -> None:
+                 argmax: Session | None = None, kept_matrix_slots: int = KEPT_MATRIX_SLOTS,
+                 fixed_calls: FixedCalls | None = None) -> None:
         """``encoder_call_tokens``: padded tokens per encoder call (:func:`length_groups`;
         default: :data:`ENCODER_CALL_TOKENS` for the encoder's device). ``shortlist``: each
         sentence's output ids (a bundle with a shortlist); None decodes over the whole vocabulary.
         ``argmax``: the bundle's argmax graph (graph_specs.VERIFIER_GRAPHS), which batches that
         read only each position's best id run; None: they run ``verifier`` too.
-        ``kept_matrix_slots``: :data:`KEPT_MATRIX_SLOTS`."""
+        ``kept_matrix_slots``: :data:`KEPT_MATRIX_SLOTS`. ``fixed_calls``: a bound
+        :class:`StaticBatch` runs every call with all its inputs and outputs bound once, at fixed
+        addresses, its buffers pooled here (decoding/fixed_calls.py: CUDA graphs); None: as
+        before."""
         self.encoder = encoder
         self.verifier = verifier
         self.argmax = argmax
@@ -467,6 +506,27 @@ class Verifier:
         # exported before it gathers in every verifier call, fed output_ids alone)
         self.takes_output_rows = takes_output_rows(manifest)
         self.kept_matrix_slots = kept_matrix_slots
+        self.fixed_calls = fixed_calls
+
+    def session_for(self, top_k: bool) -> Session:
+        """The graph a batch's calls run: the top-K verifier, or (``top_k`` False) the argmax
+        graph where the bundle has it; both take the same inputs and write the same cache."""
+        return self.verifier if top_k or self.argmax is None else self.argmax
+
+    def candidates_of(self, session: Session) -> tuple[str, ...]:
+        """The outputs a call of ``session`` reads besides the cache."""
+        return ("top_logprobs", "top_ids") if session is self.verifier else ("top1_ids",)
+
+    def slot_buffers(self, session: Session, slots: int, bound: bool, keep_hidden: bool,
+                     static_width: int | None) -> SlotBuffers:
+        """A batch's buffers for ``session`` (:class:`Batch`'s arguments)."""
+        m = self.manifest
+        return SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, slots,
+                           m.max_target_len + SLACK + (static_width or 0), m.max_source_len,
+                           session.device, bound, keep_hidden, ACTIVATION_DTYPES[m.precision],
+                           m.cache_kind, self.takes_output_rows and self.shortlist is not None
+                           and slots <= self.kept_matrix_slots, m.cross_key_layout,
+                           static=static_width is not None)
 
     def batch(self, slots: int, bound: bool, memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
               top_k: bool = True, static_width: int | None = None) -> Batch:

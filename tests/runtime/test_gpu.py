@@ -107,3 +107,23 @@ def test_no_plugin_ep_warning_on_cuda(bundle):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "No registered plugin EP device" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("family", ["marian", "bart"])
+def test_cuda_graphs_equal_static_shapes_without_them(family, bundle):
+    """Generator(cuda_graphs=True): each batch shape's verifier call captured as a CUDA graph and
+    replayed (decoding/fixed_calls.py), the same tokens as static shapes without graphs, every
+    mode, at two batch sizes; a second decode replays the graphs the first captured."""
+    texts = random_texts(seed=7, count=10)
+    plain = Generator(bundle(family), device="cuda", static_shapes=True)
+    graphs = Generator(bundle(family), device="cuda", static_shapes=True, cuda_graphs=True)
+    assert graphs.cuda_graphs and graphs.cuda_graphs_refused is None, graphs.cuda_graphs_refused
+    for batch_size in (1, 4):
+        for mode in ("greedy", "iad"):
+            options = dict(mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)
+            expected = [r.ids for r in plain.generate(texts, **options)]
+            assert [r.ids for r in graphs.generate(texts, **options)] == expected, (mode, batch_size)
+            made = graphs.verifier.fixed_calls.made
+            assert [r.ids for r in graphs.generate(texts, **options)] == expected, (mode, batch_size)
+            assert graphs.verifier.fixed_calls.made == made  # replayed: no new buffers, no new capture
+    assert graphs.verifier.fixed_calls.refused is None

@@ -1,0 +1,133 @@
+"""A static batch's verifier calls with every input and output at a fixed address: what
+onnxruntime's CUDA graphs need (``Generator(cuda_graphs=True)``).
+
+A captured CUDA graph replays the kernels of one run with the addresses they had: it may be
+replayed only while every input and output of the call is the same buffer, of the same shape,
+and only the buffers' contents change. :class:`~.verifier.StaticBatch` already gives each batch
+one shape (decision 034) and its caches fixed addresses (``cache.py``); a :class:`FixedCall`
+adds the rest: the ids, the past lengths, the source mask and the candidates, each an
+onnxruntime value allocated once on the session's device, refreshed in place
+(``OrtValue.update_inplace``) before a call, bound once. On the CPU the same code runs with
+CPU values, which is how the tests check it without a GPU: the outputs must equal the static
+path's that binds the ids and lengths from the host.
+
+A capture bakes its buffers' addresses in, and onnxruntime keeps every graph it captured for
+the session's life (it has no call to drop one). So the calls are pooled (:class:`FixedCalls`,
+one per Verifier): a batch takes a free call of its shape (slots, width, which graph, and
+whether the rows keep an encoder output: the capacities are the bundle's) and gives it back when
+its decode ends, with its buffers and its graph id (``gpu_graph_id``, one per call made,
+from 1: 0 is onnxruntime's own). A later batch of that shape replays the graph captured before;
+two batches of one shape at once (two threads, two cohorts) take two calls, and two graphs.
+The graphs captured are at most (shapes x concurrent batches), and so is the memory the pool
+keeps (onnxruntime keeps them per thread: a batch of a shape on a new thread captures again).
+A capture runs in CUDA's global capture mode, which another thread's synchronous CUDA work
+(another session's run, an upload) breaks: the run then fails, and the pool goes on without
+graphs (:meth:`FixedCalls.refuse`); decode from one thread to keep them. NOT YET RUN on a GPU
+(benchmarks/gpu/README.md, the ``cudagraphs`` stage).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import GraphRunError
+from ..session import Session, require_onnxruntime
+from .cache import SlotBuffers
+
+# onnxruntime's output types, as its sessions name them (the candidates are bound before any run)
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+                "tensor(int32)": np.int32}
+
+
+class FixedCall:
+    """One static shape's buffers and binding; every verifier input and output is bound once."""
+
+    def __init__(self, session: Session, buffers: SlotBuffers, width: int, candidates: tuple[str, ...], top_k: int,
+                 names: tuple[list[str], list[str], list[str]], graph_id: int | None) -> None:
+        ort = require_onnxruntime()
+        device = session.device
+        slots = buffers.slots
+        self.session, self.buffers, self.width, self.graph_id = session, buffers, width, graph_id
+        declared = {output.name: output.type for output in session.inference_session.get_outputs()}
+        shape = [slots, width, top_k] if len(candidates) == 2 else [slots, width]
+        self.candidates = [ort.OrtValue.ortvalue_from_shape_and_type(shape, _NUMPY_TYPES[declared[name]], device, 0)
+                           for name in candidates]
+        self.ids = ort.OrtValue.ortvalue_from_shape_and_type([slots, width], np.int64, device, 0)
+        self.past = ort.OrtValue.ortvalue_from_shape_and_type([slots], np.int64, device, 0)
+        self.mask = ort.OrtValue.ortvalue_from_shape_and_type(list(buffers.source_mask().shape), np.int64, device, 0)
+        self.source_mask_changed()
+        self.binding = session.binding()
+        self.binding.bind_ortvalue_input("input_ids", self.ids)
+        self.binding.bind_ortvalue_input("past_lengths", self.past)
+        self.binding.bind_ortvalue_input("encoder_attention_mask", self.mask)
+        for name, value in zip(candidates, self.candidates):
+            self.binding.bind_ortvalue_output(name, value)
+        buffers.bind(self.binding, *names)  # the caches by pointer, written in place: fixed for life
+
+    def run(self, tokens: np.ndarray, past: np.ndarray, refused: Callable[[str], None]) -> list[np.ndarray]:
+        """The candidates for ``tokens`` [slots, width] after ``past`` [slots] cached positions.
+        ``refused``: told why, when the call's graph could not be captured or replayed (the
+        call is then run again without one: its cache writes are the same)."""
+        self.ids.update_inplace(tokens)
+        self.past.update_inplace(past)
+        if self.graph_id is None:
+            self.session.run_bound(self.binding)
+        else:
+            try:
+                self.session.run_bound(self.binding, self.graph_id)
+            except GraphRunError as exc:
+                refused(str(exc))
+                self.graph_id = None
+                self.session.run_bound(self.binding)
+        return [value.numpy() for value in self.candidates]
+
+    def source_mask_changed(self) -> None:
+        """Rows joined: the mask's new contents, into the same buffer."""
+        self.mask.update_inplace(self.buffers.source_mask())
+
+
+class FixedCalls:
+    """The pool of a Verifier's :class:`FixedCall` s, by shape (module docstring).
+
+    ``graphs``: give each call made a graph id (its session captures and replays it when made
+    with ``cuda_graph``; a CPU session ignores the id, which lets the tests run the pool)."""
+
+    def __init__(self, graphs: bool = True) -> None:
+        self.graphs = graphs
+        self.refused: str | None = None  # why onnxruntime would not run a graph, once it did not
+        self.made = 0  # calls made (and graph ids given) so far
+        self._free: dict[tuple, list[FixedCall]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: tuple, make: Callable[[int | None], FixedCall]) -> FixedCall:
+        """A free call for ``key``, or a new one from ``make(graph_id)``."""
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                return free.pop()
+            self.made += 1
+            graph_id = self.made if self.graphs and self.refused is None else None
+        return make(graph_id)
+
+    def give(self, key: tuple, call: FixedCall) -> None:
+        with self._lock:
+            self._free.setdefault(key, []).append(call)
+
+    def refuse(self, why: str) -> None:
+        """A graph failed: the calls made from now on have none, and the user is told once."""
+        with self._lock:
+            first = self.refused is None
+            self.refused = why
+        if first:
+            warnings.warn(f"onnxruntime could not capture or replay the verifier as a CUDA graph; decoding goes on "
+                          f"without CUDA graphs: {why}", RuntimeWarning, stacklevel=2)
+
+    def key(self, session: Any, slots: int, width: int, keep_hidden: bool) -> tuple:
+        """A call's shape: which session (its graphs are its own), the slots, the width, and
+        whether the buffers keep an encoder output (the capacities are the bundle's)."""
+        return (id(session), slots, width, keep_hidden)
