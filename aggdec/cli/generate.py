@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--static-shapes", action="store_true",
                         help="every verifier call of a batch at one shape, so that a row's result cannot depend on "
                              "its block or its neighbours on a GPU (slower on the CPU; not with a shortlist: add "
-                             "--no-shortlist; not yet run on a GPU)")
+                             "--no-shortlist; on a GPU it makes fp16 bundles exact)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="cuda, with --static-shapes: capture each batch shape's verifier call as a CUDA graph "
                              "and replay it (off; not yet run on a GPU in the decode loop)")
