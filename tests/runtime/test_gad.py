@@ -341,3 +341,67 @@ def test_load_adaptive_sizing_changes_speed_only(family, gad_bundle):
                 got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)
                 assert [r.ids for r in got] == expected, (mode, batch_size, generator.tuning.load_adaptive)
     assert adaptive.gad_costs.fit(6) != adaptive.gad_costs.fit(1)  # both widths were measured apart
+
+
+def test_draft_gate_decides_from_measured_iterations():
+    """DraftGate: the rows' own sizing until drafted iterations were measured at a width class,
+    then plain steps until plain ones were; then drafting only where drafted iterations took
+    less time per token a row, with a rest before each try sized from the measured loss."""
+    from aggdec.runtime.decoding.sizing import DraftGate
+
+    gate = DraftGate(budget=0.01, min_weight=8.0)
+    assert gate.drafts(32)  # nothing measured: the rows decide
+    # 32 rows: a drafted iteration 20 ms for 10 tokens a row (2 ms a token), a plain one 1.5 ms for one
+    gate.observe(32, True, 0.020, 320)
+    assert not gate.drafts(32)  # drafted measured, plain not yet: a plain step
+    gate.observe(32, False, 0.0015, 32)
+    # drafting loses 10 x 0.5 ms a try; at 1% of 1.5 ms plain iterations: a rest of 334, then one try
+    assert [gate.drafts(32) for _ in range(335)] == [False] * 334 + [True]
+    assert not gate.drafts(40)  # 32-63 rows: one class, resting again
+    assert gate.drafts(8)  # 8-15 rows: nothing measured there
+    # a near tie (1.6 against 1.5 ms a token) rests far less: 10 x 0.1 ms against 0.015 ms
+    near = DraftGate(budget=0.01, min_weight=8.0)
+    near.observe(32, True, 0.016, 320)
+    near.observe(32, False, 0.0015, 32)
+    assert [near.drafts(32) for _ in range(68)] == [False] * 67 + [True]
+    # 1 row: drafted iterations 3 ms for 12 tokens (0.25 ms a token) against 0.33 ms plain steps
+    for _ in range(9):  # 8 rows' iterations of each kind (decayed) before a verdict
+        assert gate.drafts(1)
+        gate.observe(1, True, 0.003, 12)
+    assert not gate.drafts(1)
+    for _ in range(9):
+        gate.observe(1, False, 0.00033, 1)
+    assert all(gate.drafts(1) for _ in range(100))  # drafting pays at one row: no rest
+    gate.reset()
+    assert gate.drafts(32)
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_draft_gate_changes_speed_only(family, gad_bundle):
+    """GAD and GAD++ (beta 1) with the gate (Tuning.draft_payoff) or without, and with the gate
+    told that drafted iterations lose (every batch takes plain steps) or pay: the same outputs,
+    at batch 1 and 6."""
+    from aggdec.runtime.options import Mode
+    from aggdec.runtime.tuning import Tuning
+
+    texts = random_texts(seed=43, count=12)
+    gated = Generator(gad_bundle(family))
+    plain = Generator(gad_bundle(family), tuning=Tuning(draft_payoff=False))
+    expected = [r.ids for r in plain.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
+    for mode in ("gad", "gad++"):
+        for batch_size in (1, 6):
+            for generator in (gated, plain):
+                got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                         **({"beta": 1} if mode == "gad++" else {}))
+                assert [r.ids for r in got] == expected, (mode, batch_size, generator.tuning.draft_payoff)
+    for slow, drafts in ((10.0, False), (0.1, True)):  # drafted iterations 10x slower a token, or 10x faster
+        told = Generator(gad_bundle(family))
+        for rows in (1, 2, 4):  # the classes a batch of 6 passes through
+            for _ in range(20):
+                told.gad_gates[Mode.GAD].observe(rows, True, slow * 1e-3 * rows, rows)
+                told.gad_gates[Mode.GAD].observe(rows, False, 1e-3, rows)
+        for batch_size in (1, 6):
+            got = told.generate(texts, mode="gad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in got] == expected, (slow, batch_size)
+            drafted = sum(sum(r.stats.drafted) for r in got)
+            assert (drafted > 0) == drafts, (slow, batch_size, drafted)
