@@ -8,12 +8,16 @@ import pytest
 from aggdec.runtime.decoding.common import GREEDY, Verification
 from aggdec.runtime.errors import BundleError, InputError
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.tuning import Tuning
 from tests.runtime.test_lossless import random_texts, transformers_greedy
 from tests.support.tiny import FAMILIES
 from tests.support.traces import iterations_by_source
 
 MAX_NEW = 24
 K = 25
+# the rows' sizing alone: the gate (Tuning.draft_payoff, test_draft_gate_*) may measure a tiny
+# model's drafter calls not paying and take plain steps, and a test of drafts would check none
+ROWS_DECIDE = Tuning(draft_payoff=False)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +37,7 @@ def test_gad_equals_greedy_for_every_draft_length(family, gad_bundle, random_che
     texts = random_texts(seed=21, count=16)
     expected = None
     for int8_drafter, graph in ((None, "drafter_int8"), (False, "drafter")):
-        generator = Generator(gad_bundle(family), int8_drafter=int8_drafter)
+        generator = Generator(gad_bundle(family), int8_drafter=int8_drafter, tuning=ROWS_DECIDE)
         assert generator.drafter_graph == graph
         greedy = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
         if expected is None:
@@ -54,7 +58,7 @@ def test_gad_equals_greedy_at_every_drafter_window(family, gad_bundle):
     """The drafter reads the last W output tokens: W = 1, a few, about the output's length, all.
     The window changes the drafts only; every output is greedy's."""
     texts = random_texts(seed=31, count=12)
-    generator = Generator(gad_bundle(family))
+    generator = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
     expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
     for window in (1, 3, MAX_NEW, 0):
         generator.drafter.window = window
@@ -90,7 +94,7 @@ def test_a_drafter_call_costs_the_same_however_long_the_output(gad_bundle):
 def test_a_row_whose_drafts_fail_stops_paying_for_the_drafter(gad_bundle):
     """An untrained drafter's drafts are mostly rejected: the row's sizer shortens them, then
     takes plain greedy steps without a drafter call (trying again now and then)."""
-    generator = Generator(gad_bundle("marian"))
+    generator = Generator(gad_bundle("marian"), tuning=ROWS_DECIDE)
     calls = []
     session = generator.drafter.session
     original = session.run
@@ -142,7 +146,7 @@ def fixed_k_rate(generator: Generator, texts: list[str], verification: Verificat
 @pytest.mark.parametrize("family", ["marian", "t5", "mt5"])
 def test_gad_plus_plus_outputs_are_top_beta_within_tau(family, gad_bundle):
     texts = random_texts(seed=9, count=16)
-    generator = Generator(gad_bundle(family))
+    generator = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
     beta, tau = 3, 1.0
     relaxed = generator.generate(texts, mode="gad++", max_new_tokens=MAX_NEW, beta=beta, tau=tau)
     # more tokens per verifier call than strict GAD, with every row drafting k each iteration:
@@ -328,11 +332,9 @@ def test_call_cost_is_fitted_per_batch_width():
 def test_load_adaptive_sizing_changes_speed_only(family, gad_bundle):
     """Draft lengths sized at the batch's width (Tuning.load_adaptive) or not: the same outputs,
     in IAD and GAD, at batch 1 and 6."""
-    from aggdec.runtime.tuning import Tuning
-
     texts = random_texts(seed=41, count=14)
-    adaptive = Generator(gad_bundle(family))
-    fixed = Generator(gad_bundle(family), tuning=Tuning(load_adaptive=False))
+    adaptive = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
+    fixed = Generator(gad_bundle(family), tuning=ROWS_DECIDE.replace(load_adaptive=False))
     assert adaptive.gad_costs.by_rows and not fixed.gad_costs.by_rows
     expected = [r.ids for r in fixed.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
     for mode in ("iad", "gad"):
@@ -382,11 +384,10 @@ def test_draft_gate_changes_speed_only(family, gad_bundle):
     told that drafted iterations lose (every batch takes plain steps) or pay: the same outputs,
     at batch 1 and 6."""
     from aggdec.runtime.options import Mode
-    from aggdec.runtime.tuning import Tuning
 
     texts = random_texts(seed=43, count=12)
     gated = Generator(gad_bundle(family))
-    plain = Generator(gad_bundle(family), tuning=Tuning(draft_payoff=False))
+    plain = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
     expected = [r.ids for r in plain.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
     for mode in ("gad", "gad++"):
         for batch_size in (1, 6):
