@@ -370,8 +370,8 @@ class ReplayPayoff:
 # than its plain ones (DraftGate), as a share of the plain iterations' time before it. A try
 # keeps the drafted iterations' measured rate fresh; at batch 32 on the reference model, CPU, one
 # lost about 12 plain steps, so a fixed rest of 64 steps would have cost a fifth of the time
-# (0.5%: a rest of about 2,400 steps there; informal A/Bs of 0.02 and 0.005 at batch 8 and 32,
-# 1,000 sentences: 0.005 the nearer to greedy, within the machine's noise).
+# (0.5%: a rest of about 2,400 steps there; in informal A/Bs of earlier versions of the gate at
+# batch 8 and 32, 1,000 sentences, 0.005 came nearer to greedy than 0.02, within the noise).
 TRY_BUDGET = 0.005
 
 
@@ -395,9 +395,9 @@ class DraftGate:
 
     An iteration weighs as many rows as it served (``decay`` and ``min_weight`` are per row):
     one row's tokens an iteration vary from 1 to a whole draft, 32 rows' average out, so a
-    verdict at batch 1 rests on a few dozen iterations (a drafted try that loses a lot is cheap
-    there) and at batch 32 on one or two (each drafted one costing about 12 plain steps on the
-    reference model). Shared by a Generator's decodes (the rests too: per width class, whichever
+    verdict at batch 1 rests on about ten iterations of each kind (a drafted one that loses is
+    cheap there) and at 8 rows or more on one (a drafted one at 32 rows costs about 12 plain
+    steps on the reference model). Shared by a Generator's decodes (the rests too: per width class, whichever
     batch takes the steps); thread-safe."""
 
     def __init__(self, budget: float = TRY_BUDGET, decay: float = 0.99, min_weight: float = 8.0) -> None:
