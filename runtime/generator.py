@@ -22,8 +22,8 @@ from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import DrafterDraft, HypothesisDrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
-from .decoding.sizing import AcceptancePrior, CallCost, ReplayPayoff
 from .decoding.fixed_calls import FixedCalls
+from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff
 from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
@@ -260,6 +260,9 @@ class Generator:
         # requests so that each starts from what the earlier ones measured; IAD's too when
         # load-adaptive (Tuning.load_adaptive: fitted per batch width)
         self.gad_costs = CallCost(self.tuning.cost_ratio, by_rows=self.tuning.load_adaptive)
+        # GAD's (and GAD++'s) drafted against plain iterations, per token a row: whether a batch
+        # drafts at all (Tuning.draft_payoff)
+        self.gad_gates = {mode: DraftGate() for mode in (Mode.GAD, Mode.GAD_PLUS)}
         # per drafting mode, the acceptance its rows have seen: a new row's first draft length
         # starts from the workload's rate, not a fixed guess (sizing.AcceptancePrior)
         self.draft_priors = {mode: AcceptancePrior() if self.tuning.shared_prior else None for mode in DRAFTING_MODES}
@@ -316,7 +319,8 @@ class Generator:
         for name, session in self._sessions.items():
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
-        for measured in (self.beam_costs, self.beam_payoff, self.gad_beam_costs, self.gad_beam_payoff):
+        for measured in (self.beam_costs, self.beam_payoff, self.gad_beam_costs, self.gad_beam_payoff,
+                         *self.gad_gates.values()):
             measured.reset()
         for prior in (*self.draft_priors.values(), self.replay_prior, self.gad_replay_prior):
             if prior is not None:
@@ -620,7 +624,8 @@ class Generator:
                             GREEDY, beams)
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,
                               costs=self.gad_costs, prior=self.draft_priors[mode], decay=tuning.gad_decay,
-                              max_rest=tuning.max_rest, min_repeat=tuning.min_repeat)
+                              max_rest=tuning.max_rest, min_repeat=tuning.min_repeat,
+                              gate=self.gad_gates[mode] if tuning.draft_payoff else None)
         if mode is Mode.GAD:
             return Strategy(drafts, GREEDY)
         return Strategy(drafts, Verification(beta=int(options.beta), tau=float(options.tau)))

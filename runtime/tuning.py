@@ -60,6 +60,10 @@ class Tuning:
     at the batch's current width (decoding/sizing.py CallCost ``by_rows``), so a loaded batch
     drafts less (IAD only with the default blocks: a caller's BlockOptions keep their own
     ``cost_ratio``); False: GAD's costs fitted over every call and IAD's ``cost_ratio`` prior.
+    ``draft_payoff``: a GAD batch calls the drafter only where its drafted iterations were
+    measured faster per token than its plain ones at its width class, and tries again after
+    rests (decoding/sizing.py DraftGate); False: each row's draft length alone decides
+    (benchmarks/results/gad-floor-cpu).
     ``kept_matrix_slots``: a batch of at most this many slots keeps each row's gathered
     shortlist matrix from its admission on (a bundle whose verifier takes ``output_rows``);
     a wider one gathers it every call; 0: never kept (decoding/verifier.py: KEPT_MATRIX_SLOTS).
@@ -77,6 +81,7 @@ class Tuning:
     shared_prior: bool = True
     argmax_graph: bool = True
     load_adaptive: bool = True
+    draft_payoff: bool = True
     kept_matrix_slots: int = KEPT_MATRIX_SLOTS
 
     def __post_init__(self) -> None:
@@ -94,7 +99,7 @@ class Tuning:
             value = getattr(self, name)
             if not is_finite_real(value) or not 0 < value <= 1:
                 raise InputError(f"tuning {name} must be a number in (0, 1], got {value!r}.")
-        for name in ("shared_prior", "argmax_graph", "load_adaptive"):
+        for name in ("shared_prior", "argmax_graph", "load_adaptive", "draft_payoff"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"tuning {name} must be True or False, got {getattr(self, name)!r}.")
         classes = self.length_classes

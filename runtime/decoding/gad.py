@@ -37,7 +37,7 @@ from .alignment import MIN_REPEAT, source_position_offsets
 from .hypothesis_drafts import HypothesisDraft
 from .loop import NO_DRAFT, Row
 from .repetition import RepeatDrafts
-from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost, ReplayPayoff
+from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost, DraftGate, ReplayPayoff
 from .verifier import Batch
 
 
@@ -150,13 +150,19 @@ class DrafterDraft:
     position and the drafter call's cost, both in one-token verifier calls. A row whose drafts
     keep failing takes plain greedy steps, as a drafter call is not free.
 
+    ``gate``: whether a batch drafts at all, from its iterations measured, drafted against plain
+    (:class:`DraftGate`, the Generator's, shared); where drafted ones took longer per token at
+    the batch's width class, the batch takes plain steps (no drafter call, no repetition draft),
+    whatever its rows' sizing says, and tries drafting after rests. None: each row's sizing
+    alone decides.
+
     ``repeats``: a row whose output repeats itself drafts the repetition's continuation, with
     a draft length of its own, and no drafter call (module docstring)."""
 
     def __init__(self, drafter: Drafter, pad_id: int, k: int | None = None, cost_ratio: float = 0.05,
                  adaptive: bool = True, costs: CallCost | None = None, prior: AcceptancePrior | None = None,
                  repeats: bool = True, decay: float = DECAY, max_rest: int = MAX_REST,
-                 min_repeat: int = MIN_REPEAT) -> None:
+                 min_repeat: int = MIN_REPEAT, gate: DraftGate | None = None) -> None:
         self.drafter = drafter
         self.pad_id = pad_id
         self.k = drafter.k if k is None else min(k, drafter.k)
@@ -168,6 +174,9 @@ class DrafterDraft:
         self.seconds = 0.0
         self._last_call: tuple[int, float, int] | None = None
         self.memory = drafter.memory  # the batch keeps it per row (Batch): once per source
+        self.gate = gate
+        self._iterations: dict[int, _Iteration] = {}  # per batch: its last iteration, as measured
+        self._current: _Iteration | None = None  # the iteration the loop's observe() calls are about
 
     def start(self, row: Row) -> None:
         row.state = _Drafting(BlockSizer(self.options, self.prior), RepeatDrafts(self.options))
@@ -176,6 +185,12 @@ class DrafterDraft:
         if batch.last_call is not None and batch.last_call is not self._last_call:  # the call since the last proposal
             self._last_call = batch.last_call
             self.costs.observe(*batch.last_call)
+        if self.gate is not None:
+            self._measured(batch)
+            current = self._current = self._iterations[id(batch)] = _Iteration(time.perf_counter(), len(rows))
+            if not self.gate.drafts(len(rows)):  # a plain step: no draft, no sizer asked
+                current.gated = True
+                return [NO_DRAFT] * len(rows)
         _one_token, ratio = self.costs.fit(len(rows))  # at this batch's width: a loaded batch drafts less
         fixed = self.costs.drafter_cost(len(rows))
         block_cost = self.costs.block_cost(ratio, self.k)  # once per iteration, shared by the rows
@@ -191,6 +206,8 @@ class DrafterDraft:
             if size > 0:
                 drafting.append(slot)
                 sizes.append(size)
+        if self._current is not None:  # a repetition draft widens the call as a drafter's does
+            self._current.drafted = bool(drafting) or any(len(draft) for draft in drafts)
         if not drafting:
             return drafts
         drafted, elapsed = call_drafter(self.drafter, batch, rows, drafting, self.pad_id)
@@ -200,14 +217,42 @@ class DrafterDraft:
             drafts[slot] = drafted[place, :size]
         return drafts
 
+    def _measured(self, batch: Batch) -> None:
+        """The batch's last iteration, from its proposal to its last row's selection (its encoder
+        calls and other cohorts' calls left out), for ``gate``: drafted if any row drafted."""
+        done = self._iterations.get(id(batch))
+        if done is not None and done.ended is not None and self.gate is not None:
+            self.gate.observe(done.rows, done.drafted, done.ended - done.started, done.tokens)
+
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         state: _Drafting = row.state
+        current = self._current
+        if current is not None:
+            current.tokens += appended
+            current.ended = time.perf_counter()
+            if current.gated:  # neither source drafted: the row's rest counts the plain step
+                state.drafter.skipped()
+                return
         if state.repeats.observe(drafted, accepted):
             return
         if drafted:
             state.drafter.observe(drafted, accepted)
         else:
             state.drafter.skipped()
+
+
+@dataclass
+class _Iteration:
+    """One of a batch's iterations, as far as measured: when its proposal began, its rows,
+    whether the gate made it a plain step, whether any row drafted, the tokens its rows
+    appended, and when its last row's selection ended."""
+
+    started: float
+    rows: int
+    gated: bool = False
+    drafted: bool = False
+    tokens: int = 0
+    ended: float | None = None
 
 
 class HypothesisDrafterDraft(HypothesisDraft):

@@ -292,9 +292,10 @@ class CallCost:
 
 
 class ReplayPayoff:
-    """Whether drafting pays, measured: the seconds per beam step of the iterations that drafted
-    and of those that did not (speculative beam search), per batch width class (the rows a call
-    serves, in powers of two), decayed so they follow the machine.
+    """Whether drafting pays, measured: the seconds per step of the iterations that drafted and
+    of those that did not, per batch width class (the rows a call serves, in powers of two),
+    decayed so they follow the machine. A step is a beam step a group (speculative beam search)
+    or a token a row (GAD, :class:`DraftGate`).
 
     Why besides the cost model: a drafted beam call pays only when the steps it replays beat its
     extra width, and on the CPU the two are close (reference model, beam 4: a 1-token draft
@@ -305,20 +306,27 @@ class ReplayPayoff:
     (thread-safe)."""
 
     MIN_WEIGHT = 4.0  # decayed iterations of each kind before the comparison is trusted
+    LONGEST_REST = 4096  # the longest rest :meth:`rest` gives (a try now and then, whatever it lost)
 
-    def __init__(self, decay: float = 0.97) -> None:
+    def __init__(self, decay: float = 0.97, min_weight: float = MIN_WEIGHT) -> None:
+        """``min_weight``: the decayed iterations of each kind before a verdict (a GAD batch's
+        iteration measures every row's tokens, a beam one a few groups' steps)."""
         self.decay = decay
+        self.min_weight = min_weight
         self._lock = threading.Lock()
         self._sums: dict[tuple[int, bool], tuple[float, float, float]] = {}  # (class, drafted) -> decayed n, s, steps
 
-    def observe(self, rows: int, drafted: bool, seconds: float, steps: float) -> None:
-        """An iteration of ``rows`` rows took ``seconds`` for ``steps`` beam steps a group."""
+    def observe(self, rows: int, drafted: bool, seconds: float, steps: float, weight: float = 1.0) -> None:
+        """An iteration of ``rows`` rows took ``seconds`` for ``steps`` steps (a group's beam
+        steps, or a row's tokens); it counts as ``weight`` iterations (and ages the older ones
+        as many times)."""
         key = (int(rows).bit_length(), drafted)
-        decay = self.decay
+        decay = self.decay if weight == 1.0 else self.decay ** weight
         with self._lock:  # Python floats: one iteration's update (numpy's per-call cost would dominate it)
             sums = self._sums.get(key)
-            self._sums[key] = ((1.0, seconds, steps) if sums is None else
-                               (decay * sums[0] + 1.0, decay * sums[1] + seconds, decay * sums[2] + steps))
+            point = (weight, weight * seconds, weight * steps)
+            self._sums[key] = (point if sums is None else
+                               (decay * sums[0] + point[0], decay * sums[1] + point[1], decay * sums[2] + point[2]))
 
     def pays(self, rows: int) -> bool | None:
         """Whether drafted iterations took less time per step than plain ones at this width
@@ -326,10 +334,105 @@ class ReplayPayoff:
         klass = int(rows).bit_length()
         with self._lock:
             drafted, plain = self._sums.get((klass, True)), self._sums.get((klass, False))
-        if drafted is None or plain is None or min(drafted[0], plain[0]) < self.MIN_WEIGHT:
+        if drafted is None or plain is None or min(drafted[0], plain[0]) < self.min_weight:
             return None
         return bool(drafted[1] / drafted[2] < plain[1] / plain[2])
+
+    def seen(self, rows: int, drafted: bool) -> bool:
+        """Whether iterations of that kind were seen often enough at this width class."""
+        with self._lock:
+            sums = self._sums.get((int(rows).bit_length(), drafted))
+        return sums is not None and sums[0] >= self.min_weight
+
+    def rest(self, rows: int, budget: float) -> int:
+        """How many plain iterations to take before the next drafted try at this width class, so
+        that the try's measured loss (its steps at the drafted iterations' rate instead of the
+        plain ones') is at most ``budget`` of the plain iterations' time; 1 before both kinds
+        were seen."""
+        klass = int(rows).bit_length()
+        with self._lock:
+            drafted, plain = self._sums.get((klass, True)), self._sums.get((klass, False))
+        if drafted is None or plain is None or min(drafted[2], plain[2]) <= 0.0:
+            return 1
+        steps = drafted[2] / drafted[0]  # a drafted iteration's steps
+        loss = steps * (drafted[1] / drafted[2] - plain[1] / plain[2])  # seconds, against plain steps
+        plain_iteration = plain[1] / plain[0]
+        if loss <= 0.0 or plain_iteration <= 0.0:
+            return 1
+        return int(min(math.ceil(loss / (budget * plain_iteration)), self.LONGEST_REST))
 
     def reset(self) -> None:
         with self._lock:
             self._sums.clear()
+
+
+# What a drafted try may cost a batch whose drafted iterations were measured slower per token
+# than its plain ones (DraftGate), as a share of the plain iterations' time before it. A try
+# keeps the drafted iterations' measured rate fresh; at batch 32 on the reference model, CPU, one
+# lost about 12 plain steps, so a fixed rest of 64 steps would have cost a fifth of the time
+# (0.5%: a rest of about 2,400 steps there; in informal A/Bs of earlier versions of the gate at
+# batch 8 and 32, 1,000 sentences, 0.005 came nearer to greedy than 0.02, within the noise).
+TRY_BUDGET = 0.005
+
+
+class DraftGate:
+    """Whether a batch's next iteration drafts at all (GAD: calls the drafter), decided for the
+    whole batch from whole iterations measured: drafted against plain ones, seconds per token a
+    row, per width class, host work and the drafter call included (:class:`ReplayPayoff`).
+
+    Why besides each row's sizing: a row's :class:`BlockSizer` weighs its own expected tokens
+    against the cost of a wider call and of the drafter call, as if every row drafted as it does.
+    But the drafter call is paid for every drafting row and the widest block by every row, the
+    rows that do not draft included, and a loaded batch's cost fit extrapolates a one-token call
+    it never sees (reference model, CPU, batch 32: every row drafting 20 tokens, each iteration
+    about half as fast per token as a plain step; benchmarks/results/gad-floor-cpu). Where
+    drafted iterations took longer per token than plain ones at the batch's width class, the
+    batch takes plain steps (no draft) and tries drafting once after a rest sized so that the
+    try costs at most ``budget`` of the rest's time (:meth:`ReplayPayoff.rest`): a near tie is
+    tried again soon, a clear loss seldom. At a width class not yet measured, the rows' own
+    sizing decides (as without the gate) until drafted iterations were seen, then the batch
+    takes plain steps until plain ones were, then the verdict holds.
+
+    An iteration weighs as many rows as it served (``decay`` and ``min_weight`` are per row):
+    one row's tokens an iteration vary from 1 to a whole draft, 32 rows' average out, so a
+    verdict at batch 1 rests on about ten iterations of each kind (a drafted one that loses is
+    cheap there) and at 8 rows or more on one (a drafted one at 32 rows costs about 12 plain
+    steps on the reference model). Shared by a Generator's decodes (the rests too: per width class, whichever
+    batch takes the steps); thread-safe."""
+
+    def __init__(self, budget: float = TRY_BUDGET, decay: float = 0.99, min_weight: float = 8.0) -> None:
+        """``decay``: per row served (about the last 100 rows' iterations count);
+        ``min_weight``: rows' iterations of each kind before a verdict."""
+        self.payoff = ReplayPayoff(decay, min_weight)
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._rests: dict[int, int] = {}  # width class -> plain iterations left before a try
+
+    def drafts(self, rows: int) -> bool:
+        """Whether the next iteration of ``rows`` rows drafts (each row then sizes its own draft)."""
+        verdict = self.payoff.pays(rows)
+        if verdict is None:  # the rows' own sizing first, then plain steps to judge it against
+            return not self.payoff.seen(rows, drafted=True)
+        klass = int(rows).bit_length()
+        with self._lock:
+            if verdict:
+                self._rests.pop(klass, None)
+                return True
+            left = self._rests.get(klass)
+            if left is None:  # a rest starts, sized from what the last try measured
+                left = self.payoff.rest(rows, self.budget)
+            if left > 0:
+                self._rests[klass] = left - 1
+                return False
+            del self._rests[klass]  # the try
+            return True
+
+    def observe(self, rows: int, drafted: bool, seconds: float, tokens: int) -> None:
+        """An iteration of ``rows`` rows, drafted or not, took ``seconds`` for ``tokens`` tokens."""
+        self.payoff.observe(rows, drafted, seconds, tokens / rows, weight=float(rows))
+
+    def reset(self) -> None:
+        """Forget what was measured (after a warm-up)."""
+        self.payoff.reset()
+        with self._lock:
+            self._rests.clear()

@@ -15,6 +15,7 @@ import torch
 
 from aggdec.runtime.errors import BundleError
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.tuning import Tuning
 from tests.runtime.test_lossless import check_drafting_equals_greedy, random_texts
 from tests.support.tiny import FAMILIES
 
@@ -115,7 +116,7 @@ def test_the_runtime_drafts_what_torch_drafts_through_the_source_layers(family, 
 
 def test_the_source_layers_run_once_per_source_not_per_drafter_call(layered_bundle):
     bundle, _ = layered_bundle("marian")
-    generator = Generator(bundle)
+    generator = Generator(bundle, tuning=Tuning(draft_payoff=False))  # the rows decide: they draft
     calls = {"source": [], "drafter": 0}
     source, drafter = generator.drafter.source, generator.drafter.session
     run_source, run_drafter = source.run, drafter.run

@@ -8,12 +8,16 @@ import pytest
 from aggdec.runtime.decoding.common import GREEDY, Verification
 from aggdec.runtime.errors import BundleError, InputError
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.tuning import Tuning
 from tests.runtime.test_lossless import random_texts, transformers_greedy
 from tests.support.tiny import FAMILIES
 from tests.support.traces import iterations_by_source
 
 MAX_NEW = 24
 K = 25
+# the rows' sizing alone: the gate (Tuning.draft_payoff, test_draft_gate_*) may measure a tiny
+# model's drafter calls not paying and take plain steps, and a test of drafts would check none
+ROWS_DECIDE = Tuning(draft_payoff=False)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +37,7 @@ def test_gad_equals_greedy_for_every_draft_length(family, gad_bundle, random_che
     texts = random_texts(seed=21, count=16)
     expected = None
     for int8_drafter, graph in ((None, "drafter_int8"), (False, "drafter")):
-        generator = Generator(gad_bundle(family), int8_drafter=int8_drafter)
+        generator = Generator(gad_bundle(family), int8_drafter=int8_drafter, tuning=ROWS_DECIDE)
         assert generator.drafter_graph == graph
         greedy = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
         if expected is None:
@@ -54,7 +58,7 @@ def test_gad_equals_greedy_at_every_drafter_window(family, gad_bundle):
     """The drafter reads the last W output tokens: W = 1, a few, about the output's length, all.
     The window changes the drafts only; every output is greedy's."""
     texts = random_texts(seed=31, count=12)
-    generator = Generator(gad_bundle(family))
+    generator = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
     expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
     for window in (1, 3, MAX_NEW, 0):
         generator.drafter.window = window
@@ -90,7 +94,7 @@ def test_a_drafter_call_costs_the_same_however_long_the_output(gad_bundle):
 def test_a_row_whose_drafts_fail_stops_paying_for_the_drafter(gad_bundle):
     """An untrained drafter's drafts are mostly rejected: the row's sizer shortens them, then
     takes plain greedy steps without a drafter call (trying again now and then)."""
-    generator = Generator(gad_bundle("marian"))
+    generator = Generator(gad_bundle("marian"), tuning=ROWS_DECIDE)
     calls = []
     session = generator.drafter.session
     original = session.run
@@ -142,7 +146,7 @@ def fixed_k_rate(generator: Generator, texts: list[str], verification: Verificat
 @pytest.mark.parametrize("family", ["marian", "t5", "mt5"])
 def test_gad_plus_plus_outputs_are_top_beta_within_tau(family, gad_bundle):
     texts = random_texts(seed=9, count=16)
-    generator = Generator(gad_bundle(family))
+    generator = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
     beta, tau = 3, 1.0
     relaxed = generator.generate(texts, mode="gad++", max_new_tokens=MAX_NEW, beta=beta, tau=tau)
     # more tokens per verifier call than strict GAD, with every row drafting k each iteration:
@@ -328,11 +332,9 @@ def test_call_cost_is_fitted_per_batch_width():
 def test_load_adaptive_sizing_changes_speed_only(family, gad_bundle):
     """Draft lengths sized at the batch's width (Tuning.load_adaptive) or not: the same outputs,
     in IAD and GAD, at batch 1 and 6."""
-    from aggdec.runtime.tuning import Tuning
-
     texts = random_texts(seed=41, count=14)
-    adaptive = Generator(gad_bundle(family))
-    fixed = Generator(gad_bundle(family), tuning=Tuning(load_adaptive=False))
+    adaptive = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
+    fixed = Generator(gad_bundle(family), tuning=ROWS_DECIDE.replace(load_adaptive=False))
     assert adaptive.gad_costs.by_rows and not fixed.gad_costs.by_rows
     expected = [r.ids for r in fixed.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
     for mode in ("iad", "gad"):
@@ -341,3 +343,66 @@ def test_load_adaptive_sizing_changes_speed_only(family, gad_bundle):
                 got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)
                 assert [r.ids for r in got] == expected, (mode, batch_size, generator.tuning.load_adaptive)
     assert adaptive.gad_costs.fit(6) != adaptive.gad_costs.fit(1)  # both widths were measured apart
+
+
+def test_draft_gate_decides_from_measured_iterations():
+    """DraftGate: the rows' own sizing until drafted iterations were measured at a width class,
+    then plain steps until plain ones were; then drafting only where drafted iterations took
+    less time per token a row, with a rest before each try sized from the measured loss."""
+    from aggdec.runtime.decoding.sizing import DraftGate
+
+    gate = DraftGate(budget=0.01, min_weight=8.0)
+    assert gate.drafts(32)  # nothing measured: the rows decide
+    # 32 rows: a drafted iteration 20 ms for 10 tokens a row (2 ms a token), a plain one 1.5 ms for one
+    gate.observe(32, True, 0.020, 320)
+    assert not gate.drafts(32)  # drafted measured, plain not yet: a plain step
+    gate.observe(32, False, 0.0015, 32)
+    # drafting loses 10 x 0.5 ms a try; at 1% of 1.5 ms plain iterations: a rest of 334, then one try
+    assert [gate.drafts(32) for _ in range(335)] == [False] * 334 + [True]
+    assert not gate.drafts(40)  # 32-63 rows: one class, resting again
+    assert gate.drafts(8)  # 8-15 rows: nothing measured there
+    # a near tie (1.6 against 1.5 ms a token) rests far less: 10 x 0.1 ms against 0.015 ms
+    near = DraftGate(budget=0.01, min_weight=8.0)
+    near.observe(32, True, 0.016, 320)
+    near.observe(32, False, 0.0015, 32)
+    assert [near.drafts(32) for _ in range(68)] == [False] * 67 + [True]
+    # 1 row: drafted iterations 3 ms for 12 tokens (0.25 ms a token) against 0.33 ms plain steps
+    for _ in range(9):  # 8 rows' iterations of each kind (decayed) before a verdict
+        assert gate.drafts(1)
+        gate.observe(1, True, 0.003, 12)
+    assert not gate.drafts(1)
+    for _ in range(9):
+        gate.observe(1, False, 0.00033, 1)
+    assert all(gate.drafts(1) for _ in range(100))  # drafting pays at one row: no rest
+    gate.reset()
+    assert gate.drafts(32)
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_draft_gate_changes_speed_only(family, gad_bundle):
+    """GAD and GAD++ (beta 1) with the gate (Tuning.draft_payoff) or without, and with the gate
+    told that drafted iterations lose (every batch takes plain steps) or pay: the same outputs,
+    at batch 1 and 6."""
+    from aggdec.runtime.options import Mode
+
+    texts = random_texts(seed=43, count=12)
+    gated = Generator(gad_bundle(family))
+    plain = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
+    expected = [r.ids for r in plain.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
+    for mode in ("gad", "gad++"):
+        for batch_size in (1, 6):
+            for generator in (gated, plain):
+                got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size,
+                                         **({"beta": 1} if mode == "gad++" else {}))
+                assert [r.ids for r in got] == expected, (mode, batch_size, generator.tuning.draft_payoff)
+    for slow, drafts in ((10.0, False), (0.1, True)):  # drafted iterations 10x slower a token, or 10x faster
+        told = Generator(gad_bundle(family))
+        for rows in (1, 2, 4):  # the classes a batch of 6 passes through
+            for _ in range(20):
+                told.gad_gates[Mode.GAD].observe(rows, True, slow * 1e-3 * rows, rows)
+                told.gad_gates[Mode.GAD].observe(rows, False, 1e-3, rows)
+        for batch_size in (1, 6):
+            got = told.generate(texts, mode="gad", max_new_tokens=MAX_NEW, batch_size=batch_size)
+            assert [r.ids for r in got] == expected, (slow, batch_size)
+            drafted = sum(sum(r.stats.drafted) for r in got)
+            assert (drafted > 0) == drafts, (slow, batch_size, drafted)
