@@ -63,11 +63,27 @@ def _check_tuning(tuning: object) -> None:
 
 
 def _check_static_shapes(static_shapes: object) -> None:
-    if not isinstance(static_shapes, bool):
-        raise InputError(f"static_shapes must be True or False, not {static_shapes!r}.")
+    if static_shapes is not None and not isinstance(static_shapes, bool):
+        raise InputError(f"static_shapes must be True, False or None (not given), not {static_shapes!r}.")
 
 
-def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool, device: str, io_binding: bool | None) -> None:
+def static_shapes_advice(device: str, precision: str, static_shapes: bool | None) -> str | None:
+    """What a caller who did not choose ``static_shapes`` should know, or None. A float16 bundle
+    on CUDA is where a call's shape was seen to change an output: cuBLAS picks kernels by shape,
+    and on an H100 fp16 IAD, GAD and batched greedy parted from fp16 greedy at batch 1 in a few
+    sentences of 1,000 (decision 034); with static shapes every mode equalled static greedy.
+    float32 kept every output there; the CPU's kernels do not depend on the shape."""
+    if static_shapes is not None or device != "cuda" or precision != "fp16":
+        return None
+    return ("a float16 bundle on CUDA without static shapes: a call's shape can change a log-prob's last bits "
+            "there, so IAD, GAD and batched greedy may part from greedy at batch 1 on a near tie (decision 034). "
+            "static_shapes=True (aggdec generate --static-shapes) makes every mode exact by construction, slower "
+            "batched; static_shapes=False decodes as now without this warning (aggdec serve has no static "
+            "shapes yet: serve a float32 bundle where outputs must equal greedy).")
+
+
+def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool | None, device: str,
+                       io_binding: bool | None) -> None:
     """CUDA graphs replay one shape at fixed addresses: static shapes, onnxruntime's CUDA
     provider, buffers bound on the device."""
     if not isinstance(cuda_graphs, bool):
@@ -169,7 +185,7 @@ class Generator:
     def __init__(self, bundle_dir: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, verify: bool = True, tf32: bool = False,
                  engines: str | Path | None = None, int8_drafter: bool | None = None,
-                 tuning: Tuning | None = None, shortlist: bool = True, static_shapes: bool = False,
+                 tuning: Tuning | None = None, shortlist: bool = True, static_shapes: bool | None = None,
                  cuda_graphs: bool = False) -> None:
         """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
@@ -200,6 +216,8 @@ class Generator:
         is slower (every call pays the widest block and the longest cache). Not with a shortlist
         (``shortlist=False`` decodes such a bundle without one). On a GPU it is what makes fp16
         exact: every mode equalled static greedy on an H100, at 1.5-2.6x the time batched (decision 034).
+        None (the default): off, with a RuntimeWarning for a float16 bundle on CUDA
+        (:func:`static_shapes_advice`); False: off, without it.
         ``cuda_graphs``: with ``static_shapes`` on ``device="cuda"``, the verifier's calls are
         captured as CUDA graphs (onnxruntime's ``enable_cuda_graph``), one per batch shape, and
         replayed: every input and output bound once on the device (decoding/fixed_calls.py).
@@ -220,18 +238,23 @@ class Generator:
                     tuning, static_shapes)
 
     @classmethod
-    def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None, static_shapes: bool = False) -> Generator:
+    def from_bundle(cls, bundle: OpenedBundle, tuning: Tuning | None = None,
+                    static_shapes: bool | None = None) -> Generator:
         """A Generator over a bundle :func:`~aggdec.runtime.loader.open_bundle` opened (with
         ``cuda_graphs=True`` there for CUDA graphs, which need ``static_shapes`` here)."""
         generator = cls.__new__(cls)
         generator._setup(bundle, tuning, static_shapes)
         return generator
 
-    def _setup(self, bundle: OpenedBundle, tuning: Tuning | None, static_shapes: bool = False) -> None:
+    def _setup(self, bundle: OpenedBundle, tuning: Tuning | None, static_shapes: bool | None = None) -> None:
         if not isinstance(bundle, OpenedBundle):
             raise InputError(f"bundle must be what open_bundle returns, not {type(bundle).__name__}.")
         _check_tuning(tuning)
         _check_static_shapes(static_shapes)
+        advice = static_shapes_advice(bundle.device, bundle.manifest.precision, static_shapes)
+        if advice is not None:
+            warnings.warn(advice, RuntimeWarning, stacklevel=3)
+        static_shapes = bool(static_shapes)
         _check_cuda_graphs(bundle.request.cuda_graphs, static_shapes, bundle.device, bundle.io_binding)
         if static_shapes and bundle.shortlist is not None:
             raise InputError(f"static_shapes cannot decode {str(bundle.root)!r} over its lexical shortlist: the "

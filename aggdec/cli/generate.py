@@ -58,10 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="onnxruntime IO binding: auto = on (the cache buffers are bound by pointer)")
     parser.add_argument("--no-shortlist", action="store_true",
                         help="a bundle with a lexical shortlist (Marian's): decode over the whole vocabulary instead")
-    parser.add_argument("--static-shapes", action="store_true",
+    parser.add_argument("--static-shapes", action=argparse.BooleanOptionalAction, default=None,
                         help="every verifier call of a batch at one shape, so that a row's result cannot depend on "
                              "its block or its neighbours on a GPU (slower on the CPU; not with a shortlist: add "
-                             "--no-shortlist; on a GPU it makes fp16 bundles exact)")
+                             "--no-shortlist; on a GPU it makes fp16 bundles exact; not given: off, with a warning for an fp16 "
+                             "bundle on cuda)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="cuda, with --static-shapes: capture each batch shape's verifier call as a CUDA graph "
                              "and replay it (off; not yet run on a GPU in the decode loop)")

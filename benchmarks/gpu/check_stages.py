@@ -439,7 +439,7 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
         section = sections[static_key(name, o)] = {"name": name, "precision": "fp16", "device": o.device,
                                                    "block_vs_alone": {}, "runs": []}
         if o.static_shapes:  # the graph-level checks are the ordinary record's; here the decode loop
-            generator = Generator(entry["fp16"], device=o.device)
+            generator = Generator(entry["fp16"], device=o.device, static_shapes=False)
             texts = usable_texts(generator, texts_all, ctx, name)
             modes = [m for m in EXACT_MODES if m != "gad" or generator.drafter is not None]
             reference, seconds = decode(generator, texts, "greedy", 1, o.max_new_tokens)
@@ -466,7 +466,7 @@ def stage_fp16(ctx: Context, budget: Budget) -> None:
                 ctx.mark("failed")
                 ctx.note(f"{name}: {precision} block-vs-alone at one shape differs on {o.device}: {static['error']}")
             ctx.save()
-        generator = Generator(entry["fp16"], device=o.device)
+        generator = Generator(entry["fp16"], device=o.device, static_shapes=False)
         texts = usable_texts(generator, texts_all, ctx, name)
         modes = [m for m in EXACT_MODES if m != "gad" or generator.drafter is not None]
         reference, seconds = decode(generator, texts, "greedy", 1, o.max_new_tokens)

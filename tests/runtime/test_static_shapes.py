@@ -9,10 +9,12 @@ a cache changes no real position), and the graphs really see one shape per batch
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from aggdec.runtime.errors import InputError
-from aggdec.runtime.generator import Generator
+from aggdec.runtime.generator import Generator, static_shapes_advice
 from tests.runtime.test_gad import gad_bundle  # noqa: F401 - a session fixture, shared with its tests
 from tests.runtime.test_lossless import random_texts
 from tests.support.tiny import FAMILIES
@@ -126,10 +128,24 @@ def test_beams_equal_ordinary_beams(bundle):
         assert [[h.ids for h in r.sequences] for r in got] == [[h.ids for h in r.sequences] for r in expected], mode
 
 
-@pytest.mark.parametrize("value", ("yes", 1, None, 0.0))
+@pytest.mark.parametrize("value", ("yes", 1, 0.0))
 def test_static_shapes_must_be_a_bool(value, bundle):
-    with pytest.raises(InputError, match="static_shapes must be True or False"):
+    with pytest.raises(InputError, match="static_shapes must be True, False or None"):
         Generator(bundle("bart"), static_shapes=value)
+
+
+def test_a_float16_bundle_on_cuda_is_told_about_static_shapes_unless_its_caller_chose(bundle):
+    """The advice (a RuntimeWarning at construction) is for the one place a call's shape was seen
+    to change an output: float16 on CUDA, static shapes not chosen either way."""
+    advice = static_shapes_advice("cuda", "fp16", None)
+    assert advice is not None and "static_shapes=True" in advice and "static_shapes=False" in advice
+    for device, precision, chosen in (("cuda", "fp16", True), ("cuda", "fp16", False), ("cuda", "fp32", None),
+                                      ("cpu", "fp16", None), ("cpu", "int8", None), ("tensorrt", "fp32", None)):
+        assert static_shapes_advice(device, precision, chosen) is None, (device, precision, chosen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not chosen, on the CPU: no warning, the ordinary loop
+        generator = Generator(bundle("bart"))
+    assert generator.static_shapes is False and generator.static_width is None
 
 
 def test_marian_native_bundles_and_their_shortlist(tmp_path):
