@@ -137,6 +137,13 @@ def targets(found: dict[str, dict], device: str) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _table(title: str, header: tuple[str, ...], rows: list[tuple], intro: str | None = None) -> list[str]:
+    """A report section: its heading, ``intro`` (a line) if given, and a Markdown table."""
+    lines = ["", f"## {title}", ""] + ([intro, ""] if intro is not None else [])
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
 def write_report(options: Options, results: Path) -> tuple[str, dict]:
     found = load_results(results)
     env = found.get("env", {})
@@ -172,42 +179,39 @@ def write_report(options: Options, results: Path) -> tuple[str, dict]:
                          f"{notes} |")
     goals = targets(found, options.device)
     if goals:
-        lines += ["", "## Issue 32's targets", "", "| target | measured | met |", "|---|---|---|"]
-        lines += [f"| {goal} | {measured} | {met} |" for goal, measured, met in goals]
+        lines += _table("Issue 32's targets", ("target", "measured", "met"), goals)
     for bundle, section in sections(found, "bench").items():
         if section.get("figures"):
-            lines += ["", f"## aggdec bench: {bundle}", "", f"`{section['command']}`", "",
-                      "| system | batch | median ms | sent/s | vs greedy | = greedy |", "|---|---|---|---|---|---|"]
-            lines += [f"| {f['system']} | {f['batch_size']} | {f['median_ms']} | {f['sentences_per_second']} | "
-                      f"{f['speedup_vs_aggdec_greedy']} | {f['exact_match_vs_greedy']} |" for f in section["figures"]]
+            lines += _table(f"aggdec bench: {bundle}", ("system", "batch", "median ms", "sent/s", "vs greedy", "= greedy"),
+                            [(f["system"], f["batch_size"], f["median_ms"], f["sentences_per_second"],
+                              f["speedup_vs_aggdec_greedy"], f["exact_match_vs_greedy"]) for f in section["figures"]],
+                            intro=f"`{section['command']}`")
     edits = sections(found, "edits")
     if edits:
-        lines += ["", "## Cache edits: through the host against on the device (sentences/s)", "",
-                  "| bundle | beams | batch | host edits | device edits | host time / device time | outputs equal |",
-                  "|---|---|---|---|---|---|---|"]
-        for key, section in edits.items():
-            lines += [f"| {key} | {r.get('num_beams', 1)} | {r['batch_size']} | {r['sentences_per_second']['host']} | "
-                      f"{r['sentences_per_second']['graphs']} | {r['host_over_graphs']} | "
-                      f"{r['graphs_vs_host']['equal']}/{r['graphs_vs_host']['sentences']} |" for r in section["runs"]]
+        lines += _table("Cache edits: through the host against on the device (sentences/s)",
+                        ("bundle", "beams", "batch", "host edits", "device edits", "host time / device time",
+                         "outputs equal"),
+                        [(key, r.get("num_beams", 1), r["batch_size"], r["sentences_per_second"]["host"],
+                          r["sentences_per_second"]["graphs"], r["host_over_graphs"],
+                          f"{r['graphs_vs_host']['equal']}/{r['graphs_vs_host']['sentences']}")
+                         for key, section in edits.items() for r in section["runs"]])
     decoded = sections(found, "cudagraphs")
     if decoded:
-        lines += ["", "## Static shapes without and with CUDA graphs in the decode loop (seconds, and time without / "
-                  "with)", "",
-                  "| bundle | mode | batch | without | with | whole decode | verifier calls | outputs equal |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for key, section in decoded.items():
-            lines += [f"| {key} | {r['mode']} | {r['batch_size']} | {r['seconds']['plain']} | {r['seconds']['graphs']} | "
-                      f"{r['plain_over_graphs']} | {r['verifier_plain_over_graphs']} | "
-                      f"{r['vs_static_plain']['equal']}/{r['vs_static_plain']['sentences']} |" for r in section["runs"]]
+        lines += _table("Static shapes without and with CUDA graphs in the decode loop (seconds, and time without / "
+                        "with)",
+                        ("bundle", "mode", "batch", "without", "with", "whole decode", "verifier calls", "outputs equal"),
+                        [(key, r["mode"], r["batch_size"], r["seconds"]["plain"], r["seconds"]["graphs"],
+                          r["plain_over_graphs"], r["verifier_plain_over_graphs"],
+                          f"{r['vs_static_plain']['equal']}/{r['vs_static_plain']['sentences']}")
+                         for key, section in decoded.items() for r in section["runs"]])
     graphs = sections(found, "graphs")
     if graphs:
-        lines += ["", "## One verifier call (median ms)", "",
-                  "| bundle | rows | T | capacity | as the runtime binds | all bound | CUDA graph | graph = plain |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for key, shapes in graphs.items():
-            lines += [f"| {key} | {s['rows']} | {s['tokens']} | {s['capacity']} | {s['runtime_style_ms']} | "
-                      f"{s['all_bound_ms']} | {s.get('cuda_graph_ms', s.get('cuda_graph_error', 'n/a'))} | "
-                      f"{s.get('cuda_graph_equals_plain', 'n/a')} |" for s in shapes]
+        lines += _table("One verifier call (median ms)",
+                        ("bundle", "rows", "T", "capacity", "as the runtime binds", "all bound", "CUDA graph",
+                         "graph = plain"),
+                        [(key, s["rows"], s["tokens"], s["capacity"], s["runtime_style_ms"], s["all_bound_ms"],
+                          s.get("cuda_graph_ms", s.get("cuda_graph_error", "n/a")),
+                          s.get("cuda_graph_equals_plain", "n/a")) for key, shapes in graphs.items() for s in shapes])
     lines += ["", "Every stage's full record is in `check-STAGE.json` (and `check.json`, all of them together); "
               "logs in `logs/`, pytest's in `pytest-gpu.log`.", ""]
     text = "\n".join(lines)
