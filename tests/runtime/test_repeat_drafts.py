@@ -16,7 +16,7 @@ import pytest
 from aggdec.runtime.decoding.alignment import MAX_REPEAT_MATCH, MIN_REPEAT, repeated_tail
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.tuning import tuning_for
-from tests.runtime.test_gad import gad_bundle  # noqa: F401 - a fixture
+from tests.runtime.test_gad import ROWS_DECIDE, gad_bundle  # noqa: F401 - a fixture
 from tests.runtime.test_lossless import random_texts
 from tests.support.traces import iterations_by_source
 from tests.support.tiny import FAMILIES
@@ -94,9 +94,8 @@ def test_gad_drafts_a_loop_without_calling_the_drafter(family, gad_bundle):  # n
     drafted iterations not paying and take plain steps, repetitions included, and this test
     would then check no repetition draft."""
     texts = random_texts(seed=5, count=12)
-    rows_decide = tuning_for("cpu").replace(draft_payoff=False)
     for io_binding in (True, False):
-        generator = Generator(gad_bundle(family), io_binding=io_binding, tuning=rows_decide)
+        generator = Generator(gad_bundle(family), io_binding=io_binding, tuning=ROWS_DECIDE)
         rows = []
         session = generator.drafter.session
         session.run = lambda feeds, original=session.run: rows.append(feeds["input_ids"].shape[0]) or original(feeds)
