@@ -215,7 +215,7 @@ class Generator:
         shape-dependent kernels otherwise break (decoding/verifier.StaticBatch). On the CPU it
         is slower (every call pays the widest block and the longest cache). Not with a shortlist
         (``shortlist=False`` decodes such a bundle without one). On a GPU it is what makes fp16
-        exact: every mode equalled static greedy on an H100, at 1.5-2.6x the time batched (decision 034).
+        exact: every mode equalled static greedy on an H100, at 1.06-2.6x the time batched (decision 034).
         None (the default): off, with a RuntimeWarning for a float16 bundle on CUDA
         (:func:`static_shapes_advice`); False: off, without it.
         ``cuda_graphs``: with ``static_shapes`` on ``device="cuda"``, the verifier's calls are
