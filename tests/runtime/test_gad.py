@@ -203,7 +203,7 @@ def test_trained_drafter_on_the_editing_model(tmp_path, editing_marian_dir, trai
     expected = transformers_greedy(editing_marian_dir, texts, 60)
     fixed_rate = {}
     for int8_drafter in (None, False):  # the int8 drafter (the CPU's default), then the float one
-        generator = Generator(tmp_path / "bundle", int8_drafter=int8_drafter)
+        generator = Generator(tmp_path / "bundle", int8_drafter=int8_drafter, tuning=ROWS_DECIDE)
         results = generator.generate(texts, mode="gad", max_new_tokens=60)
         assert [r.ids for r in results] == expected
         assert any(0 < a < d + 1 for r in results for d, a in zip(r.stats.drafted, r.stats.accepted))  # rejections
