@@ -116,6 +116,13 @@ class Drafter:
 # tokens (0.8 against itself, the noise: 0.996x, 1.004x). A Generator's Tuning.gad_decay.
 DECAY = 0.5
 
+# The shortest rest (DraftGate) for which a batch's cache, sized for the drafted blocks, is cut
+# back to what one-token steps need: its extra span costs every plain step (reference model,
+# CPU, 8 and 32 rows: a one-token call over a 128-position cache 1.2-1.4x one over 32,
+# benchmarks/call_after_block.py), a cut costs a copy of the cache, and a short rest ends in a
+# drafted try that grows it again.
+SHRINK_REST = 8
+
 
 @dataclass
 class _Drafting:
@@ -186,10 +193,14 @@ class DrafterDraft:
             self._last_call = batch.last_call
             self.costs.observe(*batch.last_call)
         if self.gate is not None:
-            self._measured(batch)
-            current = self._current = self._iterations[id(batch)] = _Iteration(time.perf_counter(), len(rows))
+            previous = self._measured(batch)
+            after_drafted = previous is not None and previous.drafted
+            current = self._current = self._iterations[id(batch)] = _Iteration(
+                time.perf_counter(), len(rows), after_drafted=after_drafted)
             if not self.gate.drafts(len(rows)):  # a plain step: no draft, no sizer asked
                 current.gated = True
+                if after_drafted and self.gate.resting(len(rows)) >= SHRINK_REST:
+                    batch.shrink(width=1)  # the cache's span as plain steps need it, for the rest
                 return [NO_DRAFT] * len(rows)
         _one_token, ratio = self.costs.fit(len(rows))  # at this batch's width: a loaded batch drafts less
         fixed = self.costs.drafter_cost(len(rows))
@@ -217,12 +228,19 @@ class DrafterDraft:
             drafts[slot] = drafted[place, :size]
         return drafts
 
-    def _measured(self, batch: Batch) -> None:
+    def _measured(self, batch: Batch) -> _Iteration | None:
         """The batch's last iteration, from its proposal to its last row's selection (its encoder
-        calls and other cohorts' calls left out), for ``gate``: drafted if any row drafted."""
+        calls and other cohorts' calls left out), for ``gate``; returned.
+
+        It counts as drafted if any row drafted, or if it is the plain step right after a
+        drafted one: a one-token call just after a block as wide as a draft costs 1.2-1.9x one
+        after another one-token call (reference model, CPU, 1 to 32 rows, bound in place:
+        benchmarks/call_after_block.py), a cost of having drafted that a run of plain steps
+        does not pay."""
         done = self._iterations.get(id(batch))
         if done is not None and done.ended is not None and self.gate is not None:
-            self.gate.observe(done.rows, done.drafted, done.ended - done.started, done.tokens)
+            self.gate.observe(done.rows, done.drafted or done.after_drafted, done.ended - done.started, done.tokens)
+        return done
 
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         state: _Drafting = row.state
@@ -249,6 +267,7 @@ class _Iteration:
 
     started: float
     rows: int
+    after_drafted: bool = False  # the batch's iteration before it drafted
     gated: bool = False
     drafted: bool = False
     tokens: int = 0

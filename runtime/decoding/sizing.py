@@ -427,8 +427,14 @@ class DraftGate:
             del self._rests[klass]  # the try
             return True
 
+    def resting(self, rows: int) -> int:
+        """The plain iterations left in this width class's rest (0: none under way)."""
+        with self._lock:
+            return self._rests.get(int(rows).bit_length(), 0)
+
     def observe(self, rows: int, drafted: bool, seconds: float, tokens: int) -> None:
-        """An iteration of ``rows`` rows, drafted or not, took ``seconds`` for ``tokens`` tokens."""
+        """An iteration of ``rows`` rows, drafted or not, took ``seconds`` for ``tokens`` tokens.
+        ``drafted``: it drafted, or it followed one that did (see :class:`gad.DrafterDraft`)."""
         self.payoff.observe(rows, drafted, seconds, tokens / rows, weight=float(rows))
 
     def reset(self) -> None:

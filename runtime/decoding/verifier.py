@@ -329,10 +329,13 @@ class Batch:
             self._allowed[slot] = self._allowed[moved]
         return moved
 
-    def shrink(self) -> None:
-        """After rows left: spans down to what the rest need, with room for one more block as
-        wide as the last (once per step, however many rows left in it)."""
-        width = self.last_call[0] if self.last_call is not None else 1
+    def shrink(self, width: int | None = None) -> None:
+        """Spans down to what the rows need, with room for one more block ``width`` wide (None:
+        as wide as the last call). After rows left (once per step, however many left in it), and
+        where a batch's drafted blocks stop for a while (a cache sized for them makes every
+        plain step attend over the extra span: ``gad.DrafterDraft``)."""
+        if width is None:
+            width = self.last_call[0] if self.last_call is not None else 1
         self.buffers.shrink(int(self.lengths[: self.rows].max(initial=0)) + width)
 
     def drafter_inputs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -467,7 +470,7 @@ class StaticBatch(Batch):
         self._live = last
         return last if slot != last else None
 
-    def shrink(self) -> None:
+    def shrink(self, width: int | None = None) -> None:
         pass  # one shape: nothing is given back
 
     def close(self) -> None:

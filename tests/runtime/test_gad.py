@@ -378,6 +378,70 @@ def test_draft_gate_decides_from_measured_iterations():
     assert gate.drafts(32)
 
 
+class ScriptedGate:
+    """A DraftGate's interface on a fixed script: a batch drafts on every ``every``-th iteration
+    (and is always resting between), and what the draft source reports is recorded."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.calls = 0
+        self.observed: list[bool] = []
+
+    def drafts(self, rows: int) -> bool:
+        self.calls += 1
+        return (self.calls - 1) % self.every == 0
+
+    def resting(self, rows: int) -> int:
+        return 100
+
+    def observe(self, rows: int, drafted: bool, seconds: float, tokens: int) -> None:
+        self.observed.append(drafted)
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_gate_charges_the_step_after_a_draft_and_shrinks_the_cache_for_a_rest(family, gad_bundle, monkeypatch):
+    """GAD's draft source tells the gate that an iteration drafted when it did or when the one
+    before it did (a one-token call right after a wide block costs more than a run of them), and
+    where a rest follows a drafted iteration it cuts the cache back to what one-token steps need
+    (decoded by the real graphs, batch 1; the outputs stay greedy's)."""
+    from aggdec.runtime.decoding.cache import bucket
+    from aggdec.runtime.decoding.sizing import BlockSizer
+    from aggdec.runtime.decoding.verifier import Batch
+    from aggdec.runtime.options import Mode
+
+    # every drafting row drafts all it may (the sizing follows timings; this test must not)
+    monkeypatch.setattr(BlockSizer, "size", lambda self, *args, **kwargs: self.options.max_block)
+    calls: list[tuple[int, int, int, int]] = []  # (width, capacity the call ran with, longest cached row, limit)
+    verify = Batch.verify
+
+    def recorded(self, tokens):
+        longest = int(self.lengths[: self.rows].max(initial=0))
+        result = verify(self, tokens)
+        calls.append((tokens.shape[1], self.buffers.capacity, longest, self.buffers.max_target))
+        return result
+
+    monkeypatch.setattr(Batch, "verify", recorded)
+    texts = random_texts(seed=47, count=4)
+    generator = Generator(gad_bundle(family))
+    expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=60)]
+    checked = 0
+    for text, ids in zip(texts, expected):
+        gate = generator.gad_gates[Mode.GAD] = ScriptedGate(every=5)
+        calls.clear()
+        [result] = generator.generate([text], mode="gad", max_new_tokens=60)
+        assert result.ids == ids
+        drafted = [count > 0 for count in result.stats.drafted]
+        assert len(drafted) == len(calls) == gate.calls
+        # the gate hears of an iteration when the next one is proposed: all but the last
+        assert gate.observed == [d or (i > 0 and drafted[i - 1]) for i, d in enumerate(drafted)][:-1]
+        for i in range(1, len(calls)):
+            width, capacity, longest, limit = calls[i]
+            if drafted[i - 1] and not drafted[i]:
+                assert width == 1 and capacity == bucket(longest + 1, limit), (i, calls[i - 1 : i + 1])
+                checked += capacity < calls[i - 1][1]
+    assert checked  # some rest began with a cache grown for a draft, and cut it back
+
+
 @pytest.mark.parametrize("family", ["bart", "marian"])
 def test_draft_gate_changes_speed_only(family, gad_bundle):
     """GAD and GAD++ (beta 1) with the gate (Tuning.draft_payoff) or without, and with the gate
