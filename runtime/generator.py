@@ -77,9 +77,8 @@ def static_shapes_advice(device: str, precision: str, static_shapes: bool | None
         return None
     return ("a float16 bundle on CUDA without static shapes: a call's shape can change a log-prob's last bits "
             "there, so IAD, GAD and batched greedy may part from greedy at batch 1 on a near tie (decision 034). "
-            "static_shapes=True (aggdec generate --static-shapes) makes every mode exact by construction, slower "
-            "batched; static_shapes=False decodes as now without this warning (aggdec serve has no static "
-            "shapes yet: serve a float32 bundle where outputs must equal greedy).")
+            "static_shapes=True (aggdec generate/serve --static-shapes) makes every mode exact by construction, "
+            "slower batched; static_shapes=False (--no-static-shapes) decodes as now without this warning.")
 
 
 def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool | None, device: str,

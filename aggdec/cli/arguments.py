@@ -49,3 +49,27 @@ def early_stopping(text: str) -> bool | str:
         return EARLY_STOPPING_CHOICES[text.lower()]
     except KeyError:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(EARLY_STOPPING_CHOICES)}, got {text!r}") from None
+
+
+def add_gpu_arguments(parser: argparse.ArgumentParser, cuda_graphs: bool = True) -> None:
+    """How a GPU runs the graphs, for the subcommands that decode (generate, serve): ``--tf32``,
+    ``--[no-]static-shapes`` and (``cuda_graphs``) ``--cuda-graphs``; :func:`gpu_options` reads them."""
+    parser.add_argument("--static-shapes", action=argparse.BooleanOptionalAction, default=None,
+                        help="every verifier call of a batch at one shape, so that a row's result cannot depend on "
+                             "its block or its neighbours on a GPU (slower on the CPU; not with a shortlist: add "
+                             "--no-shortlist; on a GPU it makes fp16 bundles exact; not given: off, with a warning "
+                             "for an fp16 bundle on cuda)")
+    if cuda_graphs:
+        parser.add_argument("--cuda-graphs", action="store_true",
+                            help="cuda, with --static-shapes: capture each batch shape's verifier call as a CUDA "
+                                 "graph and replay it (off; not yet run on a GPU in the decode loop)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
+
+
+def gpu_options(args: argparse.Namespace) -> dict[str, object]:
+    """The :class:`~aggdec.runtime.generator.Generator` keywords of :func:`add_gpu_arguments`."""
+    options: dict[str, object] = {"tf32": args.tf32, "static_shapes": args.static_shapes}
+    if hasattr(args, "cuda_graphs"):
+        options["cuda_graphs"] = args.cuda_graphs
+    return options

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, TextIO
 from aggdec.runtime.errors import InputError
 from aggdec.runtime.options import MODES, DecodeOptions
 
-from .arguments import early_stopping, finite_float, finite_non_negative, positive_int
+from .arguments import add_gpu_arguments, early_stopping, finite_float, finite_non_negative, gpu_options, positive_int
 
 
 def register(commands) -> argparse.ArgumentParser:
@@ -58,16 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="onnxruntime IO binding: auto = on (the cache buffers are bound by pointer)")
     parser.add_argument("--no-shortlist", action="store_true",
                         help="a bundle with a lexical shortlist (Marian's): decode over the whole vocabulary instead")
-    parser.add_argument("--static-shapes", action=argparse.BooleanOptionalAction, default=None,
-                        help="every verifier call of a batch at one shape, so that a row's result cannot depend on "
-                             "its block or its neighbours on a GPU (slower on the CPU; not with a shortlist: add "
-                             "--no-shortlist; on a GPU it makes fp16 bundles exact; not given: off, with a warning for an fp16 "
-                             "bundle on cuda)")
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="cuda, with --static-shapes: capture each batch shape's verifier call as a CUDA graph "
-                             "and replay it (off; not yet run on a GPU in the decode loop)")
-    parser.add_argument("--tf32", action="store_true",
-                        help="cuda: allow TF32 matrix products (faster, no longer float32: may differ from CPU greedy)")
+    add_gpu_arguments(parser)
     parser.add_argument("--stats", action="store_true",
                         help="print load, warm-up and decoding time, iterations and tokens to stderr")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
@@ -202,10 +193,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--engines applies to --device tensorrt only.")
     loading = time.perf_counter()
     generator = Generator(args.bundle, device=args.device, threads=args.threads,
-                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding], tf32=args.tf32,
+                          io_binding={"auto": None, "on": True, "off": False}[args.io_binding],
                           engines=args.engines, int8_drafter=False if args.fp32_drafter else None,
-                          shortlist=not args.no_shortlist, static_shapes=args.static_shapes,
-                          cuda_graphs=args.cuda_graphs)
+                          shortlist=not args.no_shortlist, **gpu_options(args))
     options = generator.resolve_options(DecodeOptions(
         args.mode, beta=args.beta, tau=args.tau, draft_k=args.draft_k, num_beams=args.num_beams,
         length_penalty=args.length_penalty, early_stopping=args.early_stopping,

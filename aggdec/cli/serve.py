@@ -7,7 +7,7 @@ import argparse
 from aggdec.runtime.errors import AggdecError, InputError
 from aggdec.runtime.options import MODES
 
-from .arguments import finite_non_negative, positive_float, positive_int
+from .arguments import add_gpu_arguments, finite_non_negative, gpu_options, positive_float, positive_int
 
 
 def register(commands) -> argparse.ArgumentParser:
@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on, 0 = any free one (8000)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
     parser.add_argument("--threads", type=positive_int, help="intra-op threads (default: onnxruntime's choice)")
+    # no --cuda-graphs: each mode's decode loop has a thread of its own, and a capture fails
+    # another thread's CUDA work (Generator's cuda_graphs)
+    add_gpu_arguments(parser, cuda_graphs=False)
     parser.add_argument("--mode", choices=MODES, default="iad",
                         help="mode of a request that names none (iad)")
     parser.add_argument("--max-batch", type=positive_int, default=32, help="rows per verifier call (32)")
@@ -79,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
         from aggdec.serve.ray import run_ray
 
         return run_ray(args.bundle, host=args.host, port=args.port, device=args.device, threads=args.threads,
-                       settings=settings, replicas=args.replicas, max_replicas=args.max_replicas)
+                       settings=settings, replicas=args.replicas, max_replicas=args.max_replicas,
+                       generator_options=gpu_options(args))
     from aggdec.serve.server import serve
 
     return serve(args.bundle, host=args.host, port=args.port, device=args.device, threads=args.threads,
-                 settings=settings, drain_s=args.drain_s, log_level=args.log_level)
+                 settings=settings, drain_s=args.drain_s, log_level=args.log_level, generator_options=gpu_options(args))

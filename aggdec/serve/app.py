@@ -404,7 +404,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
     @app.get("/readyz", summary="Bundle loaded and warm (503 otherwise, or while draining)")
     async def readyz() -> Response:
         info = {"bundle": str(generator.root), "manifest_sha256": state.bundle_sha256,
-                "device": generator.device, "mode": str(settings.mode), "warmup_seconds": round(state.warm.seconds, 3)}
+                "device": generator.device, "static_shapes": bool(generator.static_shapes), "mode": str(settings.mode),
+                "warmup_seconds": round(state.warm.seconds, 3)}
         if state.draining:
             return JSONResponse({"status": "draining", **info}, status_code=503)
         if not state.warm.ready:

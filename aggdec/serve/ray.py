@@ -37,27 +37,31 @@ from .app import Settings
 APP_NAME = "aggdec"
 
 
-def _build_app(bundle: str, device: str, threads: int | None, settings: Settings):
+def _build_app(bundle: str, device: str, threads: int | None, settings: Settings,
+               generator_options: dict[str, Any] | None = None):
     """Runs on each replica: load the bundle, return the ASGI app (Ray runs its lifespan)."""
     from aggdec.runtime.generator import Generator
 
     from .app import create_app
 
-    generator = Generator(bundle, device=device, threads=threads)
+    generator = Generator(bundle, device=device, threads=threads, **(generator_options or {}))
     return create_app(generator, settings)
 
 
 def application(bundle: str | Path, *, device: str = "cpu", threads: int | None = None,
                 settings: Settings | None = None, replicas: int = 1, max_replicas: int | None = None,
-                num_cpus: float = 1.0, num_gpus: float = 0.0, target_ongoing_requests: float | None = None):
+                num_cpus: float = 1.0, num_gpus: float = 0.0, target_ongoing_requests: float | None = None,
+                generator_options: dict[str, Any] | None = None):
     """A Ray Serve application serving ``bundle``: ``replicas`` replicas, or autoscaling between
-    ``replicas`` and ``max_replicas``. ``num_cpus``/``num_gpus``: Ray resources per replica."""
+    ``replicas`` and ``max_replicas``. ``num_cpus``/``num_gpus``: Ray resources per replica.
+    ``generator_options``: further :class:`~aggdec.runtime.generator.Generator` keywords for each
+    replica (``tf32``, ``static_shapes``)."""
     settings = settings or Settings()
     bundle = str(Path(bundle).resolve())
     settings = dataclasses.replace(settings, warm_at_startup=True)  # a replica counts as started once warm
 
     def build():  # a plain function: Ray Serve evaluates it on each replica
-        return _build_app(bundle, device, threads, settings)
+        return _build_app(bundle, device, threads, settings, generator_options)
 
     options: dict[str, Any] = {
         "name": "AggdecServer",
@@ -82,9 +86,11 @@ def application(bundle: str | Path, *, device: str = "cpu", threads: int | None 
 
 def app_builder(args: dict[str, str]):
     """For ``serve run aggdec.serve.ray:app_builder bundle=DIR [replicas=N] [max_replicas=M]
-    [device=cpu] [threads=N] [mode=iad] [max_batch=32] [max_queue=256] [timeout_s=30]``."""
+    [device=cpu] [threads=N] [mode=iad] [max_batch=32] [max_queue=256] [timeout_s=30]
+    [static_shapes=true|false] [tf32=true|false]``."""
     known = {"bundle", "replicas", "max_replicas", "device", "threads", "mode", "max_batch", "max_wait_ms",
-             "max_queue", "timeout_s", "max_texts", "max_body_bytes", "num_cpus", "num_gpus"}
+             "max_queue", "timeout_s", "max_texts", "max_body_bytes", "num_cpus", "num_gpus", "static_shapes",
+             "tf32"}
     unknown = set(args) - known
     if unknown or "bundle" not in args:
         raise ValueError(f"app_builder takes bundle=DIR and any of {sorted(known - {'bundle'})}; "
@@ -97,23 +103,34 @@ def app_builder(args: dict[str, str]):
                        threads=int(args["threads"]) if "threads" in args else None, settings=settings,
                        replicas=int(args.get("replicas", 1)),
                        max_replicas=int(args["max_replicas"]) if "max_replicas" in args else None,
-                       num_cpus=float(args.get("num_cpus", 1)), num_gpus=float(args.get("num_gpus", 0)))
+                       num_cpus=float(args.get("num_cpus", 1)), num_gpus=float(args.get("num_gpus", 0)),
+                       generator_options={name: _flag(args, name) for name in ("static_shapes", "tf32") if name in args})
+
+
+def _flag(args: dict[str, str], name: str) -> bool:
+    value = str(args[name]).lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"app_builder's {name} takes true or false, got {args[name]!r}")
+    return value == "true"
 
 
 def run_ray(bundle: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", threads: int | None = None,
-            settings: Settings | None = None, replicas: int = 1, max_replicas: int | None = None) -> int:
+            settings: Settings | None = None, replicas: int = 1, max_replicas: int | None = None,
+            generator_options: dict[str, Any] | None = None) -> int:
     """`aggdec serve --ray`: deploy on ``$RAY_ADDRESS`` (or a local Ray), serve until SIGTERM/Ctrl-C,
     then delete the application (Ray drains its replicas) and disconnect."""
     import ray
 
     from aggdec.runtime.generator import Generator
 
-    Generator(bundle, device=device, threads=threads).check_options((settings or Settings()).mode)  # fail early
+    Generator(bundle, device=device, threads=threads, **(generator_options or {})).check_options(
+        (settings or Settings()).mode)  # fail early
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(application(bundle, device=device, threads=threads, settings=settings, replicas=replicas,
-                              max_replicas=max_replicas), name=APP_NAME, route_prefix="/")
+                              max_replicas=max_replicas, generator_options=generator_options),
+                  name=APP_NAME, route_prefix="/")
         print(f"aggdec: serving {bundle} on Ray Serve at http://{host}:{port} ({replicas} replica(s)"
               f"{f', autoscaling to {max_replicas}' if max_replicas else ''}); docs at /docs", flush=True)
         stop = threading.Event()

@@ -13,6 +13,7 @@ import signal
 import socket
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -50,12 +51,15 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", threads: int | None = None,
-          settings: Settings | None = None, drain_s: float | None = None, log_level: str = "warning") -> int:
-    """Load ``bundle`` (errors surface here, before any socket is opened), then serve until SIGTERM."""
+          settings: Settings | None = None, drain_s: float | None = None, log_level: str = "warning",
+          generator_options: dict[str, Any] | None = None) -> int:
+    """Load ``bundle`` (errors surface here, before any socket is opened), then serve until SIGTERM.
+    ``generator_options``: further :class:`~aggdec.runtime.generator.Generator` keywords (``tf32``,
+    ``static_shapes``)."""
     from aggdec.runtime.generator import Generator
 
     settings = settings or Settings()
-    generator = Generator(bundle, device=device, threads=threads)
+    generator = Generator(bundle, device=device, threads=threads, **(generator_options or {}))
     generator.check_options(settings.mode)  # gad without a drafter: refused before listening
     app = create_app(generator, settings)
     state: ServerState = app.state.aggdec

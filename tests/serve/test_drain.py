@@ -115,3 +115,34 @@ def test_the_listening_socket_says_tcp_so_that_asyncio_sets_tcp_nodelay():
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+def test_serve_with_static_shapes_answers_greedys_tokens_in_every_lossless_mode(bundle):
+    """`aggdec serve --static-shapes` (the Generator's static shapes, for GPUs: shared with
+    `generate`) decodes every request's texts as greedy does; the process exits 0 on SIGTERM."""
+    root = bundle("t5")
+    texts = TEXTS[:6]
+    want = [list(r.ids) for r in Generator(root).generate(texts, mode="greedy")]
+    process, url = start(str(root), "--static-shapes", "--max-batch", "2", "--threads", "1", "--mode", "iad")
+    try:
+        http = httpx.Client(base_url=url, timeout=120)
+        wait_for(lambda: _ready(http), "ready")
+        assert http.get("/readyz").json()["static_shapes"] is True
+        for mode in ("greedy", "iad"):
+            answer = http.post("/v1/generate", json={"texts": texts, "mode": mode})
+            assert answer.status_code == 200, answer.text
+            assert [item["ids"] for item in answer.json()["outputs"]] == want, mode
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("args, needle", [(["--tf32"], "tf32 applies to device 'cuda'"),
+                                          (["--cuda-graphs"], "unrecognized arguments: --cuda-graphs")])
+def test_serve_refuses_gpu_options_it_cannot_honour_before_listening(bundle, args, needle):
+    result = subprocess.run([sys.executable, "-m", "aggdec", "serve", str(bundle("marian")), "--port", "0", *args],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert needle in result.stderr and "serving" not in result.stdout

@@ -57,3 +57,5 @@ def test_app_builder_checks_its_arguments():
         app_builder({"replicas": "2"})
     with pytest.raises(ValueError, match="bundle=DIR"):
         app_builder({"bundle": "b", "colour": "red"})
+    with pytest.raises(ValueError, match="static_shapes takes true or false, got 'yes'"):
+        app_builder({"bundle": "b", "static_shapes": "yes"})
