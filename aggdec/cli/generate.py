@@ -143,6 +143,8 @@ def _output(path: str | None) -> Iterator[TextIO]:
     import tempfile
 
     target = os.path.abspath(path)
+    if os.path.isdir(target):  # found now, before decoding, not by the rename at the end
+        raise InputError(f"cannot write output {path!r}: it is a directory; give a file name.")
     try:
         fd, temporary = tempfile.mkstemp(prefix=".aggdec-", dir=os.path.dirname(target))
     except OSError as exc:

@@ -24,18 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aggdec import __version__
+from aggdec.runtime.decoding.sizing import is_finite_real
 from aggdec.runtime.errors import AggdecError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.options import Mode
@@ -77,6 +79,18 @@ class ServerState:
 
 # ---------------------------------------------------------------------- schemas
 
+def _finite(value: Any) -> Any:
+    # JSON's NaN/Infinity, 1e400 (parsed as inf) and 10**400 (no float holds it) are refused here with a
+    # message; pydantic's own allow_inf_nan check raises OverflowError on such an int (a 500, not a 422)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not is_finite_real(value):
+        shown = str(value) if isinstance(value, float) else f"an integer of {len(str(abs(value)))} digits"
+        raise ValueError(f"should be a finite number that fits a float, got {shown}")
+    return value
+
+
+Real = Annotated[StrictFloat | StrictInt, BeforeValidator(_finite)]  # a real option: finite, no bool, no string
+
+
 class GenerateRequest(BaseModel):
     """Texts to decode, with one set of options for all of them."""
 
@@ -93,9 +107,8 @@ class GenerateRequest(BaseModel):
                                              "(default and ceiling: the bundle's limit).")
     beta: StrictInt | None = Field(None, ge=1, description="gad++ only: a draft token is kept while among the "
                                    "verifier's top-beta (default 3; 1 is greedy).")
-    tau: StrictFloat | StrictInt | None = Field(None, ge=0, allow_inf_nan=False,
-                                                description="gad++ only: ... and within tau log-prob of the best "
-                                                            "(default 1.0).")
+    tau: Real | None = Field(None, ge=0, description="gad++ only: ... and within tau log-prob of the best "
+                             "(default 1.0).")
     draft_k: StrictInt | None = Field(None, ge=1, description="gad and gad++ only: the most draft tokens a verifier "
                                       "call checks, at most the drafter's k (default: its k).")
     num_beams: StrictInt | None = Field(None, ge=1, description="Beam search with this many hypotheses per text, "
@@ -103,9 +116,9 @@ class GenerateRequest(BaseModel):
                                         "mode iad or gad, speculative beam search (the same output). A text takes "
                                         "num_beams rows of the server's batch; at most half the bundle's top-k (a "
                                         "Marian bundle: its top-k).")
-    length_penalty: StrictFloat | StrictInt | None = Field(None, allow_inf_nan=False, description="beam search only: "
-                                                           "a finished hypothesis scores log-prob / length ** this "
-                                                           "(default 1.0; a Marian bundle: its yml's normalize).")
+    length_penalty: Real | None = Field(None, description="beam search only: a finished hypothesis scores "
+                                        "log-prob / length ** this (default 1.0; a Marian bundle: its yml's "
+                                        "normalize).")
     early_stopping: StrictBool | Literal["never"] | None = Field(None, description="beam search only: "
                                                                   "transformers' rule for when a text is done "
                                                                   "(true, false or \"never\"; default false; refused "
@@ -165,6 +178,18 @@ def _error(status: int, kind: str, message: str, metrics: Metrics | None = None,
     if metrics is not None:
         metrics.errors.labels(kind).inc()
     return JSONResponse({"error": {"kind": kind, "message": message, **extra}}, status_code=status, headers=headers)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as its text: a validation error echoes the input it
+    refused (``NaN``, ``1e400``), and the response's strict JSON would fail on it (a 500)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def _sent_as_json(request: Request) -> bool:
@@ -316,7 +341,7 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+        errors = _json_safe(jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")}))
         if not _sent_as_json(request):  # FastAPI then validates the raw body as the object: a riddle
             kind = request.headers.get("content-type")
             return _error(422, "invalid", f"send the body as JSON with Content-Type: application/json (this request "
