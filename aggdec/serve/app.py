@@ -391,7 +391,9 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
         try:
             config = engine.config(body.mode, body.beta, body.tau, body.draft_k, body.num_beams, body.length_penalty,
                                    body.early_stopping, body.num_return_sequences)
-            handles = engine.submit(body.texts, config, body.max_new_tokens)
+            engine.limits(body.max_new_tokens)  # options are refused before any text is tokenized
+            prepared = await asyncio.to_thread(engine.prepare, body.texts)  # off the event loop (Engine.prepare)
+            handles = engine.submit(body.texts, config, body.max_new_tokens, prepared=prepared)
         except Overloaded as exc:
             return _error(429, "overloaded", str(exc), metrics, headers={"Retry-After": str(exc.retry_after)})
         except AggdecError as exc:
