@@ -348,7 +348,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
                           f"{'has ' + repr(kind) if kind else 'has no Content-Type'}).", metrics, detail=errors)
         first = errors[0] if errors else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"{where + ': ' if where else ''}{first.get('msg', 'invalid request')}"
+        said = str(first.get("msg", "invalid request")).removeprefix("Value error, ")  # pydantic's prefix to ours
+        message = f"{where + ': ' if where else ''}{said}"
         return _error(422, "invalid", message, metrics, detail=errors)
 
     @app.exception_handler(StarletteHTTPException)
