@@ -92,7 +92,21 @@ def _open_input(path: str | None) -> BinaryIO:
         raise InputError(f"cannot read input {path!r}: {exc.strerror or exc}.") from None
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
+    """Input lines as they arrive (:func:`_split_lines`), without a UTF-8 byte order mark at the
+    start of the input: Windows editors write one, and it is a mark of the encoding, not text
+    (the first line was decoded with it, and its output differed from the same line's later)."""
+    lines = _split_lines(stream, name)
+    for first in lines:
+        yield first[len(UTF8_BOM):] if first.startswith(UTF8_BOM) else first
+        break
+    yield from lines
+
+
+def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
     """Input lines as they arrive, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028
     inside a line is part of it, so that output line N always answers input line N. Lines stay
     bytes: one that is not UTF-8 is refused on its own by the generator."""

@@ -1,7 +1,8 @@
 """The HTTP API (FastAPI): `POST /v1/generate`, `/healthz`, `/readyz`, `/metrics`, OpenAPI docs.
 
 One app serves one bundle. Texts of concurrent requests share batches in the engine's
-decode loops (:mod:`aggdec.serve.engine`); the event loop only tokenizes, queues and waits.
+decode loops (:mod:`aggdec.serve.engine`); the event loop only queues and waits (texts are
+tokenized in a worker thread: a long one would hold every other request).
 
 Failure behaviour, in the order a request meets it:
 
@@ -341,7 +342,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _json_safe(jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")}))
+        errors = _json_safe(jsonable_encoder(exc.errors(),
+                                             custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")}))
         if not _sent_as_json(request):  # FastAPI then validates the raw body as the object: a riddle
             kind = request.headers.get("content-type")
             return _error(422, "invalid", f"send the body as JSON with Content-Type: application/json (this request "

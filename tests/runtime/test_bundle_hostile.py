@@ -597,3 +597,75 @@ def test_ids_a_graph_returns_are_checked_against_the_vocabulary(dtype):
         ids = np.array([[2, bad], [0, 1]], dtype=dtype)
         with pytest.raises(BundleError, match=f"the verifier returned token id {bad}, outside"):
             check_ids(ids, 10, "the verifier")
+
+
+# --------------------------------------------------------------------- what tokenizer.json may do
+
+
+def _edit_tokenizer(root, edit) -> None:
+    tokenizer = json.loads((root / "tokenizer.json").read_text())
+    edit(tokenizer)
+    (root / "tokenizer.json").write_text(json.dumps(tokenizer))
+    _rehash(root, "tokenizer.json")
+
+
+def _replace(pattern: dict, content: str) -> dict:
+    return {"type": "Replace", "pattern": pattern, "content": content}
+
+
+GROWING = [  # (part, step, the growth the message names)
+    ("normalizer", {"type": "Sequence", "normalizers": [_replace({"String": "w"}, "w" * 1000)] * 3}, "1e+09"),
+    ("normalizer", {"type": "Sequence", "normalizers": [
+        {"type": "Sequence", "normalizers": [_replace({"Regex": "x*"}, "ab")] * 2},
+        _replace({"String": "ab"}, "a" * 40)]},
+     "180"),  # a regex may match nothing, between any two characters: (2 + 1) x (2 + 1) x 40 / 2
+    ("decoder", {"type": "Sequence", "decoders": [_replace({"String": "w"}, "w" * 100)] * 2}, "1e+04"),
+]
+
+
+@pytest.mark.parametrize("part, step, growth", GROWING)
+def test_a_tokenizer_that_can_grow_a_text_without_bound_is_refused_at_load(bundle_copy, capsys, part, step, growth):
+    """Three chained Replace normalizers of "w" -> 100,000 w's got the process killed for memory
+    on its first text; a decoder that grows its text does the same to every output."""
+    _edit_tokenizer(bundle_copy, lambda tokenizer: tokenizer.update({part: step}))
+    needle = f"'s {part} can make a text up to {growth} times longer"
+    with pytest.raises(BundleError, match=re.escape(needle)):
+        Generator(bundle_copy, threads=1)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def test_replacements_that_grow_a_text_a_little_load(bundle_copy):
+    steps = [_replace({"String": " "}, "\u2581"), _replace({"Regex": " {2,}"}, " "), {"type": "NFKC"}]
+    _edit_tokenizer(bundle_copy, lambda tokenizer: tokenizer.update(
+        normalizer={"type": "Sequence", "normalizers": steps}))
+    generator = Generator(bundle_copy, threads=1)
+    assert generator.generate(["w1 w2"], max_new_tokens=2)[0].ids
+
+
+def test_a_post_processor_naming_an_id_past_the_vocabulary_is_refused_at_load(bundle_copy, capsys):
+    """It was a GraphRunError on every request (the encoder's embedding has no such row)."""
+    def edit(tokenizer):
+        tokenizer["post_processor"]["special_tokens"]["</s>"]["ids"] = [10**7]
+
+    _edit_tokenizer(bundle_copy, edit)
+    needle = "the tokenizer gave token id 10000000, outside the manifest's vocabulary of"
+    with pytest.raises(BundleError, match=needle):
+        Generator(bundle_copy, threads=1)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def test_a_tokenizer_that_fails_on_text_is_refused_at_load(bundle_copy, capsys):
+    """A WordLevel model without its unknown token: tokenizers raises a bare Exception on any
+    word it lacks, which reached the caller of generate (and a server's 500)."""
+    _edit_tokenizer(bundle_copy, lambda tokenizer: tokenizer["model"].update(unk_token="<absent>"))
+    needle = "cannot encode a text: WordLevel error: Missing [UNK] token from the vocabulary"
+    with pytest.raises(BundleError, match=re.escape(needle)):
+        Generator(bundle_copy, threads=1)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def test_a_bundle_path_that_is_a_file_says_so(tmp_path):
+    path = tmp_path / "bundle"
+    path.write_text("not a directory")
+    with pytest.raises(BundleNotFoundError, match="is a file, not a directory"):
+        Generator(path)
