@@ -657,7 +657,7 @@ class Generator:
         """``item`` (a string, or UTF-8 bytes) as a text and its token ids, or the InputError that
         :meth:`stream` reports for it (naming ``index``)."""
         text = _as_text(item, index)
-        ids = self.codec.encode([text])[0]
+        ids = self.codec.encode([text], first_index=index)[0]
         self._check_length(ids, index)
         return text, ids
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from .errors import AggdecError, BundleError
+from .errors import AggdecError, BundleError, InputError
 from .segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
 
 
@@ -40,6 +40,13 @@ def text_growth(step: object) -> float:
             return max(1.0, length / len(pattern["String"]))
         return float(length + 1)
     return 1.0
+
+
+def _panicked(exc: BaseException) -> bool:
+    """A panic inside the tokenizers library (pyo3's PanicException, a BaseException so that
+    ``except Exception`` misses it): Oniguruma's retry limit on a regular expression that
+    backtracks without bound, ``(a+)+$`` on forty a's and a "!". Not Ctrl-C or SystemExit."""
+    return type(exc).__name__ == "PanicException"
 
 
 class TextCodec:
@@ -99,18 +106,26 @@ class TextCodec:
         """Ids the tokenizer can produce, added tokens included (for bundle_checks.check_consistency)."""
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS)."""
+    def encode(self, texts: list[str], first_index: int = 0) -> list[list[int]]:
+        """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS).
+        ``first_index``: the index of ``texts[0]`` among the caller's, for messages."""
         try:
-            if self._segmenter is not None:
-                encoded = [self._segmenter.encode(text) for text in texts]
-            else:
-                encoded = [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=True)]
+            encoded = self._encode(texts)
         except AggdecError:
             raise
-        except Exception as exc:  # tokenizers raises a bare Exception (a WordLevel model without its [UNK] token)
-            raise BundleError(f"the tokenizer {self._path!r} cannot encode a text: {exc}; re-export the bundle with "
-                              "its model's own tokenizer.") from None
+        except BaseException as exc:
+            if not _panicked(exc):
+                raise
+            for index, text in enumerate(texts):  # which text: the others may be fine
+                try:
+                    self._encode([text])
+                except BaseException as again:
+                    if not _panicked(again):
+                        raise
+                    raise InputError(f"text {first_index + index} cannot be tokenized: the bundle's tokenizer gave up "
+                                     f"on it ({again}); one of its regular expressions backtracks without bound on "
+                                     "such text.") from None
+            raise InputError(f"the bundle's tokenizer gave up on a text ({exc}).") from None
         if self._vocab_limit is not None:
             for ids in encoded:
                 if ids and max(ids) >= self._vocab_limit:
@@ -119,8 +134,25 @@ class TextCodec:
                                       "lack): the bundle's files do not belong together; re-run `aggdec export`.")
         return encoded
 
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        try:
+            if self._segmenter is not None:
+                return [self._segmenter.encode(text) for text in texts]
+            return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=True)]
+        except Exception as exc:  # tokenizers raises a bare Exception (a WordLevel model without its [UNK] token)
+            if isinstance(exc, AggdecError):
+                raise
+            raise BundleError(f"the tokenizer {self._path!r} cannot encode a text: {exc}; re-export the bundle with "
+                              "its model's own tokenizer.") from None
+
     def decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
+        try:
+            return self._tokenizer.decode(ids, skip_special_tokens=True)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not _panicked(exc):
+                raise
+            raise BundleError(f"the tokenizer {self._path!r} cannot decode an output: {exc}; re-export the bundle "
+                              "with its model's own tokenizer.") from None
 
     def decode_restoring(self, ids: list[int], source: str) -> str:
         """``decode``, with each ``<unk>`` of the output given back the source text it stands for.
@@ -155,5 +187,12 @@ class TextCodec:
         tokens = [next(restored) if token == unk else self._tokenizer.id_to_token(token)
                   for token in ids if token == unk or token not in special]
         decoder = self._tokenizer.decoder
-        # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
-        return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
+        if decoder is None:  # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
+            return " ".join(tokens)
+        try:
+            return decoder.decode(tokens)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not _panicked(exc):
+                raise
+            raise BundleError(f"the tokenizer {self._path!r} cannot decode an output: {exc}; re-export the bundle "
+                              "with its model's own tokenizer.") from None

@@ -8,6 +8,7 @@ import json
 import re
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggdec.cli import main
-from aggdec.runtime.errors import BundleError, BundleNotFoundError, GraphRunError
+from aggdec.runtime.errors import BundleError, BundleNotFoundError, GraphRunError, InputError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.manifest import Manifest, load_manifest, manifest_digest
 
@@ -669,3 +670,33 @@ def test_a_bundle_path_that_is_a_file_says_so(tmp_path):
     path.write_text("not a directory")
     with pytest.raises(BundleNotFoundError, match="is a file, not a directory"):
         Generator(path)
+
+
+def backtracking_tokenizer(root) -> None:
+    """The bundle's tokenizer with a pre-tokenizer regex that backtracks without bound on forty
+    a's and a "!": Oniguruma stops at its retry limit and the tokenizers library panics."""
+    _edit_tokenizer(root, lambda tokenizer: tokenizer.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False},
+        tokenizer["pre_tokenizer"]]}))
+
+
+BACKTRACKING_TEXT = "a" * 40 + "!"
+
+
+def test_a_text_the_tokenizer_gives_up_on_is_that_texts_input_error(bundle_copy, tmp_path):
+    """tokenizers' panic is a BaseException: it went past every `except Exception`, a traceback
+    that ended the CLI's run (the lines after it lost) and a plain-text 500 from the server."""
+    backtracking_tokenizer(bundle_copy)
+    generator = Generator(bundle_copy, threads=1)
+    with pytest.raises(InputError, match="text 1 cannot be tokenized: the bundle's tokenizer gave up on it"):
+        generator.generate(["w1 w2", BACKTRACKING_TEXT], max_new_tokens=3)
+    assert generator.check(BACKTRACKING_TEXT).startswith("input cannot be tokenized")
+    source = tmp_path / "in.txt"
+    source.write_text(f"w1 w2\n{BACKTRACKING_TEXT}\nw3\n")
+    result = subprocess.run([sys.executable, "-m", "aggdec", "generate", str(bundle_copy), "--input", str(source),
+                             "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "RUST_BACKTRACE": "0"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "aggdec: line 2: input cannot be tokenized" in result.stderr
+    want = [r.text for r in generator.generate(["w1 w2", "w3"], max_new_tokens=3)]
+    assert result.stdout.split("\n") == [want[0], "", want[1], ""]

@@ -392,3 +392,22 @@ def test_a_text_being_tokenized_leaves_the_server_answering_others(server, gener
     monkeypatch.undo()
     assert answers[0].status_code == 200
     assert answers[0].json()["outputs"][0]["ids"] == greedy(generator, ["w7 w7 w7"])[0]
+
+
+def test_a_text_the_tokenizer_gives_up_on_is_an_item_error_and_the_others_are_decoded(bundle, tmp_path):
+    """It was a plain-text 500 for the whole request (tokenizers' panic is a BaseException)."""
+    import shutil
+
+    from tests.runtime.test_bundle_hostile import BACKTRACKING_TEXT, backtracking_tokenizer
+
+    root = tmp_path / "bundle"
+    shutil.copytree(bundle("marian"), root)
+    backtracking_tokenizer(root)
+    generator = Generator(root, threads=1)
+    with Running(generator, max_batch=4, max_wait_ms=2, max_queue=8, max_texts=4, max_body_bytes=4096) as running:
+        response = running.generate(["w1 w2", BACKTRACKING_TEXT, "w3"], mode="greedy", max_new_tokens=MAX_NEW)
+        assert response.status_code == 200, response.text
+        outputs = response.json()["outputs"]
+        assert [outputs[0]["ids"], outputs[2]["ids"]] == greedy(generator, ["w1 w2", "w3"])
+        assert outputs[1]["error"]["kind"] == "input"
+        assert outputs[1]["error"]["message"].startswith("text 1 cannot be tokenized")
