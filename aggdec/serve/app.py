@@ -8,8 +8,8 @@ Failure behaviour, in the order a request meets it:
 
 - draining (SIGTERM) or not warm yet: 503 with ``Retry-After``;
 - a body over ``max_body_bytes``: 413, before it is parsed; more than ``max_texts`` texts: 413;
-- a body that is not UTF-8 JSON sent as ``application/json``, a wrong type, an unknown field,
-  an option the bundle cannot honour: 422;
+- a body that is not UTF-8 JSON sent as ``application/json``, a wrong type, a number that is
+  not finite or that no float holds, an unknown field, an option the bundle cannot honour: 422;
 - a path the API does not serve: 404; a method a path does not take: 405 with ``Allow``;
 - more texts than the queue has room for: 429 with ``Retry-After`` (nothing is queued);
 - past ``timeout_s``: 504, and the request's unfinished rows are dropped from their batch;
