@@ -363,11 +363,11 @@ def test_a_text_being_tokenized_leaves_the_server_answering_others(server, gener
     entered, release = threading.Event(), threading.Event()
     encode = generator.codec.encode
 
-    def held(texts):
+    def held(texts, **options):
         if any("w7 w7 w7" in text for text in texts):
             entered.set()
             release.wait(60)
-        return encode(texts)
+        return encode(texts, **options)
 
     monkeypatch.setattr(generator.codec, "encode", held)
     answers = []
