@@ -188,3 +188,27 @@ def test_a_byte_order_mark_at_the_start_is_not_part_of_the_first_line(cli_bundle
     plain = Generator(cli_bundle).generate(["w1 w2 w3", "\ufeffw1 w2 w3"], max_new_tokens=4)
     assert plain[0].ids != plain[1].ids  # the mark is text to the tokenizer: dropping it matters
     assert [r["ids"] for r in records] == [list(plain[0].ids), list(plain[0].ids), list(plain[1].ids)]
+
+
+def test_a_line_longer_than_any_text_is_refused_without_keeping_it(cli_bundle, tmp_path, capsys):  # noqa: F811
+    """A line without an end (`--input /dev/zero`) ran out of memory (a MemoryError traceback, or
+    the process killed); now at most MAX_TEXT_BYTES + 1 bytes of a line are kept, and the line is
+    that line's error."""
+    import io
+    import json
+
+    from aggdec.cli import main
+    from aggdec.cli.generate import _lines
+    from aggdec.runtime.generator import MAX_TEXT_BYTES
+
+    endless = io.BytesIO(b"w1\r\n" + b"\0" * (2 * MAX_TEXT_BYTES + 5) + b"\r\nw2")
+    assert [len(line) for line in _lines(endless, "test")] == [2, MAX_TEXT_BYTES + 1, 2]
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"w1 w2\n" + b"w3 " * (MAX_TEXT_BYTES // 3 + 1) + b"\nw4\n")
+    assert main(["generate", str(cli_bundle), "--input", str(source), "--max-new-tokens", "3",
+                 "--format", "jsonl"]) == 1
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3] and records[1]["ids"] is None
+    assert records[0]["ids"] and records[2]["ids"]
+    assert f"aggdec: line 2: input is longer than {MAX_TEXT_BYTES:,} bytes" in captured.err

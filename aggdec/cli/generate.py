@@ -109,8 +109,26 @@ def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
 def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
     """Input lines as they arrive, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028
     inside a line is part of it, so that output line N always answers input line N. Lines stay
-    bytes: one that is not UTF-8 is refused on its own by the generator."""
+    bytes: one that is not UTF-8 is refused on its own by the generator. Of a line longer than
+    MAX_TEXT_BYTES only MAX_TEXT_BYTES + 1 bytes are kept (the generator refuses it by its
+    length): an input without an end of line (``--input /dev/zero``) ran out of memory."""
+    from aggdec.runtime.generator import MAX_TEXT_BYTES  # the CLI's commands import lazily
+
     pending: list[bytes] = []  # the current line's pieces, so that a long line costs linear time
+    size = 0  # bytes in pending
+
+    def keep(piece: bytes) -> None:
+        nonlocal size
+        if size <= MAX_TEXT_BYTES:
+            piece = piece[:MAX_TEXT_BYTES + 1 - size]
+            pending.append(piece)
+            size += len(piece)
+
+    def line() -> bytes:
+        nonlocal pending, size
+        raw, pending, size = b"".join(pending), [], 0
+        return raw[:-1] if raw.endswith(b"\r") and len(raw) <= MAX_TEXT_BYTES else raw
+
     while True:
         try:
             chunk = stream.read(1 << 16)  # returns what has arrived, up to this much
@@ -120,14 +138,12 @@ def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
             break
         *complete, rest = chunk.split(b"\n")
         for raw in complete:
-            if pending:
-                raw, pending = b"".join([*pending, raw]), []
-            yield raw[:-1] if raw.endswith(b"\r") else raw
+            keep(raw)
+            yield line()
         if rest:
-            pending.append(rest)
+            keep(rest)
     if pending:  # a last line without "\n"
-        raw = b"".join(pending)
-        yield raw[:-1] if raw.endswith(b"\r") else raw
+        yield line()
 
 
 def _render(form: str, number: int, result, error: str | None) -> str:
