@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import io
+import numbers
 import os
 import threading
 import time
@@ -204,10 +205,10 @@ def checked_threads(threads: object) -> int:
     CPUs left a one-line decode running for minutes (past 2**31 it raises TypeError instead)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     most = THREADS_PER_CPU * cpus
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most:
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not 1 <= threads <= most:
         raise ProviderError(f"threads must be an integer between 1 and {most} ({THREADS_PER_CPU} x the {cpus} CPUs "
                             f"this process may use), got {threads!r}.")
-    return threads
+    return int(threads)
 
 
 class OrtSession:

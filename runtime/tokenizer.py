@@ -20,11 +20,12 @@ MAX_GROWTH = 64
 
 
 def text_growth(step: object) -> float:
-    """An upper bound on how many times longer the normalizer or decoder ``step`` (tokenizer.json's
-    JSON) makes a text: a Replace of a string pattern grows it by len(content) / len(pattern), one
-    of a regex (which may match nothing, between every two characters) by len(content) + 1, a
-    Sequence by the product of its steps'. Other steps map a character to a few at most (NFKC's
-    longest is 18, once however often it is applied) and are counted as 1."""
+    """How many times longer the normalizer or decoder ``step`` (tokenizer.json's JSON) can make a
+    text through its Replace steps, at most: a Replace of a string pattern grows it by
+    len(content) / len(pattern), one of a regex (which may match nothing, between every two
+    characters) by len(content) + 1, a Sequence by the product of its steps'. Other steps map a
+    character to a few at most (NFKC's longest is 18, once however often it is applied) and are
+    counted as 1: they cannot compound."""
     if not isinstance(step, dict):
         return 1.0
     kind = step.get("type")
