@@ -111,11 +111,15 @@ def read_bin(path: Path) -> MarianWeights:
         if kind not in KNOWN_TYPES:
             raise reader.fail(f"{name!r} has element type 0x{kind:x}, which this reader does not know "
                               f"(known: {', '.join(f'0x{k:x} {v}' for k, v in KNOWN_TYPES.items())})")
-        size = int(np.prod(dims))
+        size = math.prod(dims)  # Python's integers: np.prod wrapped (2**30, 2**30, 16) around to 0 elements
         if name == CONFIG_ITEM:
             if kind != INT8_SIGNED or nbytes < size:
                 raise reader.fail(f"{name!r} is not text")
-            config_text = raw[:size].rstrip(b"\0").decode("utf-8", errors="strict")
+            try:
+                config_text = raw[:size].rstrip(b"\0").decode("utf-8", errors="strict")
+            except UnicodeDecodeError as exc:
+                raise reader.fail(f"{name!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") \
+                    from None
             continue
         if name.endswith(ACTIVATION_MULTIPLIER):
             continue

@@ -780,3 +780,28 @@ def test_hostile_yml_is_one_error_line(tmp_path, capsys, text, needle):
     with pytest.raises(ExportError) as refused:  # the model's own yml goes through the same loader
         parse_model_config(text.replace("beam-size", "enc-depth"))
     assert len(str(refused.value)) < 1000
+
+
+def test_bin_shapes_that_overflow_and_configs_that_are_not_utf8_are_refused(tmp_path, capsys):
+    """Found by overwriting and flipping the bytes of a .bin: a shape whose element count passes
+    2**64 wrapped to 0 in np.prod (a ValueError traceback from the reshape), and a config item
+    that is not UTF-8 was a UnicodeDecodeError traceback."""
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+
+    def wrapping(items):
+        index = next(i for i, item in enumerate(items) if item[1] == FLOAT32)
+        name, kind, _shape, data = items[index]
+        items[index] = (name, kind, (2**30, 2**30, 16), data)
+        return encode_bin(items)
+
+    _rewrite_bin(folder, wrapping)
+    _refused(capsys, folder, tmp_path / "out", "has shape [1073741824, 1073741824, 16] (73786976294838206464 bytes")
+
+    def not_utf8(items):
+        index = next(i for i, item in enumerate(items) if item[0] == "special:model.yml")
+        name, kind, _shape, data = items[index]
+        items[index] = (name, kind, (len(data),), b"\xff" + data[1:])
+        return encode_bin(items)
+
+    _rewrite_bin(folder, not_utf8)
+    _refused(capsys, folder, tmp_path / "out", "'special:model.yml' is not UTF-8 text (byte 0xff at offset 0)")
