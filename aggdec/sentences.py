@@ -31,9 +31,19 @@ def load_examples(data: str, limit: int | None = None) -> list[Example]:
     else:
         path = Path(data)
         if not path.is_file():
-            raise InputError(f"data file {data!r} does not exist.")
+            raise InputError(f"data file {data!r} {'is not a file' if path.exists() else 'does not exist'}.")
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise InputError(f"cannot read data file {data!r}: {exc.strerror or exc}.") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise InputError(f"{data}:{line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start} of "
+                             "the file); the data file must be UTF-8.") from None
         examples = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(text.splitlines(), start=1):
             fields = line.split("\t")
             if not fields[0].strip():
                 raise InputError(f"{data}:{number}: empty source.")

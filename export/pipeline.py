@@ -17,6 +17,7 @@ from ..runtime.bundle_schema import CROSS_KEY_LAYOUTS
 from ..runtime.decoding.cache import KEYS_TRANSPOSED
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
+from .checkpoint_limits import check_parameters, check_sizes
 from .families import ARCHITECTURES, family_for
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import check_verifier_graphs, cpu_session, validation_cases
@@ -72,15 +73,18 @@ def _read_config(src: Path):
         raise ExportError(f"{str(src)!r} has no config.json; give a directory written by save_pretrained().")
     try:
         config = AutoConfig.from_pretrained(src)
-    except (ValueError, OSError) as exc:
-        raise ExportError(f"could not read {str(src / 'config.json')!r}: {exc}") from exc
-    return config, family_for(config)
+    except Exception as exc:  # noqa: BLE001 - transformers' own field checks raise their own error types too
+        raise ExportError(f"could not read {str(src / 'config.json')!r}: {one_line(exc)}") from exc
+    family = family_for(config)
+    check_sizes(config, str(src / "config.json"))  # before transformers builds anything from them
+    return config, family
 
 
 def _load(src: Path, config):
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
+    check_parameters(src, config)
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager")
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, ...

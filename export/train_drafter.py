@@ -282,7 +282,7 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"learning_rate must be positive, got {options.learning_rate}.")
     if not sources.is_file():
         raise ExportError(f"sources file {str(sources)!r} does not exist; pass a text file with one source per line.")
-    if not sources.read_text(encoding="utf-8").strip():
+    if not _source_text(sources).strip():
         raise ExportError(f"sources file {str(sources)!r} is empty; it needs one source per line.")
     if not (src / "config.json").is_file() and not is_marian_folder(src):
         raise ExportError(f"{str(src)!r} is not a checkpoint directory (no config.json, no Marian model*.bin or "
@@ -310,9 +310,20 @@ def _device(name: str) -> torch.device:
     raise ExportError(f"device must be 'cpu' or 'cuda', got {name!r}.")
 
 
+def _source_text(path: Path) -> str:
+    """The sources file's text; one that is not UTF-8 is refused naming the line and byte."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ExportError(f"sources file {str(path)!r}, line {line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                          f"offset {exc.start} of the file); the sources must be UTF-8.") from None
+
+
 def _read_sources(path: Path) -> list[str]:
     # Blank lines carry nothing to learn from (and would be a lone EOS).
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [line.strip() for line in _source_text(path).splitlines() if line.strip()]
 
 
 # ---------------------------------------------------------------------------------- verifier + distillation

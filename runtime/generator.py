@@ -154,8 +154,17 @@ class GenerationResult:
     sequences: tuple[Hypothesis, ...] = ()
 
 
+# The longest text taken, in UTF-8 bytes (a str: in characters), checked before it is decoded or
+# tokenized: no bundle takes that many tokens (at most 65,536), and the CLI reads no more of a line.
+MAX_TEXT_BYTES = 1 << 24
+
+
 def _as_text(item: object, index: int) -> str:
     """``item`` as a text the tokenizer can take (UTF-8 bytes are decoded), or InputError naming ``index``."""
+    if isinstance(item, (bytes, bytearray, str)) and len(item) > MAX_TEXT_BYTES:
+        unit = "characters" if isinstance(item, str) else "bytes"
+        raise InputError(f"text {index} is longer than {MAX_TEXT_BYTES:,} {unit}; no bundle takes that many tokens "
+                         "(split the text).")
     if isinstance(item, (bytes, bytearray)):
         try:
             item = bytes(item).decode("utf-8")
@@ -656,7 +665,7 @@ class Generator:
         """``item`` (a string, or UTF-8 bytes) as a text and its token ids, or the InputError that
         :meth:`stream` reports for it (naming ``index``)."""
         text = _as_text(item, index)
-        ids = self.codec.encode([text])[0]
+        ids = self.codec.encode([text], first_index=index)[0]
         self._check_length(ids, index)
         return text, ids
 

@@ -118,7 +118,8 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
                             f"{' and '.join(precisions)} bundles only.")
     chosen = drafter_graph(manifest, device, int8_drafter, root)
     files = BundleFiles(root, manifest, verify)  # what is read is what was hashed
-    codec = TextCodec(root / TOKENIZER_FILE, files.read(TOKENIZER_FILE), manifest.segmentation)
+    codec = TextCodec(root / TOKENIZER_FILE, files.read(TOKENIZER_FILE), manifest.segmentation, manifest.vocab_size)
+    codec.encode(["a"])  # a post-processor adds its tokens to every text: an id past the vocabulary fails here
     graphs = [name for name in ("encoder", *VERIFIER_GRAPHS, chosen, "drafter_source")
               if name is not None and name in manifest.graphs]  # drafter_source: a drafter's own layers
     sessions = factory.open(root, manifest, graphs, request, files)

@@ -303,7 +303,8 @@ def load_manifest(bundle_dir: str | Path, verify: bool = True, expected_sha256: 
     """
     root = Path(bundle_dir)
     if not root.is_dir():
-        raise BundleNotFoundError(f"bundle directory {str(root)!r} does not exist; create one with `aggdec export`.")
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        raise BundleNotFoundError(f"bundle directory {str(root)!r} {what}; create one with `aggdec export`.")
     manifest_path = root / MANIFEST_FILE
     if not manifest_path.is_file() and not manifest_path.is_symlink():
         raise BundleNotFoundError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import io
+import numbers
 import os
 import threading
 import time
@@ -195,6 +196,21 @@ def _external_data_from_memory_only(options: Any, files: Mapping[str, bytes]) ->
                                                                [len(files[n]) for n in names])
 
 
+THREADS_PER_CPU = 4  # the most intra-op threads per CPU this process may use
+
+
+def checked_threads(threads: object) -> int:
+    """``threads``, an intra-op thread count, refused outside 1 .. THREADS_PER_CPU x the CPUs this
+    process may use: onnxruntime starts that many spinning threads per graph, and 3,000 on two
+    CPUs left a one-line decode running for minutes (past 2**31 it raises TypeError instead)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    most = THREADS_PER_CPU * cpus
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not 1 <= threads <= most:
+        raise ProviderError(f"threads must be an integer between 1 and {most} ({THREADS_PER_CPU} x the {cpus} CPUs "
+                            f"this process may use), got {threads!r}.")
+    return int(threads)
+
+
 class OrtSession:
     """An ONNX graph run by onnxruntime on one device."""
 
@@ -223,9 +239,7 @@ class OrtSession:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.inter_op_num_threads = 1  # one request's graph at a time: parallelism is inside ops
         if threads is not None:
-            if threads < 1:
-                raise ProviderError(f"threads must be at least 1, got {threads}.")
-            options.intra_op_num_threads = threads
+            options.intra_op_num_threads = checked_threads(threads)
         options.log_severity_level = 3
         if profile_prefix is not None:
             options.enable_profiling = True

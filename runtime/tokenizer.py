@@ -2,20 +2,65 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from .errors import BundleError
+from .errors import AggdecError, BundleError, InputError
 from .segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
 
 
+# How many times longer the tokenizer's normalizer (or decoder) may make a text: the product of
+# its replacements' growth. A tokenizer is part of an untrusted bundle, and three chained
+# Replace normalizers of "w" -> 100,000 w's turn one character into 10**15: the process is
+# killed for memory on its first text. The tokenizers aggdec exports grow a text by 1
+# (Metaspace's " " -> "\u2581"); the bound leaves room for a few regex replacements.
+MAX_GROWTH = 64
+
+
+def text_growth(step: object) -> float:
+    """How many times longer the normalizer or decoder ``step`` (tokenizer.json's JSON) can make a
+    text through its Replace steps, at most: a Replace of a string pattern grows it by
+    len(content) / len(pattern), one of a regex (which may match nothing, between every two
+    characters) by len(content) + 1, a Sequence by the product of its steps'. Other steps map a
+    character to a few at most (NFKC's longest is 18, once however often it is applied) and are
+    counted as 1: they cannot compound."""
+    if not isinstance(step, dict):
+        return 1.0
+    kind = step.get("type")
+    if kind == "Sequence":
+        growth = 1.0
+        for child in step.get("normalizers") or step.get("decoders") or ():
+            growth *= text_growth(child)
+        return growth
+    if kind == "Replace":
+        content, pattern = step.get("content"), step.get("pattern")
+        length = len(content) if isinstance(content, str) else 0
+        if isinstance(pattern, dict) and isinstance(pattern.get("String"), str) and pattern["String"]:
+            return max(1.0, length / len(pattern["String"]))
+        return float(length + 1)
+    return 1.0
+
+
+def _panicked(exc: BaseException) -> bool:
+    """A panic inside the tokenizers library (pyo3's PanicException, a BaseException so that
+    ``except Exception`` misses it): Oniguruma's retry limit on a regular expression that
+    backtracks without bound, ``(a+)+$`` on forty a's and a "!". Not Ctrl-C or SystemExit."""
+    return type(exc).__name__ == "PanicException"
+
+
 class TextCodec:
-    def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None) -> None:
+    def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None,
+                 vocab_size: int | None = None) -> None:
         """``contents``: the tokenizer file's bytes, as read and hashed (manifest.BundleFiles);
         without them it is read from ``path``. ``segmentation`` (Manifest.segmentation): None
         segments as the tokenizer does; "marian_sentencepiece" as Marian's SentencePiece does
-        (segmentation.py), for a bundle made from a Marian model."""
+        (segmentation.py), for a bundle made from a Marian model. ``vocab_size``: the manifest's;
+        every id :meth:`encode` returns is checked to lie below it (a post-processor's special
+        token is not counted in the tokenizer's own vocabulary size, and can name any id)."""
+        self._vocab_limit = vocab_size
+        self._path = str(path)
         try:
             text = (path.read_bytes() if contents is None else contents).decode("utf-8")
             self._tokenizer = Tokenizer.from_str(text)
@@ -24,6 +69,13 @@ class TextCodec:
                               f"{exc.start}).") from None
         except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
             raise BundleError(f"could not read the tokenizer {str(path)!r}: {exc}") from exc
+        spec = json.loads(text)  # valid JSON: tokenizers parsed it
+        for part in ("normalizer", "decoder"):
+            growth = text_growth(spec.get(part) if isinstance(spec, dict) else None)
+            if growth > MAX_GROWTH:
+                raise BundleError(f"the tokenizer {str(path)!r}'s {part} can make a text up to {growth:.3g} times "
+                                  f"longer (its Replace steps), more than the {MAX_GROWTH} allowed: one text could "
+                                  "take all memory; re-export the bundle with its model's own tokenizer.")
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         unk = self._tokenizer.token_to_id("<unk>")
@@ -55,14 +107,53 @@ class TextCodec:
         """Ids the tokenizer can produce, added tokens included (for bundle_checks.check_consistency)."""
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS)."""
-        if self._segmenter is not None:
-            return [self._segmenter.encode(text) for text in texts]
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=True)]
+    def encode(self, texts: list[str], first_index: int = 0) -> list[list[int]]:
+        """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS).
+        ``first_index``: the index of ``texts[0]`` among the caller's, for messages."""
+        try:
+            encoded = self._encode(texts)
+        except AggdecError:
+            raise
+        except BaseException as exc:
+            if not _panicked(exc):
+                raise
+            for index, text in enumerate(texts):  # which text: the others may be fine
+                try:
+                    self._encode([text])
+                except BaseException as again:
+                    if not _panicked(again):
+                        raise
+                    raise InputError(f"text {first_index + index} cannot be tokenized: the bundle's tokenizer gave up "
+                                     f"on it ({again}); one of its regular expressions backtracks without bound on "
+                                     "such text.") from None
+            raise InputError(f"the bundle's tokenizer gave up on a text ({exc}).") from None
+        if self._vocab_limit is not None:
+            for ids in encoded:
+                if ids and max(ids) >= self._vocab_limit:
+                    raise BundleError(f"the tokenizer gave token id {max(ids)}, outside the manifest's vocabulary of "
+                                      f"{self._vocab_limit} (its post-processor or added tokens name ids the graphs "
+                                      "lack): the bundle's files do not belong together; re-run `aggdec export`.")
+        return encoded
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        try:
+            if self._segmenter is not None:
+                return [self._segmenter.encode(text) for text in texts]
+            return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=True)]
+        except Exception as exc:  # tokenizers raises a bare Exception (a WordLevel model without its [UNK] token)
+            if isinstance(exc, AggdecError):
+                raise
+            raise BundleError(f"the tokenizer {self._path!r} cannot encode a text: {exc}; re-export the bundle with "
+                              "its model's own tokenizer.") from None
 
     def decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
+        try:
+            return self._tokenizer.decode(ids, skip_special_tokens=True)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not _panicked(exc):
+                raise
+            raise BundleError(f"the tokenizer {self._path!r} cannot decode an output: {exc}; re-export the bundle "
+                              "with its model's own tokenizer.") from None
 
     def decode_restoring(self, ids: list[int], source: str) -> str:
         """``decode``, with each ``<unk>`` of the output given back the source text it stands for.
@@ -97,5 +188,12 @@ class TextCodec:
         tokens = [next(restored) if token == unk else self._tokenizer.id_to_token(token)
                   for token in ids if token == unk or token not in special]
         decoder = self._tokenizer.decoder
-        # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
-        return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
+        if decoder is None:  # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
+            return " ".join(tokens)
+        try:
+            return decoder.decode(tokens)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not _panicked(exc):
+                raise
+            raise BundleError(f"the tokenizer {self._path!r} cannot decode an output: {exc}; re-export the bundle "
+                              "with its model's own tokenizer.") from None

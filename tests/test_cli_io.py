@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -113,3 +114,101 @@ def test_output_file_is_written_whole_or_not_at_all(cli_bundle, tmp_path):  # no
     assert process.returncode == 130, stderr
     assert target.read_text() == "previous\n"  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["many.txt", "out.txt"]  # no temporary file left
+
+
+def _one_error(capsys, argv: list[str], needle: str) -> None:
+    """`aggdec ARGV` in this process: exit 2 and one `aggdec: error:` line that says ``needle``."""
+    from aggdec.cli import main
+
+    code = main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("aggdec: error:"), lines
+    assert needle in lines[0], lines[0]
+
+
+def test_an_output_that_is_a_directory_is_refused_before_decoding(cli_bundle, tmp_path, capsys):  # noqa: F811
+    """It was a traceback (IsADirectoryError from the rename), after every line had been decoded."""
+    source = tmp_path / "in.txt"
+    source.write_text("w1 w2\nw3\n")
+    _one_error(capsys, ["generate", str(cli_bundle), "--input", str(source), "--output", str(tmp_path)],
+               f"cannot write output {str(tmp_path)!r}: it is a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no temporary file left
+
+
+@pytest.mark.parametrize("threads", ["99999999999", "100000"])
+def test_more_threads_than_the_machine_can_run_are_refused(cli_bundle, tmp_path, capsys, threads):  # noqa: F811
+    """Past 2**31 onnxruntime raised TypeError (a traceback); 3,000 on two CPUs left one line
+    decoding for minutes, each graph spinning that many threads."""
+    _one_error(capsys, ["generate", str(cli_bundle), "--input", os.devnull, "--threads", threads],
+               "threads must be an integer between 1 and ")
+
+
+def test_serve_refuses_a_port_outside_0_to_65535(capsys):
+    from aggdec.cli import main
+    from aggdec.runtime.errors import AggdecError
+    from aggdec.serve.server import bind
+
+    for port in ("65536", "-1"):
+        with pytest.raises(SystemExit) as exited:
+            main(["serve", "no-bundle", "--port", port])
+        assert exited.value.code == 2 and "--port: must be 0 (any free port) .. 65535" in capsys.readouterr().err
+    with pytest.raises(AggdecError, match="cannot listen on '127.0.0.1' port 70000"):  # was an OverflowError
+        bind("127.0.0.1", 70000)
+
+
+def test_bench_data_that_is_not_utf8_is_one_error_line(cli_bundle, tmp_path, capsys):  # noqa: F811
+    data = tmp_path / "data.txt"
+    data.write_bytes(b"w1 w2\nw3 \xff w4\n")
+    _one_error(capsys, ["bench", str(cli_bundle), "--data", str(data), "--out", str(tmp_path / "out")],
+               f"{data}:2: not valid UTF-8 (byte 0xff at offset 9 of the file)")
+    _one_error(capsys, ["bench", str(cli_bundle), "--data", str(tmp_path), "--out", str(tmp_path / "out")],
+               "is not a file")
+
+
+def test_numbers_no_float_holds_are_input_errors_not_overflow_errors():
+    from aggdec.runtime.options import DecodeOptions
+
+    for options in (dict(mode="gad++", tau=10**400), dict(mode="greedy", num_beams=2, length_penalty=-10**400)):
+        with pytest.raises(InputError, match="must be a finite number"):
+            DecodeOptions(**options)
+
+
+def test_a_byte_order_mark_at_the_start_is_not_part_of_the_first_line(cli_bundle, tmp_path, capsys):  # noqa: F811
+    """Windows editors start a UTF-8 file with one; the first line was decoded with it and its
+    output differed from the same line's anywhere else. Only the start's is dropped."""
+    from aggdec.cli import main
+
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"\xef\xbb\xbfw1 w2 w3\r\nw1 w2 w3\r\n\xef\xbb\xbfw1 w2 w3\r\n")
+    assert main(["generate", str(cli_bundle), "--input", str(source), "--max-new-tokens", "4",
+                 "--format", "jsonl"]) == 0
+    import json
+
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    plain = Generator(cli_bundle).generate(["w1 w2 w3", "\ufeffw1 w2 w3"], max_new_tokens=4)
+    assert plain[0].ids != plain[1].ids  # the mark is text to the tokenizer: dropping it matters
+    assert [r["ids"] for r in records] == [list(plain[0].ids), list(plain[0].ids), list(plain[1].ids)]
+
+
+def test_a_line_longer_than_any_text_is_refused_without_keeping_it(cli_bundle, tmp_path, capsys):  # noqa: F811
+    """A line without an end (`--input /dev/zero`) ran out of memory (a MemoryError traceback, or
+    the process killed); now at most MAX_TEXT_BYTES + 1 bytes of a line are kept, and the line is
+    that line's error."""
+    import io
+    import json
+
+    from aggdec.cli import main
+    from aggdec.cli.generate import _lines
+    from aggdec.runtime.generator import MAX_TEXT_BYTES
+
+    endless = io.BytesIO(b"w1\r\n" + b"\0" * (2 * MAX_TEXT_BYTES + 5) + b"\r\nw2")
+    assert [len(line) for line in _lines(endless, "test")] == [2, MAX_TEXT_BYTES + 1, 2]
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"w1 w2\n" + b"w3 " * (MAX_TEXT_BYTES // 3 + 1) + b"\nw4\n")
+    assert main(["generate", str(cli_bundle), "--input", str(source), "--max-new-tokens", "3",
+                 "--format", "jsonl"]) == 1
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3] and records[1]["ids"] is None
+    assert records[0]["ids"] and records[2]["ids"]
+    assert f"aggdec: line 2: input is longer than {MAX_TEXT_BYTES:,} bytes" in captured.err

@@ -16,6 +16,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """A TCP port: 0 (any free one) .. 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 (any free port) .. 65535, got {value}")
+    return value
+
+
 def finite_float(text: str) -> float:
     try:
         value = float(text)

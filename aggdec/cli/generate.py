@@ -83,11 +83,43 @@ def _open_input(path: str | None) -> BinaryIO:
         raise InputError(f"cannot read input {path!r}: {exc.strerror or exc}.") from None
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
+    """Input lines as they arrive (:func:`_split_lines`), without a UTF-8 byte order mark at the
+    start of the input: Windows editors write one, and it is a mark of the encoding, not text
+    (the first line was decoded with it, and its output differed from the same line's later)."""
+    lines = _split_lines(stream, name)
+    for first in lines:
+        yield first[len(UTF8_BOM):] if first.startswith(UTF8_BOM) else first
+        break
+    yield from lines
+
+
+def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
     """Input lines as they arrive, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028
     inside a line is part of it, so that output line N always answers input line N. Lines stay
-    bytes: one that is not UTF-8 is refused on its own by the generator."""
+    bytes: one that is not UTF-8 is refused on its own by the generator. Of a line longer than
+    MAX_TEXT_BYTES only MAX_TEXT_BYTES + 1 bytes are kept (the generator refuses it by its
+    length): an input without an end of line (``--input /dev/zero``) ran out of memory."""
+    from aggdec.runtime.generator import MAX_TEXT_BYTES  # the CLI's commands import lazily
+
     pending: list[bytes] = []  # the current line's pieces, so that a long line costs linear time
+    size = 0  # bytes in pending
+
+    def keep(piece: bytes) -> None:
+        nonlocal size
+        if size <= MAX_TEXT_BYTES:
+            piece = piece[:MAX_TEXT_BYTES + 1 - size]
+            pending.append(piece)
+            size += len(piece)
+
+    def line() -> bytes:
+        nonlocal pending, size
+        raw, pending, size = b"".join(pending), [], 0
+        return raw[:-1] if raw.endswith(b"\r") and len(raw) <= MAX_TEXT_BYTES else raw
+
     while True:
         try:
             chunk = stream.read(1 << 16)  # returns what has arrived, up to this much
@@ -97,14 +129,12 @@ def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
             break
         *complete, rest = chunk.split(b"\n")
         for raw in complete:
-            if pending:
-                raw, pending = b"".join([*pending, raw]), []
-            yield raw[:-1] if raw.endswith(b"\r") else raw
+            keep(raw)
+            yield line()
         if rest:
-            pending.append(rest)
+            keep(rest)
     if pending:  # a last line without "\n"
-        raw = b"".join(pending)
-        yield raw[:-1] if raw.endswith(b"\r") else raw
+        yield line()
 
 
 def _render(form: str, number: int, result, error: str | None) -> str:
@@ -134,6 +164,8 @@ def _output(path: str | None) -> Iterator[TextIO]:
     import tempfile
 
     target = os.path.abspath(path)
+    if os.path.isdir(target):  # found now, before decoding, not by the rename at the end
+        raise InputError(f"cannot write output {path!r}: it is a directory; give a file name.")
     try:
         fd, temporary = tempfile.mkstemp(prefix=".aggdec-", dir=os.path.dirname(target))
     except OSError as exc:

@@ -1,14 +1,15 @@
 """The HTTP API (FastAPI): `POST /v1/generate`, `/healthz`, `/readyz`, `/metrics`, OpenAPI docs.
 
 One app serves one bundle. Texts of concurrent requests share batches in the engine's
-decode loops (:mod:`aggdec.serve.engine`); the event loop only tokenizes, queues and waits.
+decode loops (:mod:`aggdec.serve.engine`); the event loop only queues and waits (texts are
+tokenized in a worker thread: a long one would hold every other request).
 
 Failure behaviour, in the order a request meets it:
 
 - draining (SIGTERM) or not warm yet: 503 with ``Retry-After``;
 - a body over ``max_body_bytes``: 413, before it is parsed; more than ``max_texts`` texts: 413;
-- a body that is not UTF-8 JSON sent as ``application/json``, a wrong type, an unknown field,
-  an option the bundle cannot honour: 422;
+- a body that is not UTF-8 JSON sent as ``application/json``, a wrong type, a number that is
+  not finite or that no float holds, an unknown field, an option the bundle cannot honour: 422;
 - a path the API does not serve: 404; a method a path does not take: 405 with ``Allow``;
 - more texts than the queue has room for: 429 with ``Retry-After`` (nothing is queued);
 - past ``timeout_s``: 504, and the request's unfinished rows are dropped from their batch;
@@ -24,18 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aggdec import __version__
+from aggdec.runtime.decoding.sizing import is_finite_real
 from aggdec.runtime.errors import AggdecError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.options import Mode
@@ -77,6 +80,18 @@ class ServerState:
 
 # ---------------------------------------------------------------------- schemas
 
+def _finite(value: Any) -> Any:
+    # JSON's NaN/Infinity, 1e400 (parsed as inf) and 10**400 (no float holds it) are refused here with a
+    # message; pydantic's own allow_inf_nan check raises OverflowError on such an int (a 500, not a 422)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not is_finite_real(value):
+        shown = str(value) if isinstance(value, float) else f"an integer of {len(str(abs(value)))} digits"
+        raise ValueError(f"should be a finite number that fits a float, got {shown}")
+    return value
+
+
+Real = Annotated[StrictFloat | StrictInt, BeforeValidator(_finite)]  # a real option: finite, no bool, no string
+
+
 class GenerateRequest(BaseModel):
     """Texts to decode, with one set of options for all of them."""
 
@@ -93,9 +108,8 @@ class GenerateRequest(BaseModel):
                                              "(default and ceiling: the bundle's limit).")
     beta: StrictInt | None = Field(None, ge=1, description="gad++ only: a draft token is kept while among the "
                                    "verifier's top-beta (default 3; 1 is greedy).")
-    tau: StrictFloat | StrictInt | None = Field(None, ge=0, allow_inf_nan=False,
-                                                description="gad++ only: ... and within tau log-prob of the best "
-                                                            "(default 1.0).")
+    tau: Real | None = Field(None, ge=0, description="gad++ only: ... and within tau log-prob of the best "
+                             "(default 1.0).")
     draft_k: StrictInt | None = Field(None, ge=1, description="gad and gad++ only: the most draft tokens a verifier "
                                       "call checks, at most the drafter's k (default: its k).")
     num_beams: StrictInt | None = Field(None, ge=1, description="Beam search with this many hypotheses per text, "
@@ -103,9 +117,9 @@ class GenerateRequest(BaseModel):
                                         "mode iad or gad, speculative beam search (the same output). A text takes "
                                         "num_beams rows of the server's batch; at most half the bundle's top-k (a "
                                         "Marian bundle: its top-k).")
-    length_penalty: StrictFloat | StrictInt | None = Field(None, allow_inf_nan=False, description="beam search only: "
-                                                           "a finished hypothesis scores log-prob / length ** this "
-                                                           "(default 1.0; a Marian bundle: its yml's normalize).")
+    length_penalty: Real | None = Field(None, description="beam search only: a finished hypothesis scores "
+                                        "log-prob / length ** this (default 1.0; a Marian bundle: its yml's "
+                                        "normalize).")
     early_stopping: StrictBool | Literal["never"] | None = Field(None, description="beam search only: "
                                                                   "transformers' rule for when a text is done "
                                                                   "(true, false or \"never\"; default false; refused "
@@ -165,6 +179,18 @@ def _error(status: int, kind: str, message: str, metrics: Metrics | None = None,
     if metrics is not None:
         metrics.errors.labels(kind).inc()
     return JSONResponse({"error": {"kind": kind, "message": message, **extra}}, status_code=status, headers=headers)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as its text: a validation error echoes the input it
+    refused (``NaN``, ``1e400``), and the response's strict JSON would fail on it (a 500)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def _sent_as_json(request: Request) -> bool:
@@ -316,14 +342,16 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+        errors = _json_safe(jsonable_encoder(exc.errors(),
+                                             custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")}))
         if not _sent_as_json(request):  # FastAPI then validates the raw body as the object: a riddle
             kind = request.headers.get("content-type")
             return _error(422, "invalid", f"send the body as JSON with Content-Type: application/json (this request "
                           f"{'has ' + repr(kind) if kind else 'has no Content-Type'}).", metrics, detail=errors)
         first = errors[0] if errors else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"{where + ': ' if where else ''}{first.get('msg', 'invalid request')}"
+        said = str(first.get("msg", "invalid request")).removeprefix("Value error, ")  # pydantic's prefix to ours
+        message = f"{where + ': ' if where else ''}{said}"
         return _error(422, "invalid", message, metrics, detail=errors)
 
     @app.exception_handler(StarletteHTTPException)
@@ -366,7 +394,9 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
         try:
             config = engine.config(body.mode, body.beta, body.tau, body.draft_k, body.num_beams, body.length_penalty,
                                    body.early_stopping, body.num_return_sequences)
-            handles = engine.submit(body.texts, config, body.max_new_tokens)
+            engine.limits(body.max_new_tokens)  # options are refused before any text is tokenized
+            prepared = await asyncio.to_thread(engine.prepare, body.texts)  # off the event loop (Engine.prepare)
+            handles = engine.submit(body.texts, config, body.max_new_tokens, prepared=prepared)
         except Overloaded as exc:
             return _error(429, "overloaded", str(exc), metrics, headers={"Retry-After": str(exc.retry_after)})
         except AggdecError as exc:

@@ -86,6 +86,9 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise AggdecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}.") from None
+    except (OverflowError, ValueError, TypeError) as exc:  # a port outside 0..65535, a host with a NUL
+        sock.close()
+        raise AggdecError(f"cannot listen on {host!r} port {port}: {exc}.") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -10,6 +10,7 @@ naming the option: a model that computes something else must not export silently
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +97,18 @@ class MarianConfig:
         return self.d_model // self.heads
 
 
+_SHOWN = reprlib.Repr()  # attributes, not keywords: those came in Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 6, 6, 80, 80, 40
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message, cut short: a YAML value is untrusted, and nested aliases (a
+    "billion laughs") make a few hundred bytes of yml a list whose full repr takes gigabytes."""
+    return _SHOWN.repr(value)
+
+
 def _refuse(where: str, option: str, value: Any, allowed: Any) -> ExportError:
-    return ExportError(f"{where}: option {option}: {value!r} is not supported by aggdec's Marian importer "
+    return ExportError(f"{where}: option {option}: {_shown(value)} is not supported by aggdec's Marian importer "
                        f"(supported: {allowed}).")
 
 
@@ -106,6 +117,10 @@ def _load_yaml(text: str, where: str) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ExportError(f"{where} is not valid YAML ({' '.join(str(exc).split())}).") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ExportError(f"{where} nests its values too deeply to be a Marian config.") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise ExportError(f"{where} holds a value Python will not read ({exc}).") from None
     if not isinstance(data, dict):
         raise ExportError(f"{where} must be a YAML mapping of options.")
     return data
@@ -114,7 +129,7 @@ def _load_yaml(text: str, where: str) -> dict[str, Any]:
 def _int(data: dict[str, Any], key: str, where: str, low: int = 1, high: int = 1 << 20) -> int:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ExportError(f"{where}: option {key} must be an integer in {low}..{high}, got {value!r}.")
+        raise ExportError(f"{where}: option {key} must be an integer in {low}..{high}, got {_shown(value)}.")
     return value
 
 
@@ -149,7 +164,7 @@ def parse_model_config(text: str, where: str = "special:model.yml") -> MarianCon
     vocabs = data.get("dim-vocabs")
     if (not isinstance(vocabs, list) or len(vocabs) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 1 for v in vocabs)):
-        raise ExportError(f"{where}: option dim-vocabs must list two vocabulary sizes, got {vocabs!r}.")
+        raise ExportError(f"{where}: option dim-vocabs must list two vocabulary sizes, got {_shown(vocabs)}.")
     if data.get("tied-embeddings-all", False):
         embeddings = "all"
         if vocabs[0] != vocabs[1]:
@@ -192,7 +207,7 @@ def beam_rules(decoding: dict[str, Any], where: str) -> dict[str, Any]:
         value = decoding.get(option, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= BEAM_SCORING_BOUND:
             raise ExportError(f"{where}: option {option} must be a number from -{BEAM_SCORING_BOUND:g} to "
-                              f"{BEAM_SCORING_BOUND:g}, got {value!r}.")
+                              f"{BEAM_SCORING_BOUND:g}, got {_shown(value)}.")
         values[option] = float(value)
     return {"family": "marian", "normalize": values["normalize"], "word_penalty": values["word-penalty"]}
 
@@ -205,5 +220,5 @@ def max_length_factor(decoding: dict[str, Any], where: str) -> float:
     value = decoding.get("max-length-factor", MARIAN_MAX_LENGTH_FACTOR)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_LENGTH_FACTOR:
         raise ExportError(f"{where}: option max-length-factor must be a number above 0 and at most "
-                          f"{MAX_LENGTH_FACTOR}, got {value!r}.")
+                          f"{MAX_LENGTH_FACTOR}, got {_shown(value)}.")
     return float(value)

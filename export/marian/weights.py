@@ -21,6 +21,7 @@ dropped. ``special:model.yml`` is the model's config (text) and is returned apar
 
 from __future__ import annotations
 
+import math
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -110,11 +111,15 @@ def read_bin(path: Path) -> MarianWeights:
         if kind not in KNOWN_TYPES:
             raise reader.fail(f"{name!r} has element type 0x{kind:x}, which this reader does not know "
                               f"(known: {', '.join(f'0x{k:x} {v}' for k, v in KNOWN_TYPES.items())})")
-        size = int(np.prod(dims))
+        size = math.prod(dims)  # Python's integers: np.prod wrapped (2**30, 2**30, 16) around to 0 elements
         if name == CONFIG_ITEM:
             if kind != INT8_SIGNED or nbytes < size:
                 raise reader.fail(f"{name!r} is not text")
-            config_text = raw[:size].rstrip(b"\0").decode("utf-8", errors="strict")
+            try:
+                config_text = raw[:size].rstrip(b"\0").decode("utf-8", errors="strict")
+            except UnicodeDecodeError as exc:
+                raise reader.fail(f"{name!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") \
+                    from None
             continue
         if name.endswith(ACTIVATION_MULTIPLIER):
             continue
@@ -134,7 +139,8 @@ def read_bin(path: Path) -> MarianWeights:
                 matrix = stored.reshape(dims)
             else:
                 matrix = stored.reshape(dims[1], dims[0]).T
-            values = matrix.astype(np.float32) / np.float32(scale)
+            with np.errstate(over="ignore"):  # a tiny multiplier gives inf: refused below, without a warning
+                values = matrix.astype(np.float32) / np.float32(scale)
             int8 += 1
         else:
             raise reader.fail(f"{name!r} has element type {KNOWN_TYPES[kind]}, which is not a weight type")
@@ -146,11 +152,45 @@ def read_bin(path: Path) -> MarianWeights:
     return MarianWeights(tensors, config_text, int8)
 
 
+# A member may be deflated, but weights do not compress much (float32 values: about 1.1x); a member
+# expanding more than this is a zip bomb (2 MB of deflated zeros that allocate 2 GB)
+MAX_NPZ_EXPANSION = 64
+
+
+def _check_npz_sizes(path: Path) -> None:
+    """Refuse a member whose ``.npy`` header declares more bytes than the member holds, before
+    numpy allocates them (a header claiming 4 TiB is a MemoryError inside ``np.load``), and a
+    member whose stored bytes expand more than MAX_NPZ_EXPANSION-fold."""
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_NPZ_EXPANSION * max(
+                    info.compress_size, 1 << 16):
+                raise ExportError(f"{str(path)!r}: member {info.filename!r} expands from {info.compress_size} to "
+                                  f"{info.file_size} bytes, more than {MAX_NPZ_EXPANSION}-fold; weights do not "
+                                  "compress like that.")
+            if not info.filename.endswith(".npy"):
+                continue  # np.load reads only .npy members as arrays
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version == (1, 0):
+                    shape, _fortran, dtype = np.lib.format.read_array_header_1_0(member)
+                elif version == (2, 0):
+                    shape, _fortran, dtype = np.lib.format.read_array_header_2_0(member)
+                else:  # 3.0 (UTF-8 field names), which Marian does not write: np.load's own checks only
+                    continue
+            declared = math.prod(shape) * dtype.itemsize
+            if declared > info.file_size:
+                raise ExportError(f"{str(path)!r}: member {info.filename!r} declares shape {list(shape)} of "
+                                  f"{dtype} ({declared} bytes) but holds {info.file_size} bytes.")
+
+
 def read_npz(path: Path) -> MarianWeights:
-    """A float ``.npz`` (Marian's other format): float32 arrays by name, the config as a char array."""
+    """A float ``.npz`` (Marian's other format): float32 arrays by name, the config as a char array.
+    Every member's declared size is checked against what it holds before any array is read."""
     tensors: dict[str, np.ndarray] = {}
     config_text = None
     try:
+        _check_npz_sizes(path)
         with np.load(path, allow_pickle=False) as archive:
             for name in archive.files:
                 values = archive[name]
@@ -167,7 +207,7 @@ def read_npz(path: Path) -> MarianWeights:
                 if not np.isfinite(values).all():
                     raise ExportError(f"{str(path)!r}: {name!r} holds values that are not finite.")
                 tensors[name] = np.ascontiguousarray(values)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, UnicodeDecodeError, MemoryError) as exc:
         raise ExportError(f"{str(path)!r} is not a valid Marian .npz file: {exc}.") from None
     return MarianWeights(tensors, config_text, 0)
 

@@ -66,8 +66,15 @@ def is_integer(value: object) -> bool:
 
 
 def is_finite_real(value: object) -> bool:
-    """A finite real option value (a bool is not one): what every real knob is checked with."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real option value (a bool is not one): what every real knob is checked with.
+    An int too large for a float (``10**400``) is not one: the option is used as a float, and
+    ``math.isfinite`` would raise OverflowError on it instead of answering."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 MAX_REST = BlockOptions.max_rest  # the default (a Generator's Tuning.max_rest)

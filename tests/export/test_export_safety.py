@@ -105,8 +105,29 @@ def test_a_checkpoint_without_weights(source, tmp_path, capsys):
 
 def test_corrupt_weights(source, tmp_path, capsys):
     for weights in source.glob("*.safetensors"):
-        weights.write_bytes(b"\x00" * 64)
+        weights.write_bytes(b"\x00" * weights.stat().st_size)  # as long as they were: the size check passes
     assert_refused(capsys, "could not load the model weights", source, tmp_path / "out")
+    for weights in source.glob("*.safetensors"):
+        weights.write_bytes(b"\x00" * 64)
+    assert_refused(capsys, "weight files hold only 64 bytes: the weights are cut short", source, tmp_path / "out")
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("encoder_layers", 10**7, "encoder_layers must be an integer from 1 to 512, got 10000000"),  # built for minutes
+    ("d_model", 10**6, "d_model must be an integer from 1 to 65536, got 1000000"),
+    ("vocab_size", 0, "vocab_size must be an integer from 1 to"),
+    ("encoder_layers", True, "Field 'encoder_layers' expected int, got bool"),  # transformers' own check
+    ("encoder_ffn_dim", 1 << 18, "describes a model of"),  # 50 million parameters to initialize from 0.2 MB
+])
+def test_config_sizes_are_checked_before_transformers_builds_anything(source, tmp_path, capsys, field, value, needle):
+    """A config claiming ten million layers kept export building modules until it was stopped;
+    one claiming wider layers than its weights hold makes transformers allocate and initialize
+    the difference (64 such layers: 1.1 billion parameters from a 0.2 MB checkpoint)."""
+    config = json.loads((source / "config.json").read_text())
+    config[field] = value
+    (source / "config.json").write_text(json.dumps(config))
+    assert_refused(capsys, needle, source, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
 
 
 @pytest.mark.parametrize("opset", [MIN_OPSET - 1, max_opset() + 1, 0])

@@ -724,3 +724,84 @@ def test_on_int8_grid_finds_marians_storage_and_nothing_else():
     assert on_int8_grid(values) is None  # float weights: not on a grid
     assert on_int8_grid(stored * np.float32(1.0001) + np.float32(1e-4)) is None  # shifted off the grid
     assert on_int8_grid(np.zeros((4, 4), np.float32)) is None
+
+
+# ------------------------------------------------------------------ files that lie about their size, hostile yml
+
+
+def _npz_with(path: Path, arrays: dict[str, np.ndarray], member: str, raw: bytes, compression: int) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        for name, values in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, values)
+            archive.writestr(f"{name}.npy", buffer.getvalue())
+        archive.writestr(member, raw)
+
+
+def test_npz_members_that_lie_about_their_size_are_refused_before_anything_is_allocated(tmp_path, capsys):
+    """A header declaring 4 TiB was a MemoryError inside np.load (a traceback); 2 MB of deflated
+    zeros allocated 2 GB (and more would be the process killed for memory)."""
+    import zipfile
+
+    folder, _config, _ = write_model(tmp_path / "model", "self-attention", fmt="npz")
+    path = folder / "model.tiny.npz"
+    with np.load(path) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
+    _npz_with(path, arrays, "big.npy", header.getvalue() + b"\0" * 64, zipfile.ZIP_STORED)
+    _refused(capsys, folder, tmp_path / "out", "member 'big.npy' declares shape [1000000000000] of float32 "
+             "(4000000000000 bytes) but holds")
+    zeros = io.BytesIO()
+    np.lib.format.write_array(zeros, np.zeros(2 << 20, np.float32))  # 8 MiB that deflate to a few KiB
+    _npz_with(path, arrays, "big.npy", zeros.getvalue(), zipfile.ZIP_DEFLATED)
+    _refused(capsys, folder, tmp_path / "out", "member 'big.npy' expands from")
+
+
+LAUGHS = "[" + ", ".join(["&a [x, x, x, x, x, x, x, x, x, x]"] + [
+    f"&{chr(98 + level)} [" + ", ".join([f"*{chr(97 + level)}"] * 10) + "]" for level in range(8)]) + "]"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("beam-size: " + "[" * 5000 + "]" * 5000 + "\n", "nests its values too deeply"),  # was a RecursionError
+    ("beam-size: " + "9" * 5000 + "\n", "holds a value Python will not read"),  # was a ValueError
+    # 10**9 strings from 300 bytes: the message's repr of them took all memory
+    ("beam-size: " + LAUGHS + "\n", "option beam-size: [['x', 'x', 'x', 'x', 'x', 'x', ...], [[...]"),
+    ("beam-size: !!python/object/apply:os.system ['touch {marker}']\n", "is not valid YAML"),
+])
+def test_hostile_yml_is_one_error_line(tmp_path, capsys, text, needle):
+    folder, _config, _ = write_model(tmp_path / "model", "self-attention", fmt="npz")
+    marker = tmp_path / "executed"
+    (folder / "config.tiny.yml").write_text(text.replace("{marker}", str(marker)), encoding="utf-8")
+    _refused(capsys, folder, tmp_path / "out", needle)
+    assert not marker.exists()  # the yml is loaded safely: no tag runs code
+    with pytest.raises(ExportError) as refused:  # the model's own yml goes through the same loader
+        parse_model_config(text.replace("beam-size", "enc-depth"))
+    assert len(str(refused.value)) < 1000
+
+
+def test_bin_shapes_that_overflow_and_configs_that_are_not_utf8_are_refused(tmp_path, capsys):
+    """Found by overwriting and flipping the bytes of a .bin: a shape whose element count passes
+    2**64 wrapped to 0 in np.prod (a ValueError traceback from the reshape), and a config item
+    that is not UTF-8 was a UnicodeDecodeError traceback."""
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+
+    def wrapping(items):
+        index = next(i for i, item in enumerate(items) if item[1] == FLOAT32)
+        name, kind, _shape, data = items[index]
+        items[index] = (name, kind, (2**30, 2**30, 16), data)
+        return encode_bin(items)
+
+    _rewrite_bin(folder, wrapping)
+    _refused(capsys, folder, tmp_path / "out", "has shape [1073741824, 1073741824, 16] (73786976294838206464 bytes")
+
+    def not_utf8(items):
+        index = next(i for i, item in enumerate(items) if item[0] == "special:model.yml")
+        name, kind, _shape, data = items[index]
+        items[index] = (name, kind, (len(data),), b"\xff" + data[1:])
+        return encode_bin(items)
+
+    _rewrite_bin(folder, not_utf8)
+    _refused(capsys, folder, tmp_path / "out", "'special:model.yml' is not UTF-8 text (byte 0xff at offset 0)")

@@ -182,6 +182,15 @@ def test_too_many_heldout_sources_are_refused(tmp_path, random_checkpoint):
                       TrainOptions(heldout=5), progress=False)
 
 
+def test_sources_that_are_not_utf8_are_one_error_naming_the_line(tmp_path, random_checkpoint):
+    """It was a UnicodeDecodeError traceback."""
+    sources = tmp_path / "s.txt"
+    sources.write_bytes(b"w1 w2\nw3 \xff\n")
+    with pytest.raises(ExportError, match=re.escape("line 2: not valid UTF-8 (byte 0xff at offset 9 of the file)")):
+        train_drafter(random_checkpoint("t5"), sources, tmp_path / "out", TrainOptions(), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------------------------- resume
 
 

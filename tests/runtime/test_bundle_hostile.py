@@ -8,6 +8,7 @@ import json
 import re
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggdec.cli import main
-from aggdec.runtime.errors import BundleError, BundleNotFoundError, GraphRunError
+from aggdec.runtime.errors import BundleError, BundleNotFoundError, GraphRunError, InputError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.manifest import Manifest, load_manifest, manifest_digest
 
@@ -597,3 +598,105 @@ def test_ids_a_graph_returns_are_checked_against_the_vocabulary(dtype):
         ids = np.array([[2, bad], [0, 1]], dtype=dtype)
         with pytest.raises(BundleError, match=f"the verifier returned token id {bad}, outside"):
             check_ids(ids, 10, "the verifier")
+
+
+# --------------------------------------------------------------------- what tokenizer.json may do
+
+
+def _edit_tokenizer(root, edit) -> None:
+    tokenizer = json.loads((root / "tokenizer.json").read_text())
+    edit(tokenizer)
+    (root / "tokenizer.json").write_text(json.dumps(tokenizer))
+    _rehash(root, "tokenizer.json")
+
+
+def _replace(pattern: dict, content: str) -> dict:
+    return {"type": "Replace", "pattern": pattern, "content": content}
+
+
+GROWING = [  # (part, step, the growth the message names)
+    ("normalizer", {"type": "Sequence", "normalizers": [_replace({"String": "w"}, "w" * 1000)] * 3}, "1e+09"),
+    ("normalizer", {"type": "Sequence", "normalizers": [
+        {"type": "Sequence", "normalizers": [_replace({"Regex": "x*"}, "ab")] * 2},
+        _replace({"String": "ab"}, "a" * 40)]},
+     "180"),  # a regex may match nothing, between any two characters: (2 + 1) x (2 + 1) x 40 / 2
+    ("decoder", {"type": "Sequence", "decoders": [_replace({"String": "w"}, "w" * 100)] * 2}, "1e+04"),
+]
+
+
+@pytest.mark.parametrize("part, step, growth", GROWING)
+def test_a_tokenizer_that_can_grow_a_text_without_bound_is_refused_at_load(bundle_copy, capsys, part, step, growth):
+    """Three chained Replace normalizers of "w" -> 100,000 w's got the process killed for memory
+    on its first text; a decoder that grows its text does the same to every output."""
+    _edit_tokenizer(bundle_copy, lambda tokenizer: tokenizer.update({part: step}))
+    needle = f"'s {part} can make a text up to {growth} times longer"
+    with pytest.raises(BundleError, match=re.escape(needle)):
+        Generator(bundle_copy, threads=1)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def test_replacements_that_grow_a_text_a_little_load(bundle_copy):
+    steps = [_replace({"String": " "}, "\u2581"), _replace({"Regex": " {2,}"}, " "), {"type": "NFKC"}]
+    _edit_tokenizer(bundle_copy, lambda tokenizer: tokenizer.update(
+        normalizer={"type": "Sequence", "normalizers": steps}))
+    generator = Generator(bundle_copy, threads=1)
+    assert generator.generate(["w1 w2"], max_new_tokens=2)[0].ids
+
+
+def test_a_post_processor_naming_an_id_past_the_vocabulary_is_refused_at_load(bundle_copy, capsys):
+    """It was a GraphRunError on every request (the encoder's embedding has no such row)."""
+    def edit(tokenizer):
+        tokenizer["post_processor"]["special_tokens"]["</s>"]["ids"] = [10**7]
+
+    _edit_tokenizer(bundle_copy, edit)
+    needle = "the tokenizer gave token id 10000000, outside the manifest's vocabulary of"
+    with pytest.raises(BundleError, match=needle):
+        Generator(bundle_copy, threads=1)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def test_a_tokenizer_that_fails_on_text_is_refused_at_load(bundle_copy, capsys):
+    """A WordLevel model without its unknown token: tokenizers raises a bare Exception on any
+    word it lacks, which reached the caller of generate (and a server's 500)."""
+    _edit_tokenizer(bundle_copy, lambda tokenizer: tokenizer["model"].update(unk_token="<absent>"))
+    needle = "cannot encode a text: WordLevel error: Missing [UNK] token from the vocabulary"
+    with pytest.raises(BundleError, match=re.escape(needle)):
+        Generator(bundle_copy, threads=1)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
+def test_a_bundle_path_that_is_a_file_says_so(tmp_path):
+    path = tmp_path / "bundle"
+    path.write_text("not a directory")
+    with pytest.raises(BundleNotFoundError, match="is a file, not a directory"):
+        Generator(path)
+
+
+def backtracking_tokenizer(root) -> None:
+    """The bundle's tokenizer with a pre-tokenizer regex that backtracks without bound on forty
+    a's and a "!": Oniguruma stops at its retry limit and the tokenizers library panics."""
+    _edit_tokenizer(root, lambda tokenizer: tokenizer.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False},
+        tokenizer["pre_tokenizer"]]}))
+
+
+BACKTRACKING_TEXT = "a" * 40 + "!"
+
+
+def test_a_text_the_tokenizer_gives_up_on_is_that_texts_input_error(bundle_copy, tmp_path):
+    """tokenizers' panic is a BaseException: it went past every `except Exception`, a traceback
+    that ended the CLI's run (the lines after it lost) and a plain-text 500 from the server."""
+    backtracking_tokenizer(bundle_copy)
+    generator = Generator(bundle_copy, threads=1)
+    with pytest.raises(InputError, match="text 1 cannot be tokenized: the bundle's tokenizer gave up on it"):
+        generator.generate(["w1 w2", BACKTRACKING_TEXT], max_new_tokens=3)
+    assert generator.check(BACKTRACKING_TEXT).startswith("input cannot be tokenized")
+    source = tmp_path / "in.txt"
+    source.write_text(f"w1 w2\n{BACKTRACKING_TEXT}\nw3\n")
+    result = subprocess.run([sys.executable, "-m", "aggdec", "generate", str(bundle_copy), "--input", str(source),
+                             "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "RUST_BACKTRACE": "0"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "aggdec: line 2: input cannot be tokenized" in result.stderr
+    want = [r.text for r in generator.generate(["w1 w2", "w3"], max_new_tokens=3)]
+    assert result.stdout.split("\n") == [want[0], "", want[1], ""]

@@ -318,3 +318,96 @@ def test_more_beams_than_the_servers_rows_get_422(generator):
         assert ok.status_code == 200
         assert [item["ids"] for item in ok.json()["outputs"]] == \
             [list(r.ids) for r in generator.generate(["w1", "w2 w3"], num_beams=2, max_new_tokens=MAX_NEW)]
+
+
+# ------------------------------------------------------------------ hostile numbers, slow tokenizing
+
+BIG = b"1" + b"0" * 400  # an integer no float holds
+
+
+@pytest.mark.parametrize("raw, field", [
+    (b'{"texts": ["w1"], "mode": "gad++", "tau": NaN}', "tau"),
+    (b'{"texts": ["w1"], "mode": "gad++", "tau": Infinity}', "tau"),
+    (b'{"texts": ["w1"], "mode": "gad++", "tau": -Infinity}', "tau"),
+    (b'{"texts": ["w1"], "mode": "gad++", "tau": 1e400}', "tau"),  # Python's JSON reads it as inf
+    (b'{"texts": ["w1"], "mode": "gad++", "tau": ' + BIG + b'}', "tau"),
+    (b'{"texts": ["w1"], "num_beams": 2, "length_penalty": NaN}', "length_penalty"),
+    (b'{"texts": ["w1"], "num_beams": 2, "length_penalty": ' + BIG + b'}', "length_penalty"),
+    (b'{"texts": ["w1"], "max_new_tokens": NaN}', "max_new_tokens"),
+    (b'{"texts": ["w1"], "max_new_tokens": -Infinity}', "max_new_tokens"),
+])
+def test_non_finite_numbers_get_422_naming_the_field_and_the_connection_keeps_serving(server, generator, raw, field):
+    """These were 500s: the 422 echoed the number into strict JSON, which cannot hold it, and
+    pydantic's own finiteness check raised OverflowError on the big integer. uvicorn then closed
+    the keep-alive connection, and the client's next request on it was reset."""
+    before = metrics(server)
+    response = server.client.post("/v1/generate", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    error = json.loads(response.text, parse_constant=lambda name: pytest.fail(f"{name} in the answer"))["error"]
+    assert error["kind"] == "invalid" and error["message"].startswith(f"{field}: "), error
+    if field != "max_new_tokens":
+        assert "should be a finite number that fits a float" in error["message"]
+    # the same client, so the same connection: it must still be open
+    ok = server.generate(["w1 w2 w3"], mode="greedy", max_new_tokens=MAX_NEW)
+    assert ok.status_code == 200 and ok.json()["outputs"][0]["ids"] == greedy(generator, ["w1 w2 w3"])[0]
+    after = metrics(server)
+    assert after["aggdec_errors_total{kind=internal}"] == before["aggdec_errors_total{kind=internal}"]
+    assert after["aggdec_errors_total{kind=invalid}"] == before["aggdec_errors_total{kind=invalid}"] + 1
+
+
+def test_a_text_being_tokenized_leaves_the_server_answering_others(server, generator, monkeypatch):
+    """Texts are tokenized in a worker thread. The bundle's own tokenizer runs here, held at the
+    start of one request's texts until the test has had its other answers: had the tokenizing
+    run on the event loop, those answers would never come (the timeout is a bound on a hang,
+    not a timing)."""
+    entered, release = threading.Event(), threading.Event()
+    encode = generator.codec.encode
+
+    def held(texts, **options):
+        if any("w7 w7 w7" in text for text in texts):
+            entered.set()
+            release.wait(60)
+        return encode(texts, **options)
+
+    monkeypatch.setattr(generator.codec, "encode", held)
+    answers = []
+
+    def slow_client():
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            answers.append(client.post("/v1/generate", json={"texts": ["w7 w7 w7"], "mode": "greedy",
+                                                              "max_new_tokens": MAX_NEW}))
+
+    thread = threading.Thread(target=slow_client)
+    thread.start()
+    try:
+        assert entered.wait(60)
+        assert server.client.get("/healthz", timeout=20).status_code == 200
+        ok = server.client.post("/v1/generate", json={"texts": ["w1 w2"], "mode": "greedy", "max_new_tokens": MAX_NEW},
+                                timeout=20)
+        assert ok.status_code == 200 and ok.json()["outputs"][0]["ids"] == greedy(generator, ["w1 w2"])[0]
+        assert not answers  # the held request is still being tokenized
+    finally:
+        release.set()
+        thread.join(60)
+    monkeypatch.undo()
+    assert answers[0].status_code == 200
+    assert answers[0].json()["outputs"][0]["ids"] == greedy(generator, ["w7 w7 w7"])[0]
+
+
+def test_a_text_the_tokenizer_gives_up_on_is_an_item_error_and_the_others_are_decoded(bundle, tmp_path):
+    """It was a plain-text 500 for the whole request (tokenizers' panic is a BaseException)."""
+    import shutil
+
+    from tests.runtime.test_bundle_hostile import BACKTRACKING_TEXT, backtracking_tokenizer
+
+    root = tmp_path / "bundle"
+    shutil.copytree(bundle("marian"), root)
+    backtracking_tokenizer(root)
+    generator = Generator(root, threads=1)
+    with Running(generator, max_batch=4, max_wait_ms=2, max_queue=8, max_texts=4, max_body_bytes=4096) as running:
+        response = running.generate(["w1 w2", BACKTRACKING_TEXT, "w3"], mode="greedy", max_new_tokens=MAX_NEW)
+        assert response.status_code == 200, response.text
+        outputs = response.json()["outputs"]
+        assert [outputs[0]["ids"], outputs[2]["ids"]] == greedy(generator, ["w1 w2", "w3"])
+        assert outputs[1]["error"]["kind"] == "input"
+        assert outputs[1]["error"]["message"].startswith("text 1 cannot be tokenized")

@@ -1,0 +1,67 @@
+"""A checkpoint's config.json is untrusted: its sizes are checked before transformers builds
+the model from them.
+
+transformers builds a model's modules from its config before it reads a weight, and
+initializes whatever the weight files lack. A config claiming ten million encoder layers kept
+`aggdec export` building modules for minutes (until memory ran out); one claiming larger
+layers than its files hold makes transformers allocate and initialize the difference. So:
+
+- every size field a seq2seq config has (layers, heads, widths, vocabulary, positions) must be
+  an integer in a range far above any real model's (:data:`SIZE_LIMITS`);
+- the model built on the ``meta`` device (no memory) may have at most
+  :data:`PARAMETERS_PER_STORED_BYTE` parameters per byte of its weight files: a float32 file
+  holds a quarter of a parameter per byte, float16 half, so real checkpoints, with weights
+  they leave out (tied or sinusoidal), stay far below it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..runtime.errors import ExportError
+
+# the largest value each size field may take; real seq2seq models stay far below (NLLB 54B:
+# 24 + 24 layers, d_model 2048, vocabulary 256k; T5-XXL d_ff 10240 and 128 heads of 128)
+SIZE_LIMITS = {
+    **dict.fromkeys(("encoder_layers", "decoder_layers", "num_layers", "num_decoder_layers", "num_hidden_layers"), 512),
+    **dict.fromkeys(("encoder_attention_heads", "decoder_attention_heads", "num_heads", "num_attention_heads"), 1024),
+    **dict.fromkeys(("d_model", "hidden_size", "d_kv"), 1 << 16),
+    **dict.fromkeys(("encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "intermediate_size"), 1 << 20),
+    **dict.fromkeys(("vocab_size", "decoder_vocab_size"), 1 << 24),
+    "max_position_embeddings": 1 << 20,
+}
+PARAMETERS_PER_STORED_BYTE = 1.0
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+def check_sizes(config: Any, where: str) -> None:
+    """Refuse a size field of ``config`` that is not an integer in 1 .. its limit, naming it."""
+    for name, limit in SIZE_LIMITS.items():
+        value = getattr(config, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+            raise ExportError(f"{where}: {name} must be an integer from 1 to {limit}, got {shown}.")
+
+
+def check_parameters(src: Path, config: Any) -> None:
+    """Refuse a config whose model has more parameters than its weight files could hold (the
+    model built on the meta device, which allocates nothing)."""
+    stored = sum(path.stat().st_size for pattern in WEIGHT_FILES for path in src.glob(pattern) if path.is_file())
+    if not stored:
+        return  # no weight files: loading them says so
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForSeq2SeqLM.from_config(config)
+    except Exception:  # noqa: BLE001 - a config transformers cannot build: loading it says why
+        return
+    parameters = sum(parameter.numel() for parameter in skeleton.parameters())
+    if parameters > PARAMETERS_PER_STORED_BYTE * stored:
+        raise ExportError(f"{str(src / 'config.json')!r} describes a model of {parameters:,} parameters, but its "
+                          f"weight files hold only {stored:,} bytes: the weights are cut short, or the config "
+                          "belongs to another model.")
