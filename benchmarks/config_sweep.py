@@ -78,7 +78,7 @@ def _config(family: str, tokenizer, overrides: dict[str, Any]):
     return config_cls(**kwargs)
 
 
-def build_supported(variant: Variant, out: Path, seed: int = 0) -> None:
+def build_supported(variant: Variant, out: Path, seed: int = 0, calibrate: bool = True) -> None:
     """A tiny random model of a supported family, its EOS calibrated as tests/support/tiny.py does
     (so outputs have varied lengths), with ``variant.generation`` in its generation config."""
     import torch
@@ -103,8 +103,9 @@ def build_supported(variant: Variant, out: Path, seed: int = 0) -> None:
         model.generation_config = tiny._neutral_generation_config(config)
         if family != "t5" and family != "mt5":  # BART-like configs force EOS at the limit by default
             model.generation_config.forced_eos_token_id = getattr(config, "forced_eos_token_id", None)
-        tiny._sharpen(model, family)
-        tiny._calibrate_eos(model, tokenizer, texts, max_new_tokens=min(40, positions - 2))
+        if calibrate:  # a model that is to be refused needs no sensible outputs (and may not run at all)
+            tiny._sharpen(model, family)
+            tiny._calibrate_eos(model, tokenizer, texts, max_new_tokens=min(40, positions - 2))
     generation = {name: tokenizer.convert_tokens_to_ids(value) if isinstance(value, str) else value
                   for name, value in variant.generation.items()}  # a token's text: its id
     model.generation_config = GenerationConfig(**{**model.generation_config.to_diff_dict(), **generation})
@@ -210,6 +211,14 @@ VARIANTS: list[Variant] = [
             config=dict(relative_attention_num_buckets=8, relative_attention_max_distance=6)),
     Variant("t5-buckets-64-dist-256", "t5", "relative_attention_num_buckets 64, max_distance 256",
             config=dict(relative_attention_num_buckets=64, relative_attention_max_distance=256)),
+    Variant("t5-padded-vocab", "t5",
+            "t5-small/flan-t5's vocab_size 32128 for a 32100-token tokenizer: 28 embedding rows no token has",
+            config=dict(vocab_size=151)),
+    Variant("t5-degenerate-buckets", "t5",
+            "relative_attention_max_distance 8 = num_buckets 16 // 2: transformers' own bucket formula divides by "
+            "log(1) (a configuration no real checkpoint has)",
+            config=dict(relative_attention_num_buckets=16, relative_attention_max_distance=8), expect=REFUSED,
+            refusal_words=("relative_attention_max_distance",)),
     Variant("mt5-small", "mt5", "mT5: gated-gelu, untied head, 32 buckets / 128",
             config=dict(relative_attention_num_buckets=32, relative_attention_max_distance=128)),
     # ---------------------------------------------------------------- not supported
@@ -357,7 +366,7 @@ def check_refused(variant: Variant, work: Path, progress: list[str]) -> dict:
     if variant.build is not None:
         variant.build(checkpoint)
     else:
-        build_supported(variant, checkpoint)
+        build_supported(variant, checkpoint, calibrate=False)
     before = set(work.iterdir())
     try:
         export_bundle(checkpoint, bundle, progress=progress.append, **variant.export_options)

@@ -103,3 +103,16 @@ def test_a_forced_bos_the_tokenizer_does_not_mark_special_is_refused_at_export(r
     with pytest.raises(ExportError, match=r"forced_bos_token_id is 50 \('w46'\).*add_special_tokens"):
         export_bundle(src, tmp_path / "out", progress=None)
     _assert_nothing_written(tmp_path, "ckpt")
+
+
+def test_t5_buckets_transformers_cannot_compute_are_refused_before_loading(tmp_path):
+    """max_distance at num_buckets // 2: transformers' bucket formula divides by log(1), and the
+    export used to crash with an IndexError traceback while tracing."""
+    from transformers import T5Config
+
+    T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=16, num_layers=1, num_heads=2, relative_attention_num_buckets=16,
+             relative_attention_max_distance=8, decoder_start_token_id=0).save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(UnsupportedModelError, match="relative_attention_max_distance 8 is not above "
+                                                    "relative_attention_num_buckets 16 // 2"):
+        export_bundle(tmp_path / "ckpt", tmp_path / "out", progress=None)
+    _assert_nothing_written(tmp_path, "ckpt")
