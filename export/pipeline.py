@@ -134,6 +134,15 @@ def _load(src: Path, config):
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same advice
         raise ExportError(f"could not load the tokenizer from {str(src)!r} ({exc}).") from exc
+    if not getattr(tokenizer, "is_fast", False) and type(tokenizer).__name__ == "MarianTokenizer":
+        # Hub OPUS-MT checkpoints: source.spm/target.spm and vocab.json, for which transformers has no
+        # fast tokenizer, so the advice below would not work
+        raise ExportError(
+            f"the tokenizer in {str(src)!r} is a MarianTokenizer (source.spm, target.spm, vocab.json), which "
+            "transformers cannot convert to tokenizer.json, and aggdec's runtime reads tokenizer.json; "
+            "Hugging Face OPUS-MT checkpoints cannot be exported yet (a Marian model folder with a "
+            "tokenizer.json can: docs/marian.md)."
+        )
     if not getattr(tokenizer, "is_fast", False):
         raise ExportError(
             f"the tokenizer in {str(src)!r} is a slow ({type(tokenizer).__name__}) tokenizer; aggdec's runtime needs "
