@@ -54,6 +54,7 @@ class Variant:
     expect: str = EXACT
     build: Callable[[Path], None] | None = None  # a model of another architecture (unsupported ones)
     beams: bool = True
+    max_new: int | None = None  # this variant's own limit of new tokens (default: --max-new)
     long_text: bool = False  # also check that a text past the position limit is refused clearly
     refusal_words: tuple[str, ...] = ()  # words the refusal must contain
     extra_specials: tuple[str, ...] = ()  # special tokens added to the tokenizer (mBART-50's language codes)
@@ -184,6 +185,9 @@ VARIANTS: list[Variant] = [
             generation=dict(eos_token_id=[2, 50]), expect=REFUSED, refusal_words=("eos_token_id",)),
     Variant("bart-forced-bos-eos", "bart", "bart-large: forced_bos_token_id 0, forced_eos_token_id 2 alone",
             config=dict(forced_eos_token_id=2), generation=dict(forced_bos_token_id=0, forced_eos_token_id=2)),
+    Variant("bart-generation-start-token", "bart",
+            "a generation config whose decoder_start_token_id (0, <s>) differs from config.json's (2, </s>)",
+            generation=dict(decoder_start_token_id=0)),
     Variant("bart-short-positions", "bart", "BART with max_position_embeddings 24", config=dict(
         max_position_embeddings=24), long_text=True),
     # ---------------------------------------------------------------- mBART
@@ -209,6 +213,9 @@ VARIANTS: list[Variant] = [
     Variant("t5-buckets-8-dist-6", "t5",
             "relative_attention_num_buckets 8, max_distance 6: outputs run four times past max_distance",
             config=dict(relative_attention_num_buckets=8, relative_attention_max_distance=6)),
+    Variant("t5-long-outputs", "t5",
+            "16 buckets, max_distance 12, outputs of up to 80 tokens: six times past max_distance",
+            config=dict(relative_attention_num_buckets=16, relative_attention_max_distance=12), max_new=80),
     Variant("t5-buckets-64-dist-256", "t5", "relative_attention_num_buckets 64, max_distance 256",
             config=dict(relative_attention_num_buckets=64, relative_attention_max_distance=256)),
     Variant("t5-padded-vocab", "t5",
@@ -397,7 +404,7 @@ def run_variant(variant: Variant, texts: list[str], max_new: int) -> dict:
             if variant.expect == REFUSED:
                 result = check_refused(variant, Path(scratch), progress)
             else:
-                result = check_exact(variant, Path(scratch), texts, max_new, progress)
+                result = check_exact(variant, Path(scratch), texts, variant.max_new or max_new, progress)
         except Exception as exc:  # noqa: BLE001
             result = {"result": "CRASH", "error": type(exc).__name__, "message": str(exc).splitlines()[0][:300]
                       if str(exc) else "", "failures": [traceback.format_exc(limit=4)]}

@@ -88,6 +88,18 @@ def _call_defaults(generation_config: object) -> list[str]:
             if _set(getattr(generation_config, name, neutral), neutral)]
 
 
+def generation_ids(config: object, generation_config: object) -> tuple[int, int]:
+    """The decoder start and end ids transformers' ``generate`` uses: the generation config's,
+    where it sets them (a checkpoint's generation_config.json may differ from its config.json),
+    else the model config's."""
+    start = getattr(generation_config, "decoder_start_token_id", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if len(set(eos)) == 1 else None  # several: refused (_ignored_settings) or ignored
+    return (int(start if isinstance(start, int) else config.decoder_start_token_id),
+            int(eos if isinstance(eos, int) else config.eos_token_id))
+
+
 def _check_special_ids(tokenizer, ids: dict[str, int | None]) -> None:
     """The ids decoding starts, stops, pads with and forces must be special tokens of the
     tokenizer: the runtime refuses a bundle where they are not (runtime/bundle_checks.py, which
@@ -259,9 +271,8 @@ def export_bundle(
             raise ExportError(f"the checkpoint's generation config forces one of several end tokens "
                               f"(forced_eos_token_id={forced_eos}); aggdec forces one.")
         forced_eos = forced_eos[0] if forced_eos else None
-    eos_id = int(generation_config.eos_token_id if isinstance(generation_config.eos_token_id, int)
-                 else config.eos_token_id)
-    _check_special_ids(tokenizer, {"decoder_start_token_id": config.decoder_start_token_id, "eos_token_id": eos_id,
+    start_id, eos_id = generation_ids(config, generation_config)
+    _check_special_ids(tokenizer, {"decoder_start_token_id": start_id, "eos_token_id": eos_id,
                                    "pad_token_id": config.pad_token_id, "forced_bos_token_id": forced_bos,
                                    "forced_eos_token_id": forced_eos})
     limit = family.position_limit(config)
@@ -281,7 +292,7 @@ def export_bundle(
     say(progress, "[2/5] computing torch references")
     pad_id = int(config.pad_token_id)
     encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed)
-    draft_cases = drafter_cases(drafter, model, vocab, pad_id, int(config.decoder_start_token_id)) if drafter else []
+    draft_cases = drafter_cases(drafter, model, vocab, pad_id, start_id) if drafter else []
 
     tmp = None
     try:
@@ -329,7 +340,7 @@ def export_bundle(
             decoder_layers=layers,
             num_heads=heads,
             head_dim=head_dim,
-            decoder_start_token_id=int(config.decoder_start_token_id),
+            decoder_start_token_id=start_id,
             eos_token_id=eos_id,
             pad_token_id=pad_id,
             forced_bos_token_id=int(forced_bos) if forced_bos is not None else None,
