@@ -158,6 +158,10 @@ VARIANTS: list[Variant] = [
     Variant("marian-untied-same-vocab", "marian",
             "share_encoder_decoder_embeddings False, decoder_vocab_size == vocab_size (own decoder embeddings)",
             config=dict(share_encoder_decoder_embeddings=False, tie_word_embeddings=False)),
+    Variant("marian-asymmetric", "marian",
+            "encoder and decoder of different shapes: 1 vs 3 layers, 2 vs 8 heads, FFN 48 vs 96",
+            config=dict(encoder_layers=1, decoder_layers=3, encoder_attention_heads=2, decoder_attention_heads=8,
+                        encoder_ffn_dim=48, decoder_ffn_dim=96)),
     Variant("marian-separate-vocab", "marian",
             "opus-mt-tc style separate vocabularies: share_encoder_decoder_embeddings False, "
             "decoder_vocab_size != vocab_size",

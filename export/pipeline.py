@@ -96,8 +96,14 @@ def generation_ids(config: object, generation_config: object) -> tuple[int, int]
     eos = getattr(generation_config, "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if len(set(eos)) == 1 else None  # several: refused (_ignored_settings) or ignored
-    return (int(start if isinstance(start, int) else config.decoder_start_token_id),
-            int(eos if isinstance(eos, int) else config.eos_token_id))
+    if not isinstance(start, int):
+        start = getattr(config, "decoder_start_token_id", None)
+    if not isinstance(start, int):  # generate() then starts from the BOS
+        start = getattr(generation_config, "bos_token_id", None)
+    if not isinstance(start, int):
+        raise ExportError("the checkpoint sets no decoder_start_token_id (nor bos_token_id) in config.json or "
+                          "generation_config.json; set the id its decoder starts from.")
+    return int(start), int(eos if isinstance(eos, int) else config.eos_token_id)
 
 
 def _check_special_ids(tokenizer, ids: dict[str, int | None]) -> None:
