@@ -209,13 +209,44 @@ ARCHITECTURES = {
 }
 
 
+def _unsupported_config(config: object) -> str | None:
+    """What a checkpoint of a supported class sets that aggdec cannot reproduce, or None.
+
+    T5 relative-position buckets whose max distance is not above the decoder's exact buckets:
+    transformers' bucket formula is then undefined (a NaN or negative bucket, an index error in
+    transformers itself), so there is nothing to reproduce.
+
+    Separate source and target vocabularies (Marian's ``decoder_vocab_size`` other than
+    ``vocab_size``, as some OPUS-MT models have): a bundle holds one tokenizer for both sides,
+    and IAD drafts source ids as output ids, so output ids would be decoded, and drafted, in the
+    wrong vocabulary."""
+    buckets = getattr(config, "relative_attention_num_buckets", None)
+    distance = getattr(config, "relative_attention_max_distance", None)
+    if buckets is not None and distance is not None and int(distance) <= int(buckets) // 2:
+        # the decoder's exact buckets are num_buckets // 2; past them transformers' bucket is
+        # log(d / exact) / log(max_distance / exact): a division by log(1) or a negative bucket
+        return (f"its relative_attention_max_distance {distance} is not above relative_attention_num_buckets "
+                f"{buckets} // 2, where transformers' own relative-position buckets are undefined")
+    decoder_vocab = getattr(config, "decoder_vocab_size", None)
+    vocab = getattr(config, "vocab_size", None)
+    if decoder_vocab is not None and vocab is not None and int(decoder_vocab) != int(vocab):
+        return (f"its decoder_vocab_size {decoder_vocab} differs from vocab_size {vocab} (separate source and "
+                "target vocabularies); an aggdec bundle has one tokenizer for source and output")
+    return None
+
+
 def family_for(config: object) -> Family:
+    """The adapter of ``config``'s class; UnsupportedModelError naming what is not supported."""
     name = type(config).__name__
     try:
-        return REGISTRY[name]
+        family = REGISTRY[name]
     except KeyError:
         supported = ", ".join(sorted(ARCHITECTURES.values()))
         raise UnsupportedModelError(
             f"aggdec cannot export a checkpoint with {name} (model_type {getattr(config, 'model_type', '?')!r}); "
             f"supported architectures: {supported}."
         ) from None
+    reason = _unsupported_config(config)
+    if reason is not None:
+        raise UnsupportedModelError(f"aggdec cannot export this {ARCHITECTURES[name]} checkpoint: {reason}.")
+    return family

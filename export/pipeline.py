@@ -31,14 +31,26 @@ from .validate import drafter_cases, reference_cases, validate
 DEFAULT_TOP_K = 8
 DEFAULT_OPSET = 17
 DEFAULT_MAX_LEN = 512  # source/target limit for families without a hard position limit (T5)
-# generation-config settings that change greedy decoding and that aggdec does not apply
+# generation-config settings that change greedy (and beam) outputs and that aggdec does not
+# apply, with their neutral values: an export refuses a checkpoint that sets one, unless told to
+# ignore them (the bundle then equals transformers' generate with these at their neutral values;
+# train_drafter.py neutralizes the same list for its targets)
 IGNORED_GENERATION_SETTINGS = {
     "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
     "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
     "min_length": 0,
     "min_new_tokens": None,
-    "encoder_no_repeat_ngram_size": 0,
+    "exponential_decay_length_penalty": None,
+    "sequence_bias": None,
+    "begin_suppress_tokens": None,
+    "stop_strings": None,
 }
+# settings that only give generate() its defaults (the search, the limit): aggdec takes these from
+# the call, so an export only says what the checkpoint would have chosen
+CALL_DEFAULT_SETTINGS = {"num_beams": 1, "length_penalty": 1.0, "early_stopping": False, "max_length": 20,
+                         "max_new_tokens": None}
 
 
 def _suppressed_ids(generation_config: object) -> tuple[int, ...]:
@@ -51,16 +63,64 @@ def _suppressed_ids(generation_config: object) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def _set(value: object, neutral: object) -> bool:
+    """Whether a generation setting is set to something other than its neutral value (None, an
+    empty list or dict, and 0 where the neutral value is None, are neutral too)."""
+    if value is None or value == neutral:
+        return False
+    return not (neutral is None and (value == 0 or value in ([], {}, ())))
+
+
 def _ignored_settings(generation_config: object) -> list[str]:
-    notes = []
-    for name, neutral in IGNORED_GENERATION_SETTINGS.items():
-        value = getattr(generation_config, name, neutral)
-        if value not in (neutral, None) and not (neutral is None and value == 0):
-            notes.append(f"{name}={value}")
+    """The settings of ``generation_config`` that change greedy output and that aggdec cannot apply."""
+    notes = [f"{name}={getattr(generation_config, name, neutral)}" for name, neutral in
+             IGNORED_GENERATION_SETTINGS.items() if _set(getattr(generation_config, name, neutral), neutral)]
     for words in getattr(generation_config, "bad_words_ids", None) or []:
         if len(words) > 1:
             notes.append(f"bad_words_ids entry {words}")
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)) and len(set(eos)) > 1:  # transformers stops at any of them; aggdec at one
+        notes.append(f"eos_token_id={list(eos)} (several end tokens)")
     return notes
+
+
+def _call_defaults(generation_config: object) -> list[str]:
+    return [f"{name}={getattr(generation_config, name)}" for name, neutral in CALL_DEFAULT_SETTINGS.items()
+            if _set(getattr(generation_config, name, neutral), neutral)]
+
+
+def generation_ids(config: object, generation_config: object) -> tuple[int, int]:
+    """The decoder start and end ids transformers' ``generate`` uses: the generation config's,
+    where it sets them (a checkpoint's generation_config.json may differ from its config.json),
+    else the model config's."""
+    start = getattr(generation_config, "decoder_start_token_id", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if len(set(eos)) == 1 else None  # several: refused (_ignored_settings) or ignored
+    if not isinstance(start, int):
+        start = getattr(config, "decoder_start_token_id", None)
+    if not isinstance(start, int):  # generate() then starts from the BOS
+        start = getattr(generation_config, "bos_token_id", None)
+    if not isinstance(start, int):
+        raise ExportError("the checkpoint sets no decoder_start_token_id (nor bos_token_id) in config.json or "
+                          "generation_config.json; set the id its decoder starts from.")
+    return int(start), int(eos if isinstance(eos, int) else config.eos_token_id)
+
+
+def _check_special_ids(tokenizer, ids: dict[str, int | None]) -> None:
+    """The ids decoding starts, stops, pads with and forces must be special tokens of the
+    tokenizer: the runtime refuses a bundle where they are not (runtime/bundle_checks.py, which
+    takes that as a tokenizer from another model), so the export says so first, by name."""
+    backend = tokenizer.backend_tokenizer
+    special = {index for index, token in backend.get_added_tokens_decoder().items() if token.special}
+    for field, value in ids.items():
+        if value is not None and int(value) not in special:
+            token = backend.id_to_token(int(value))
+            raise ExportError(f"the checkpoint's {field} is {value} ({token!r}), which its tokenizer does not mark "
+                              "as a special token; aggdec requires the ids decoding starts, ends, pads with and "
+                              "forces to be special tokens (the runtime drops them from the text). Add it with "
+                              f"tokenizer.add_special_tokens({{'additional_special_tokens': [{token!r}]}}) and "
+                              "save_pretrained, or set the right id in the config.")
 
 
 def _read_config(src: Path):
@@ -96,6 +156,15 @@ def _load(src: Path, config):
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same advice
         raise ExportError(f"could not load the tokenizer from {str(src)!r} ({exc}).") from exc
+    if not getattr(tokenizer, "is_fast", False) and type(tokenizer).__name__ == "MarianTokenizer":
+        # Hub OPUS-MT checkpoints: source.spm/target.spm and vocab.json, for which transformers has no
+        # fast tokenizer, so the advice below would not work
+        raise ExportError(
+            f"the tokenizer in {str(src)!r} is a MarianTokenizer (source.spm, target.spm, vocab.json), which "
+            "transformers cannot convert to tokenizer.json, and aggdec's runtime reads tokenizer.json; "
+            "Hugging Face OPUS-MT checkpoints cannot be exported yet (a Marian model folder with a "
+            "tokenizer.json can: docs/marian.md)."
+        )
     if not getattr(tokenizer, "is_fast", False):
         raise ExportError(
             f"the tokenizer in {str(src)!r} is a slow ({type(tokenizer).__name__}) tokenizer; aggdec's runtime needs "
@@ -125,6 +194,7 @@ def export_bundle(
     reference: str = "marian",
     argmax_graph: bool = True,
     cross_key_layout: str = KEYS_TRANSPOSED,
+    ignore_generation_settings: bool = False,
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
@@ -143,6 +213,10 @@ def export_bundle(
     ``cross_key_layout`` (Manifest.cross_key_layout): "heads_source_dim" writes the cross keys
     as bundles from before the field have them, untransposed (to compare the two, and to test
     that such bundles still decode the same); the default has the encoder transpose them.
+    ``ignore_generation_settings``: a checkpoint whose generation config sets what changes
+    greedy output and aggdec does not apply (:data:`IGNORED_GENERATION_SETTINGS`: n-gram
+    blocking, repetition penalties, minimum lengths, ...) is refused unless this is True; the
+    bundle then decodes as transformers' ``generate`` does with those settings neutral.
     """
     from .marian.export import export_marian, is_marian_folder
 
@@ -158,7 +232,8 @@ def export_bundle(
         return _export_quantized(src_dir, out_dir, force=force, top_k=top_k, opset=opset, reference=reference,
                                  argmax_graph=argmax_graph, cross_key_layout=cross_key_layout,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
-                                 drafter_dir=drafter_dir, precision=precision, progress=progress)
+                                 drafter_dir=drafter_dir, precision=precision, progress=progress,
+                                 ignore_generation_settings=ignore_generation_settings)
     if reference != "marian":
         raise ExportError(f"--reference {reference} applies to Marian model folders; "
                           f"{str(src_dir)!r} is not one.")
@@ -166,6 +241,8 @@ def export_bundle(
         raise ExportError(f"int8_drafter must be True or False, got {int8_drafter!r}.")
     if not isinstance(argmax_graph, bool):
         raise ExportError(f"argmax_graph must be True or False, got {argmax_graph!r}.")
+    if not isinstance(ignore_generation_settings, bool):
+        raise ExportError(f"ignore_generation_settings must be True or False, got {ignore_generation_settings!r}.")
     import torch
     import transformers
 
@@ -185,12 +262,29 @@ def export_bundle(
     parts = family.decoder_parts(model)
     layers, heads, head_dim = len(parts.layers), parts.num_heads, parts.head_dim
     suppressed = _suppressed_ids(generation_config)
-    for note in _ignored_settings(generation_config):
+    ignored = _ignored_settings(generation_config)
+    if ignored and not ignore_generation_settings:
+        raise ExportError(f"the checkpoint's generation config sets {', '.join(ignored)}, which change greedy "
+                          "output and which aggdec does not apply, so its outputs would differ from transformers' "
+                          "generate; pass --ignore-generation-settings (ignore_generation_settings=True) to export "
+                          "it decoding as generate does with them neutral.")
+    for note in ignored:
         say(progress, f"      note: generation config sets {note}; aggdec decodes plain greedy and ignores it")
+    defaults = _call_defaults(generation_config)
+    if defaults:
+        say(progress, f"      note: generation config sets {', '.join(defaults)}; aggdec takes the search and the "
+                      "length limit from each generate call (greedy, the bundle's max_target_len), not from it")
     forced_bos = getattr(generation_config, "forced_bos_token_id", None)
     forced_eos = getattr(generation_config, "forced_eos_token_id", None)
     if isinstance(forced_eos, list):
+        if len(set(forced_eos)) > 1:
+            raise ExportError(f"the checkpoint's generation config forces one of several end tokens "
+                              f"(forced_eos_token_id={forced_eos}); aggdec forces one.")
         forced_eos = forced_eos[0] if forced_eos else None
+    start_id, eos_id = generation_ids(config, generation_config)
+    _check_special_ids(tokenizer, {"decoder_start_token_id": start_id, "eos_token_id": eos_id,
+                                   "pad_token_id": config.pad_token_id, "forced_bos_token_id": forced_bos,
+                                   "forced_eos_token_id": forced_eos})
     limit = family.position_limit(config)
     max_source = max_source_len or limit or DEFAULT_MAX_LEN
     max_target = max_target_len or limit or DEFAULT_MAX_LEN
@@ -208,7 +302,7 @@ def export_bundle(
     say(progress, "[2/5] computing torch references")
     pad_id = int(config.pad_token_id)
     encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed)
-    draft_cases = drafter_cases(drafter, model, vocab, pad_id, int(config.decoder_start_token_id)) if drafter else []
+    draft_cases = drafter_cases(drafter, model, vocab, pad_id, start_id) if drafter else []
 
     tmp = None
     try:
@@ -256,9 +350,8 @@ def export_bundle(
             decoder_layers=layers,
             num_heads=heads,
             head_dim=head_dim,
-            decoder_start_token_id=int(config.decoder_start_token_id),
-            eos_token_id=int(generation_config.eos_token_id if isinstance(generation_config.eos_token_id, int)
-                             else config.eos_token_id),
+            decoder_start_token_id=start_id,
+            eos_token_id=eos_id,
             pad_token_id=pad_id,
             forced_bos_token_id=int(forced_bos) if forced_bos is not None else None,
             forced_eos_token_id=int(forced_eos) if forced_eos is not None else None,

@@ -201,11 +201,31 @@ def remove_temp(tmp: Path | None) -> None:
 
 def publish(tmp: Path, out: Path, manifest_json: str) -> None:
     """Finish a bundle staged in ``tmp`` and put it at ``out``: the manifest is written last (a
-    directory without one is no bundle), the directory opened to its readers (mkdtemp makes it
-    private; a bundle is meant to be shared), then moved into place."""
+    directory without one is no bundle), the runtime must open it (:func:`check_runtime_opens`),
+    the directory is opened to its readers (mkdtemp makes it private; a bundle is meant to be
+    shared), then moved into place."""
     (tmp / MANIFEST_FILE).write_text(manifest_json, encoding="utf-8")
+    check_runtime_opens(tmp)
     tmp.chmod(0o755)
     move_into_place(tmp, out)
+
+
+def check_runtime_opens(bundle: Path) -> None:
+    """ExportError unless aggdec's runtime opens ``bundle`` on the CPU, with every check it makes
+    at load (the manifest's schema, the graphs' IO against it, the special ids against the
+    tokenizer, the vocabulary and length probes): an export never publishes a bundle that its
+    own runtime refuses (a forced BOS the tokenizer does not mark special once did that). An
+    fp16 bundle runs on CUDA only and is not opened here."""
+    from ..runtime.loader import open_bundle
+
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
+    if manifest.get("precision") == "fp16":
+        return
+    try:
+        open_bundle(bundle, device="cpu", threads=1, verify=False)
+    except AggdecError as exc:
+        raise ExportError(f"the bundle as written would be refused by aggdec's runtime ({one_line(exc)}); "
+                          "nothing was written. Please report this with the checkpoint's config.json.") from exc
 
 
 def move_into_place(tmp: Path, out: Path) -> None:

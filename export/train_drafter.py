@@ -458,9 +458,11 @@ def _runtime_greedy(model: nn.Module, max_new_tokens: int) -> Any:
 
 
 def _layout(model: nn.Module, tokenizer: Any, drafter: Drafter) -> _Layout:
+    from .pipeline import generation_ids
+
     forced_bos = getattr(model.generation_config, "forced_bos_token_id", None)
     return _Layout(
-        start=[int(model.config.decoder_start_token_id)],
+        start=[generation_ids(model.config, model.generation_config)[0]],  # the start generate() uses
         first_p=1 if forced_bos is not None else 0,
         k=drafter.config.k,
         mask_id=drafter.config.mask_token_id,

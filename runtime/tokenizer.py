@@ -187,6 +187,9 @@ class TextCodec:
         special = set(self._special_ids)
         tokens = [next(restored) if token == unk else self._tokenizer.id_to_token(token)
                   for token in ids if token == unk or token not in special]
+        # an id past the tokenizer (a model's padded embedding rows: T5's 32128 for 32100 tokens)
+        # has no text; decode() drops it too
+        tokens = [token for token in tokens if token is not None]
         decoder = self._tokenizer.decoder
         if decoder is None:  # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
             return " ".join(tokens)

@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "on disk and in memory)")
     parser.add_argument("--no-int8-drafter", action="store_true",
                         help="fp32: leave out drafter.int8.onnx, the drafter's int8 copy that GAD uses on the CPU")
+    parser.add_argument("--ignore-generation-settings", action="store_true",
+                        help="export a checkpoint whose generation config sets what aggdec does not apply "
+                             "(no_repeat_ngram_size, repetition_penalty, min_length, ...; refused without this): "
+                             "the bundle decodes as transformers' generate does with them neutral")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,5 +60,6 @@ def run(args: argparse.Namespace) -> int:
                   max_source_len=args.max_source_len, max_target_len=args.max_target_len,
                   drafter_dir=args.drafter, precision=args.precision, int8_drafter=not args.no_int8_drafter,
                   reference=args.reference, argmax_graph=not args.no_argmax_graph,
+                  ignore_generation_settings=args.ignore_generation_settings,
                   progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0
