@@ -10,8 +10,10 @@ layers than its files hold makes transformers allocate and initialize the differ
   an integer in a range far above any real model's (:data:`SIZE_LIMITS`);
 - the model built on the ``meta`` device (no memory) may have at most
   :data:`PARAMETERS_PER_STORED_BYTE` parameters per byte of its weight files: a float32 file
-  holds a quarter of a parameter per byte, float16 half, so real checkpoints, with weights
-  they leave out (tied or sinusoidal), stay far below it.
+  holds a quarter of a parameter per byte, float16 half, so real checkpoints stay far below
+  it. Only the parameters a checkpoint stores count: tied ones once, and not the frozen ones
+  transformers computes and never saves (Marian's sinusoidal position tables, which outweigh a
+  small model's trained weights).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def check_parameters(src: Path, config: Any) -> None:
             skeleton = AutoModelForSeq2SeqLM.from_config(config)
     except Exception:  # noqa: BLE001 - a config transformers cannot build: loading it says why
         return
-    parameters = sum(parameter.numel() for parameter in skeleton.parameters())
+    unsaved = set(getattr(skeleton, "_keys_to_ignore_on_save", None) or ())
+    parameters = sum(parameter.numel() for name, parameter in skeleton.named_parameters()
+                     if parameter.requires_grad or name not in unsaved)
     if parameters > PARAMETERS_PER_STORED_BYTE * stored:
         raise ExportError(f"{str(src / 'config.json')!r} describes a model of {parameters:,} parameters, but its "
                           f"weight files hold only {stored:,} bytes: the weights are cut short, or the config "
