@@ -135,8 +135,8 @@ def _read_config(src: Path):
         config = AutoConfig.from_pretrained(src)
     except Exception as exc:  # noqa: BLE001 - transformers' own field checks raise their own error types too
         raise ExportError(f"could not read {str(src / 'config.json')!r}: {one_line(exc)}") from exc
+    check_sizes(config, str(src / "config.json"))  # before anything, transformers included, uses them
     family = family_for(config)
-    check_sizes(config, str(src / "config.json"))  # before transformers builds anything from them
     return config, family
 
 
