@@ -287,7 +287,7 @@ class Batch:
                 self._layout = self.buffers.layout
             outputs = session.run_bound(binding)
             # copies: with the binding kept, the next run writes into the same output memory
-            candidates = [value.numpy().copy() for value in outputs[: len(self._candidates)]]
+            candidates = [outputs[index].numpy().copy() for index in range(len(self._candidates))]
             # the candidates are bound without a shape, so nothing else checks what the graph
             # computed (an unbound call's outputs are checked by its session: OrtSession.run)
             expected = (rows, new, self._verifier.manifest.top_k)[: 3 if len(candidates) == 2 else 2]
