@@ -6,6 +6,7 @@ encoder (a translation stopped after one token, less the second token's cost) an
 
     python benchmarks/host_share.py BUNDLE --ct2 CT2_DIR [--modes greedy iad] [--batch-sizes 1 8 32]
                                    [--limit 400] [--repeats 3] [--data uagec-test] [--max-new-tokens 255]
+                                   [--ct2-compute-type float32]
 
 aggdec runs one thread (its onnxruntime calls run on the calling thread, whose CPU time
 ``time.thread_time`` counts, split around every ``InferenceSession.run`` and
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--data", default="uagec-test")
+    parser.add_argument("--ct2-compute-type", default="float32",
+                        help="CTranslate2's compute type (int8: against an int8 aggdec bundle)")
     parser.add_argument("--max-new-tokens", type=int, default=255,
                         help="both systems' output limit (the reference bundle's: its 256 positions less the start)")
     args = parser.parse_args(argv)
@@ -96,10 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     clock = OrtClock()
     generator = Generator(args.bundle, device="cpu", threads=1)
     translator = ctranslate2.Translator(args.ct2, device="cpu", inter_threads=1, intra_threads=1,
-                                        compute_type="float32")
+                                        compute_type=args.ct2_compute_type)
     tokenizer = Tokenizer.from_file(str(Path(args.bundle) / "tokenizer.json"))
     tokens = sorted((encoding.tokens for encoding in tokenizer.encode_batch(texts)), key=len)
-    print(f"{len(texts)} sentences of {args.data}, CPU seconds, 1 thread, medians of {args.repeats}")
+    print(f"{len(texts)} sentences of {args.data}, CPU seconds, 1 thread, medians of {args.repeats}; "
+          f"CTranslate2 {args.ct2_compute_type}")
     print("| system | batch | total | encoder calls | verifier/drafter calls | host (aggdec) / steps (CT2) "
           "| host share | CT2 / aggdec time |")
     print("|---|---|---|---|---|---|---|---|")
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             m = medians[mode]
             print(f"| aggdec {mode} | {batch_size} | {m['total']:.3f} | {m['fed calls']:.3f} | {m['bound calls']:.3f} "
                   f"| {m['host']:.3f} | {m['host'] / m['total']:.0%} | {ct2['total'] / m['total']:.2f}x |")
-        print(f"| CTranslate2 greedy | {batch_size} | {ct2['total']:.3f} | {ct2['encoder']:.3f} | | "
+        print(f"| CTranslate2 {args.ct2_compute_type} greedy | {batch_size} | {ct2['total']:.3f} | {ct2['encoder']:.3f} | | "
               f"{ct2['steps']:.3f} | | |")
     return 0
 
