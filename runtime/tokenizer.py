@@ -112,9 +112,7 @@ class TextCodec:
         ``first_index``: the index of ``texts[0]`` among the caller's, for messages."""
         try:
             encoded = self._encode(texts)
-        except AggdecError:
-            raise
-        except BaseException as exc:
+        except BaseException as exc:  # a panic is a BaseException; anything else goes on as it is
             if not _panicked(exc):
                 raise
             for index, text in enumerate(texts):  # which text: the others may be fine
