@@ -5,11 +5,12 @@ no model is loaded and nothing is decoded. `mkdocs build --strict` checks links 
 only; these checks cover the README, the links out of docs/ and the names the pages use.
 
 Each check was seen to fail on a deliberately broken doc, then reverted: a made-up flag
-(`aggdec generate --no-such-flag`) and a made-up command (`aggdec frobnicate`) in a code
-block, a link to a missing file, a results folder left out of INDEX.md, `Generator(...,
-no_such_kwarg=1)` and `DecodeOptions(..., no_such_field=1)` in a code span, a decision record
-left out of its index and a page left out of mkdocs.yml's nav, a README padded past 15,000
-characters.
+(`aggdec generate --no-such-flag`, `--no-stats`) and a made-up command (`aggdec frobnicate`)
+in a code block, an option left out of docs/cli.md's synopsis, a link to a missing file, a
+removed script (`python benchmarks/ab_bundles.py`), a results folder left out of INDEX.md,
+`Generator(..., no_such_kwarg=1)` and `DecodeOptions(..., no_such_field=1)` in a code span,
+a decision record left out of its index and a page left out of mkdocs.yml's nav, a README
+padded past 15,000 characters.
 """
 
 from __future__ import annotations
@@ -242,6 +243,28 @@ def test_results_index_lists_every_run_folder():
     gone = sorted(str(p.relative_to(RESULTS)) for p in linked
                   if RESULTS in p.parents and not p.exists())
     assert not gone, f"INDEX.md links results that do not exist: {gone}"
+
+
+# a path in code that starts at one of the repository's top folders (`benchmarks/ab.py`,
+# `tests/test_import_graph.py`); placeholders (`<run>`, `$DIR`) and paths under other roots
+# (`DIR/train_report.json`, `../shared/`) are not matched
+REPO_PATH = re.compile(r"(?<![\w./$<>{}-])((?:benchmarks|tests|docs|examples|runtime|export|engines|aggdec|\.ci)"
+                       r"/[\w.+-]+(?:/[\w.+-]+)*/?)")
+
+
+def test_every_repository_path_in_code_exists():
+    """The scripts and files a command or a code span names (a removed script's command no one
+    can run was the case that prompted this)."""
+    seen, missing = 0, []
+    for code in all_code():
+        for match in REPO_PATH.finditer(code.text):
+            seen += 1
+            path = match.group(1).rstrip(".")
+            if not (ROOT / path).exists():
+                line = code.line + code.text.count("\n", 0, match.start())
+                missing.append(f"{code.page.relative_to(ROOT)}:{line}: {path} does not exist")
+    assert seen > 100, "the matcher found almost no paths: it is broken"
+    assert not missing, "\n".join(missing)
 
 
 # --------------------------------------------------------------------------- 3: Python API names
