@@ -22,8 +22,6 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 RESULTS = ROOT / "benchmarks" / "results"
