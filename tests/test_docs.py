@@ -45,15 +45,12 @@ class Code:
     text: str
     block: bool
 
-    def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
-
 
 def split_code(page: Path) -> tuple[list[Code], str]:
     """The page's code (fenced blocks, then inline spans) and its prose with code blanked out.
 
-    Inline spans may cross a line break (Markdown joins the lines), so they are matched over
-    the whole prose; blanking keeps offsets, hence line numbers.
+    Inline spans may cross a line break within a paragraph (Markdown joins the lines), so they
+    are matched over the whole prose; blanking keeps offsets, hence line numbers.
     """
     lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
     blocks: list[Code] = []
@@ -78,7 +75,7 @@ def split_code(page: Path) -> tuple[list[Code], str]:
     prose = "".join(prose_lines)
     spans: list[Code] = []
     blanked = list(prose)
-    for match in re.finditer(r"(`+)(.+?)(?<!`)\1(?!`)", prose, re.DOTALL):
+    for match in re.finditer(r"(`+)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", prose, re.DOTALL):  # not across paragraphs
         text = match.group(2).replace("\n", " ").strip()
         spans.append(Code(page, prose.count("\n", 0, match.start()) + 1, text, False))
         for i in range(match.start(), match.end()):
