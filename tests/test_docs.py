@@ -272,7 +272,8 @@ def api_names() -> dict[str, set[str]]:
 
     def keywords(function) -> set[str]:
         parameters = inspect.signature(function).parameters.values()
-        assert not any(p.kind is p.VAR_KEYWORD for p in parameters)  # else any name would do
+        assert not any(p.kind is p.VAR_KEYWORD for p in parameters), f"{function.__qualname__} takes **kwargs: " \
+            "any documented keyword would pass; check its names another way"
         return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
     return {
