@@ -108,8 +108,9 @@ def cross_key_out(key: Tensor, cross_key_layout: str) -> Tensor:
 
 def candidates(logits: Tensor, top_k: int, head: str, banned: Tensor | None = None) -> tuple[Tensor, ...]:
     """What a verifier graph returns of each position's logits [..., V], by ``head``
-    (runtime/graph_specs.py VERIFIER_GRAPHS): "top_k", the top-K log-probs and ids; "argmax",
-    the best id alone.
+    (runtime/graph_specs.py VERIFIER_GRAPHS, ARGMAX_HEADS): "top_k", the top-K log-probs and
+    ids; "argmax", the best id alone; "logits", the (masked) logits the other two choose on,
+    whose argmax the runtime takes (decision 039).
 
     Both choose on the logits, never on the log-probs: log-softmax subtracts one constant from
     every logit with rounding, which can make two different logits equal (and top-k then takes
@@ -126,6 +127,8 @@ def candidates(logits: Tensor, top_k: int, head: str, banned: Tensor | None = No
     scored = logits if banned is None else logits + banned
     if head == "argmax":
         return (torch.argmax(scored, dim=-1),)
+    if head == "logits":
+        return (scored,)
     _top_logits, top_ids = torch.topk(scored, top_k, dim=-1)
     log_probs = torch.log_softmax(logits, dim=-1)
     if banned is not None:

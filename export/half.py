@@ -36,8 +36,8 @@ from ..runtime.errors import ExportError
 # and read float32 log-probs, as the fp32 graphs do
 FP32_OPS = ("LogSoftmax", "TopK", "ArgMax", "GatherElements", "Softmax", "LayerNormalization", "Pow", "ReduceMean",
             "Sqrt", "Reciprocal")
-# graph outputs that stay float32 whatever the precision (graph_specs: top_logprobs)
-FP32_OUTPUTS = ("top_logprobs",)
+# graph outputs that stay float32 whatever the precision (graph_specs: top_logprobs, LOGITS_OUTPUT)
+FP32_OUTPUTS = ("top_logprobs", "best_logits")
 
 
 def _drop_repeated_casts(graph) -> None:

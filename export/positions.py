@@ -22,6 +22,7 @@ import numpy as np
 
 from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names, source_axis
 from ..runtime.errors import ValidationError
+from ..runtime.graph_specs import LOGITS_OUTPUT
 from ..runtime.manifest import Manifest
 
 
@@ -278,6 +279,9 @@ class Driver:
         written = dict(zip(self_cache_names(layers, kind), (out[n] for n in self_cache_out_names(layers, kind))))
         if "top1_ids" in out:  # the argmax graph: its best id as the only candidate, no log-probs
             return out["top1_ids"][:, :new, None], out["top1_ids"][:, :new, None], written
+        if LOGITS_OUTPUT in out:  # the argmax graph's logits (checked bitwise) and their argmax, as the runtime takes it
+            logits = out[LOGITS_OUTPUT][:, :new]
+            return logits, logits.argmax(-1)[..., None], written
         return out["top_logprobs"][:, :new], out["top_ids"][:, :new], written
 
     def prefill(self, case: Case, encoded: dict) -> dict:

@@ -39,18 +39,23 @@ def isolate_verifier_positions(path: Path) -> None:
 
 
 def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec: Callable[[str], object], opset: int,
-                    after: Callable[[Path], None] | None = None, argmax_graph: bool = True) -> dict:
+                    after: Callable[[Path], None] | None = None, argmax_graph: bool = True,
+                    argmax_head: str = "logits") -> dict:
     """Trace the verifier once per graph of ``VERIFIER_GRAPHS`` (the top-K graph and the argmax
     one), each rewritten so that its block positions compute as alone; returns their specs by
     graph name. ``make(head)``: the verifier module with that head; ``spec(head)``: its IO;
     ``after(path)``: a family's own rewrite of a traced graph, before the isolation.
-    ``argmax_graph``: False leaves the argmax graph out (``aggdec export --no-argmax-graph``)."""
+    ``argmax_graph``: False leaves the argmax graph out (``aggdec export --no-argmax-graph``).
+    ``argmax_head``: what the argmax graph returns (graph_specs.ARGMAX_HEADS): the logits, or
+    where the graph maps list positions to ids (a shortlist), the best id."""
     from ..runtime.graph_specs import VERIFIER_GRAPHS
 
     specs = {}
     for graph, head in VERIFIER_GRAPHS.items():
-        if head == "argmax" and not argmax_graph:
-            continue
+        if head == "argmax":
+            if not argmax_graph:
+                continue
+            head = argmax_head
         specs[graph] = spec(head)
         path = tmp / specs[graph].file
         trace(make(head).eval(), args, path, specs[graph], opset)

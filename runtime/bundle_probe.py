@@ -28,7 +28,7 @@ from .bundle_checks import ADVICE
 from .bundle_schema import ACTIVATION_DTYPES, DRAFTER_GRAPHS
 from .decoding.cache import cross_names, self_cache_names
 from .errors import BundleError, GraphRunError
-from .graph_specs import drafter_takes_output_ids, takes_output_rows
+from .graph_specs import LOGITS_OUTPUT, drafter_takes_output_ids, takes_output_rows
 from .manifest import Manifest
 
 _PROBE_CAPACITY = 2  # decoder buffer positions the verifier probe gets (it writes two)
@@ -76,7 +76,8 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     verified = _run(sessions["verifier"], "verifier", feeds, probe)
     check_ids(verified["top_ids"], m.vocab_size, "the verifier")
     if "verifier_argmax" in sessions:  # the same decoder with another head: the same best ids, bitwise
-        best = _run(sessions["verifier_argmax"], "verifier_argmax", feeds, probe)["top1_ids"]
+        out = _run(sessions["verifier_argmax"], "verifier_argmax", feeds, probe)
+        best = out["top1_ids"] if "top1_ids" in out else out[LOGITS_OUTPUT].argmax(-1)
         if not np.array_equal(best, verified["top_ids"][..., 0]):
             raise BundleError(f"the verifier_argmax graph picks ids {best.ravel().tolist()} where the verifier's best "
                               f"are {verified['top_ids'][..., 0].ravel().tolist()} on a probe with {probe}: the two "

@@ -54,22 +54,41 @@ def encoder_spec(layers: int, heads: int, head_dim: int, d_model: int, act: str 
 # graph of its own. Bundles exported before it have "verifier" alone (the runtime then reads
 # the first candidate of the top-K).
 VERIFIER_GRAPHS = {"verifier": "top_k", "verifier_argmax": "argmax"}
+# What the argmax graph returns of each position: "logits", the scored logits, whose argmax the
+# runtime takes in numpy on the CPU (onnxruntime's ArgMax takes 13x numpy's: decision 039), as
+# bundles since it are exported; or "argmax", the best id (bundles before it, and shortlist
+# bundles, whose graph maps a row's list positions to ids). The manifest's declared outputs say
+# which (:func:`argmax_head`).
+ARGMAX_HEADS = ("argmax", "logits")
+LOGITS_OUTPUT = "best_logits"
+
+
+def argmax_head(manifest: Manifest) -> str:
+    """The head of ``manifest``'s argmax graph (:data:`ARGMAX_HEADS`; "argmax" where it has none)."""
+    spec = manifest.graphs.get("verifier_argmax")
+    return "logits" if spec is not None and any(t.name == LOGITS_OUTPUT for t in spec.outputs) else "argmax"
 
 
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
                   cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k",
-                  d_model: int | None = None, cross_key_layout: str | None = None) -> GraphSpec:
+                  d_model: int | None = None, cross_key_layout: str | None = None,
+                  vocab: int | None = None) -> GraphSpec:
     """``shortlist``: the verifier also takes ``output_ids``, each row's allowed output ids
     (decoding/shortlist.py), -1 padded, or one row of every id. ``head``: what it returns of
     each position (:data:`VERIFIER_GRAPHS`). ``d_model`` (a shortlist verifier that takes
     ``output_rows``, :func:`takes_output_rows`): it also takes each row's gathered output
     matrix, [rows, L, d_model] as the encoder returned it for that row's ``output_ids``, or an
-    empty [1, 0, d_model] to gather it itself from ``output_ids`` (every id, one row for all)."""
+    empty [1, 0, d_model] to gather it itself from ``output_ids`` (every id, one row for all).
+    ``vocab``: the logits' width (the "logits" head's, which needs it)."""
     # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
     # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
     if head == "argmax":  # each position's best id: top_ids[..., 0] of the top-K graph, bitwise
         candidates: tuple[TensorSpec, ...] = (TensorSpec("top1_ids", "int64", ("batch", "new_len")),)
+    elif head == "logits":  # the logits the top-K graph chooses on, float32 at every precision
+        if vocab is None:
+            raise ValueError("the logits head's spec needs the vocabulary size")
+        candidates = (TensorSpec(LOGITS_OUTPUT, "float32", ("batch", "new_len", vocab)),)
     else:
         candidates = (
             # float32 at every precision: log-softmax and top-k run in float32 (export/half.py)
@@ -77,7 +96,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             TensorSpec("top_ids", "int64", ("batch", "new_len", top_k)),
         )
     return GraphSpec(
-        file="verifier.onnx" if head == "top_k" else f"verifier_{head}.onnx",
+        file="verifier.onnx" if head == "top_k" else "verifier_argmax.onnx",
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("past_lengths", "int64", ("batch",)),  # valid cached positions per row
@@ -141,7 +160,8 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     specs = {"encoder": encoder_spec(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, act, rows,
                                      m.cross_key_layout),
              **{graph: verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
-                                     m.shortlist is not None, head, m.d_model if rows else None, m.cross_key_layout)
+                                     m.shortlist is not None, argmax_head(m) if head == "argmax" else head,
+                                     m.d_model if rows else None, m.cross_key_layout, m.vocab_size)
                 for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:

@@ -47,14 +47,15 @@ _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "ten
 class FixedCall:
     """One static shape's buffers and binding; every verifier input and output is bound once."""
 
-    def __init__(self, session: Session, buffers: SlotBuffers, width: int, candidates: tuple[str, ...], top_k: int,
-                 names: tuple[list[str], list[str], list[str]], graph_id: int | None) -> None:
+    def __init__(self, session: Session, buffers: SlotBuffers, width: int, candidates: tuple[str, ...],
+                 tail: tuple[int, ...], names: tuple[list[str], list[str], list[str]], graph_id: int | None) -> None:
+        """``tail``: the candidates' dims after [slots, width] (Verifier.candidate_tail)."""
         ort = require_onnxruntime()
         device = session.device
         slots = buffers.slots
         self.session, self.buffers, self.width, self.graph_id = session, buffers, width, graph_id
         declared = {output.name: output.type for output in session.inference_session.get_outputs()}
-        shape = [slots, width, top_k] if len(candidates) == 2 else [slots, width]
+        shape = [slots, width, *tail]
         self.candidates = [ort.OrtValue.ortvalue_from_shape_and_type(shape, _NUMPY_TYPES[declared[name]], device, 0)
                            for name in candidates]
         self.ids = ort.OrtValue.ortvalue_from_shape_and_type([slots, width], np.int64, device, 0)

@@ -21,7 +21,7 @@ from ..bundle_schema import ACTIVATION_DTYPES
 from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
-from ..graph_specs import takes_output_rows
+from ..graph_specs import LOGITS_OUTPUT, argmax_head, takes_output_rows
 from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names
 from .fixed_calls import FixedCall, FixedCalls
 from .shortlist import Shortlist
@@ -98,6 +98,8 @@ class Batch:
         # the graph its calls run: both take the same inputs and write the same cache
         self._session = verifier.session_for(top_k)
         self._candidates = verifier.candidates_of(self._session)
+        # the argmax graph's logits, whose argmax is taken here (graph_specs.ARGMAX_HEADS)
+        self._logits = self._candidates == (LOGITS_OUTPUT,)
         self.buffers = buffers if buffers is not None else verifier.slot_buffers(
             self._session, slots, bound, memory is not None, static_width)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
@@ -286,11 +288,13 @@ class Batch:
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
             outputs = session.run_bound(binding)
-            # copies: with the binding kept, the next run writes into the same output memory
-            candidates = [outputs[index].numpy().copy() for index in range(len(self._candidates))]
+            # copies: with the binding kept, the next run writes into the same output memory; but
+            # the logits are read once, by the argmax below, before any next run
+            candidates = [outputs[index].numpy() if self._logits else outputs[index].numpy().copy()
+                          for index in range(len(self._candidates))]
             # the candidates are bound without a shape, so nothing else checks what the graph
             # computed (an unbound call's outputs are checked by its session: OrtSession.run)
-            expected = (rows, new, self._verifier.manifest.top_k)[: 3 if len(candidates) == 2 else 2]
+            expected = (rows, new, *self._verifier.candidate_tail(session))
             if any(value.shape != expected for value in candidates):
                 raise BundleError(f"the verifier computed candidates of shapes "
                                   f"{' and '.join(str(list(value.shape)) for value in candidates)} for {rows} row(s) of "
@@ -302,8 +306,9 @@ class Batch:
         """(top log-probs, top ids) from a call's candidates (:meth:`verify`'s shapes)."""
         if len(candidates) == 2:
             top_logprobs, top_ids = candidates
-        else:  # the argmax graph: the best id, as the first (and only) candidate
-            top_ids = candidates[0][..., None]
+        else:  # the argmax graph: the best id (or the logits it is the argmax of), its only candidate
+            best = candidates[0].argmax(-1) if self._logits else candidates[0]
+            top_ids = best[..., None]
             top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
         check_ids(top_ids, self._verifier.manifest.vocab_size, "the verifier")  # they become the output
         return top_logprobs, top_ids
@@ -377,7 +382,7 @@ class StaticBatch(Batch):
             self._pool_key = self._pool.key(session, slots, width, memory is not None)
             self._call = self._pool.take(self._pool_key, lambda graph_id: FixedCall(
                 session, verifier.slot_buffers(session, slots, bound, memory is not None, width), width,
-                verifier.candidates_of(session), verifier.manifest.top_k,
+                verifier.candidates_of(session), verifier.candidate_tail(session),
                 (self_cache_names(verifier.manifest.decoder_layers, verifier.manifest.cache_kind),
                  self_cache_out_names(verifier.manifest.decoder_layers, verifier.manifest.cache_kind),
                  cross_names(verifier.manifest.decoder_layers)), graph_id))
@@ -518,7 +523,16 @@ class Verifier:
 
     def candidates_of(self, session: Session) -> tuple[str, ...]:
         """The outputs a call of ``session`` reads besides the cache."""
-        return ("top_logprobs", "top_ids") if session is self.verifier else ("top1_ids",)
+        if session is self.verifier:
+            return ("top_logprobs", "top_ids")
+        return (LOGITS_OUTPUT,) if argmax_head(self.manifest) == "logits" else ("top1_ids",)
+
+    def candidate_tail(self, session: Session) -> tuple[int, ...]:
+        """The dims of a call's candidates after [rows, width]: top-K, none (best ids) or the vocabulary (logits)."""
+        names = self.candidates_of(session)
+        if names == (LOGITS_OUTPUT,):
+            return (self.manifest.vocab_size,)
+        return (self.manifest.top_k,) if len(names) == 2 else ()
 
     def slot_buffers(self, session: Session, slots: int, bound: bool, keep_hidden: bool,
                      static_width: int | None) -> SlotBuffers:

@@ -28,10 +28,11 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
     assert [t.name for t in verifier.outputs] == ["top_logprobs", "top_ids", *self_cache_out_names(layers)]
     assert manifest.format_version == 3
     assert verifier.outputs[0].dims == ("batch", "new_len", manifest.top_k)  # never full logits
-    argmax = manifest.graph("verifier_argmax")  # the same decoder, each position's best id alone
+    # the same decoder, each position's logits, whose argmax the runtime takes (decision 039)
+    argmax = manifest.graph("verifier_argmax")
     assert argmax.inputs == verifier.inputs
-    assert [t.name for t in argmax.outputs] == ["top1_ids", *self_cache_out_names(layers)]
-    assert argmax.outputs[0].dims == ("batch", "new_len")
+    assert [t.name for t in argmax.outputs] == ["best_logits", *self_cache_out_names(layers)]
+    assert argmax.outputs[0].dims == ("batch", "new_len", manifest.vocab_size)
     assert manifest.family == ("t5" if family == "mt5" else family)
 
 

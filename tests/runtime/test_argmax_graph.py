@@ -6,6 +6,10 @@ The argmax graph's ids equal the top-K graph's first, bitwise, because both choo
 logits (export/graphs.py candidates): test_heads_choose_on_the_logits shows the case where
 choosing on the log-probs would not (nor equal transformers' greedy, which takes the argmax of
 the logits; tests/runtime/test_lossless.py checks greedy against it with the argmax graph on).
+
+Bundles export it with a "logits" head (graph_specs.ARGMAX_HEADS, decision 039): the graph
+outputs the logits and the runtime takes their argmax in numpy; bundles before it (and shortlist
+bundles) output the best id, and decode the same.
 """
 
 from __future__ import annotations
@@ -140,6 +144,74 @@ def test_argmax_graph_of_another_decoder_is_refused_at_load(bundle, tmp_path):
         Generator(root)
 
 
+def with_argmax_head(source, target):
+    """A copy of bundle ``source`` as exported before decision 039: its argmax graph ends in
+    ArgMax and outputs the best id (``top1_ids``), not the logits."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from aggdec.runtime.graph_specs import LOGITS_OUTPUT
+    from aggdec.runtime.manifest import sha256_of
+
+    shutil.copytree(source, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    spec = manifest["graphs"]["verifier_argmax"]
+    assert spec["outputs"][0]["name"] == LOGITS_OUTPUT
+    path = target / spec["file"]
+    model = onnx.load(str(path))
+    model.graph.node.append(helper.make_node("ArgMax", [LOGITS_OUTPUT], ["top1_ids"], axis=-1, keepdims=0))
+    (logits,) = [output for output in model.graph.output if output.name == LOGITS_OUTPUT]
+    index = list(model.graph.output).index(logits)
+    model.graph.output.remove(logits)
+    model.graph.output.insert(index, helper.make_tensor_value_info("top1_ids", TensorProto.INT64, ["batch", "new_len"]))
+    onnx.save(model, str(path))
+    spec["outputs"][0] = {"dims": ["batch", "new_len"], "dtype": "int64", "name": "top1_ids"}
+    manifest["files"][spec["file"]] = sha256_of(path)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_the_argmax_graph_outputs_the_logits_and_the_runtime_takes_their_argmax(bundle):
+    from aggdec.runtime.graph_specs import LOGITS_OUTPUT, argmax_head
+
+    generator = Generator(bundle("marian"))
+    assert argmax_head(generator.manifest) == "logits"
+    assert generator.verifier.candidates_of(generator.verifier.argmax) == (LOGITS_OUTPUT,)
+    assert generator.manifest.graphs["verifier_argmax"].outputs[0].dims == ("batch", "new_len",
+                                                                          generator.manifest.vocab_size)
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+@pytest.mark.parametrize("io_binding", [True, False])
+def test_a_bundle_whose_argmax_graph_outputs_the_best_id_decodes_the_same(family, io_binding, bundle, tmp_path):
+    """Bundles exported before the logits head: the same outputs from their ArgMax, every mode
+    that runs the argmax graph, bound and unbound."""
+    from aggdec.runtime.graph_specs import argmax_head
+
+    old = Generator(with_argmax_head(bundle(family), tmp_path / "old"), io_binding=io_binding)
+    new = Generator(bundle(family), io_binding=io_binding)
+    assert argmax_head(old.manifest) == "argmax" and old.verifier.candidates_of(old.verifier.argmax) == ("top1_ids",)
+    texts = random_texts(seed=8, count=10)
+    for mode in ("greedy", "iad"):
+        for batch_size in (1, 4):
+            assert decoded(old, texts, mode, batch_size) == decoded(new, texts, mode, batch_size), (mode, batch_size)
+
+
+@pytest.mark.parametrize("io_binding", [True, False])
+def test_logits_of_another_width_are_a_bundle_error(io_binding, bundle, tmp_path):
+    """An argmax graph whose logits come out one column wider than the manifest's vocabulary
+    (the extra column a zero, so the load-time probe's ids agree) is a BundleError, bound or not:
+    at load, where the graph's own output shape says so, else at the first call that reads them."""
+    from aggdec.runtime.graph_specs import LOGITS_OUTPUT
+    from tests.runtime.test_bundle_hostile import _pad_output
+
+    root = tmp_path / "b"
+    shutil.copytree(bundle("bart"), root)
+    _pad_output(root, "verifier_argmax", LOGITS_OUTPUT, [0, 0, 0, 0, 0, 1])
+    with pytest.raises(BundleError, match="'best_logits' dim 2 is|does not compute what its manifest says"):
+        Generator(root, io_binding=io_binding).generate(random_texts(seed=1, count=2), max_new_tokens=4)
+
+
 def test_heads_choose_on_the_logits(tmp_path):
     """Logits a < b, b at the higher id, among 8,000 equal ones: log-softmax subtracts
     log(sum exp) ~ 8.99 with rounding and makes them equal, so top-k over the log-probs takes
@@ -166,11 +238,12 @@ def test_heads_choose_on_the_logits(tmp_path):
             return candidates(x, 4, self.head)[-1]
 
     chosen = {}
-    for head in ("top_k", "argmax", "log-probs"):
+    for head in ("top_k", "argmax", "logits", "log-probs"):
         path = str(tmp_path / f"{head}.onnx")
         torch.onnx.export(Head(head), (torch.from_numpy(logits),), path, input_names=["x"], output_names=["ids"],
                           opset_version=17, dynamo=False)
         (ids,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": logits})
-        chosen[head] = int(ids.reshape(-1)[0])
-    assert chosen["top_k"] == chosen["argmax"] == expected
+        # the logits head's ids are the runtime's argmax of the logits it returns
+        chosen[head] = int((ids.argmax(-1) if head == "logits" else ids).reshape(-1)[0])
+    assert chosen["top_k"] == chosen["argmax"] == chosen["logits"] == expected
     assert chosen["log-probs"] == 0  # the tie log-softmax made
