@@ -39,8 +39,9 @@ class Tuning:
     (benchmarks/results/beam-adaptive-cpu).
     ``length_classes``: source lengths (ascending) that split a server's arrival-order batch
     into cohorts (runtime/decoding/loop.py: decode). On the CPU a call's cost grows with the
-    span its longest row makes every row attend over (benchmarks/results/serve-cpu); a GPU
-    call costs about the same at any span, so there it is one batch.
+    span its longest row makes every row attend over (benchmarks/results/serve-cpu); two
+    classes, not three: p99/p50 at 8 clients 3.2-3.4 against 4.0 (benchmarks/results/serve-classes-cpu,
+    decision 040). A GPU call costs about the same at any span, so there it is one batch.
     ``encoder_call_tokens``: the padded tokens one encoder call may hold before a batch's
     sources are split into calls of similar lengths (decoding/verifier.py: length_groups).
     ``gad_decay``: how fast a GAD row's acceptance estimate forgets (decoding/gad.py: DECAY).
@@ -72,7 +73,7 @@ class Tuning:
     cost_ratio: float = 0.05
     max_block: int = 32
     beam_cost_ratio: float = 0.4
-    length_classes: tuple[int, ...] = (32, 64)
+    length_classes: tuple[int, ...] = (48,)
     encoder_call_tokens: int = ENCODER_CALL_TOKENS["cpu"]
     gad_decay: float = DECAY
     width_quantile: float = WIDTH_QUANTILE

@@ -110,6 +110,21 @@ def test_texts_arriving_while_cohorts_decode_come_out_as_alone(bundle):
     assert [got[i] for i in range(len(texts))] == alone
 
 
+def test_the_cpu_default_splits_cohorts_at_48_source_tokens(bundle, batches_used):
+    """The CPU profile's classes (decision 040): texts of up to 48 source tokens share a cohort,
+    longer ones have another; in arrival order with the default tuning, the calls go to those
+    two batches and every output equals the text decoded alone."""
+    generator = Generator(bundle("marian"))
+    assert generator.tuning.length_classes == (48,)
+    texts = [" ".join(["w4"] * n) for n in (3, 60, 40, 5, 70, 12)]
+    lengths = [len(ids) for ids in generator.encode(texts)]
+    assert sum(n <= 48 for n in lengths) == 4 and sum(n > 48 for n in lengths) == 2
+    alone = [r.ids for r in generator.generate(texts, mode="iad", max_new_tokens=MAX_NEW, batch_size=1)]
+    batches_used.clear()
+    assert in_arrival_order(generator, texts, "iad", 8) == alone
+    assert len(batches_used) == 2
+
+
 def test_the_cohort_whose_calls_took_least_time_goes_next():
     def cohort(seconds: float, rows: int) -> Cohort:
         return Cohort(batch=None, rows=[object()] * rows, seconds=seconds)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ MAX_NEW = 32
 
 def test_profiles_hold_the_defaults_the_decoder_had():
     cpu, cuda = tuning_for("cpu"), tuning_for("cuda")
-    assert (cpu.cost_ratio, cpu.max_block, cpu.length_classes, cpu.encoder_call_tokens) == (0.05, 32, (32, 64), 6)
+    assert (cpu.cost_ratio, cpu.max_block, cpu.length_classes, cpu.encoder_call_tokens) == (0.05, 32, (48,), 6)
     assert (cuda.cost_ratio, cuda.max_block, cuda.length_classes, cuda.encoder_call_tokens) == (0.005, 64, (), 2048)
     assert tuning_for("tensorrt") == cuda and set(PROFILES) == {"cpu", "cuda", "tensorrt"}
     for profile in PROFILES.values():
