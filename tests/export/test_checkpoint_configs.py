@@ -64,27 +64,12 @@ def test_generation_settings_that_change_greedy_are_refused_unless_ignored(rando
     assert any("num_beams=4" in line and "length_penalty=2.0" in line for line in notes)
     assert (manifest.forced_bos_token_id, manifest.forced_eos_token_id) == (0, 2)
     texts = random_texts(seed=5, count=8)
-    expected = transformers_greedy_with(src, texts, 12, no_repeat_ngram_size=0, min_length=0)
+    expected = transformers_greedy(src, texts, 12, no_repeat_ngram_size=0, min_length=0)
     assert all(ids[0] == 0 for ids in expected)  # the forced BOS
     got = [r.ids for r in Generator(tmp_path / "out").generate(texts, mode="iad", max_new_tokens=12, batch_size=4)]
     assert got == expected
     # the refusal was not for nothing: transformers with the checkpoint's settings differs
     assert transformers_greedy(src, texts, 12) != expected
-
-
-def transformers_greedy_with(checkpoint_dir, texts, max_new_tokens, **settings):
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
-    outputs = []
-    for text in texts:
-        with torch.no_grad():
-            ids = model.generate(**tokenizer([text], return_tensors="pt"), do_sample=False, num_beams=1,
-                                 max_new_tokens=max_new_tokens, **settings)[0].tolist()
-        outputs.append(tuple(ids[1:]))
-    return outputs
 
 
 def test_several_end_tokens_are_refused(random_checkpoint, tmp_path):

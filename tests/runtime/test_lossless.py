@@ -34,8 +34,9 @@ def random_texts(seed: int, count: int) -> list[str]:
     return texts
 
 
-def transformers_greedy(checkpoint_dir, texts, max_new_tokens):
-    """transformers' own greedy decoding, one text at a time, as token ids after the start token."""
+def transformers_greedy(checkpoint_dir, texts, max_new_tokens, **settings):
+    """transformers' own greedy decoding, one text at a time, as token ids after the start token;
+    ``settings``: more generate() arguments (a generation config's, overridden)."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -45,7 +46,7 @@ def transformers_greedy(checkpoint_dir, texts, max_new_tokens):
     for text in texts:
         with torch.no_grad():
             ids = model.generate(**tokenizer([text], return_tensors="pt"), do_sample=False, num_beams=1,
-                                 max_new_tokens=max_new_tokens)[0].tolist()
+                                 max_new_tokens=max_new_tokens, **settings)[0].tolist()
         outputs.append(tuple(ids[1:]))
     return outputs
 
