@@ -31,13 +31,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.errors import ExportError
+from ..runtime.graph_specs import LOGITS_OUTPUT
 
 # ArgMax and GatherElements: the heads (export/graphs.py candidates) choose on the float32 logits
 # and read float32 log-probs, as the fp32 graphs do
 FP32_OPS = ("LogSoftmax", "TopK", "ArgMax", "GatherElements", "Softmax", "LayerNormalization", "Pow", "ReduceMean",
             "Sqrt", "Reciprocal")
 # graph outputs that stay float32 whatever the precision (graph_specs: top_logprobs, LOGITS_OUTPUT)
-FP32_OUTPUTS = ("top_logprobs", "best_logits")
+FP32_OUTPUTS = ("top_logprobs", LOGITS_OUTPUT)
 
 
 def _drop_repeated_casts(graph) -> None:

@@ -100,6 +100,7 @@ class Batch:
         self._candidates = verifier.candidates_of(self._session)
         # the argmax graph's logits, whose argmax is taken here (graph_specs.ARGMAX_HEADS)
         self._logits = self._candidates == (LOGITS_OUTPUT,)
+        self._tail = verifier.candidate_tail(self._session)  # the candidates' dims after [rows, width]
         self.buffers = buffers if buffers is not None else verifier.slot_buffers(
             self._session, slots, bound, memory is not None, static_width)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
@@ -294,7 +295,7 @@ class Batch:
                           for index in range(len(self._candidates))]
             # the candidates are bound without a shape, so nothing else checks what the graph
             # computed (an unbound call's outputs are checked by its session: OrtSession.run)
-            expected = (rows, new, *self._verifier.candidate_tail(session))
+            expected = (rows, new, *self._tail)
             if any(value.shape != expected for value in candidates):
                 raise BundleError(f"the verifier computed candidates of shapes "
                                   f"{' and '.join(str(list(value.shape)) for value in candidates)} for {rows} row(s) of "
@@ -506,6 +507,8 @@ class Verifier:
         self.verifier = verifier
         self.argmax = argmax
         self.manifest = manifest
+        # what a call of the argmax graph is read for: its logits, or (an older bundle's) best ids
+        self._argmax_candidates = (LOGITS_OUTPUT,) if argmax_head(manifest) == "logits" else ("top1_ids",)
         self.encoder_call_tokens = (ENCODER_CALL_TOKENS[encoder.device] if encoder_call_tokens is None
                                     else encoder_call_tokens)
         self.shortlist = shortlist
@@ -525,7 +528,7 @@ class Verifier:
         """The outputs a call of ``session`` reads besides the cache."""
         if session is self.verifier:
             return ("top_logprobs", "top_ids")
-        return (LOGITS_OUTPUT,) if argmax_head(self.manifest) == "logits" else ("top1_ids",)
+        return self._argmax_candidates
 
     def candidate_tail(self, session: Session) -> tuple[int, ...]:
         """The dims of a call's candidates after [rows, width]: top-K, none (best ids) or the vocabulary (logits)."""
