@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aggdec.runtime.tuning import tuning_for
 from aggdec.engines import BuildOptions, ProfileOptions, Target, bundle_profiles, engine_key, plan
 from aggdec.engines.profiles import (
     EngineEntry,
@@ -120,8 +121,11 @@ def test_shortlist_bundles_get_profiles_for_each_rows_output_ids(tmp_path):
     verifier = bundle_profiles(manifest, options)["verifier"]["output_ids"]
     assert verifier["max"][0] == 4 and verifier["max"][1] >= manifest.vocab_size and verifier["min"] == [1, 1]
     texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(1 + i % 7)) for i in range(10)]
+    # the runtime's IAD blocks as long as the profiles allow (on TensorRT its tuning's max_block is
+    # the profiles' default; the CPU's 32 would let a draft of a whole source pass max_block=8)
+    tuning = dataclasses.replace(tuning_for("cpu"), max_block=options.max_block)
     for shortlist in (True, False):
-        generator = Generator(tmp_path / "bundle", io_binding=False, shortlist=shortlist)
+        generator = Generator(tmp_path / "bundle", io_binding=False, shortlist=shortlist, tuning=tuning)
         ran = _assert_fed_shapes_within_profiles(generator, texts, ("greedy", "iad"), options)
         assert {"encoder", "verifier_argmax"} <= ran
 
