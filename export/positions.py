@@ -31,6 +31,9 @@ ISOLATE_ROWS = "/IsolateRows"  # the name suffix of the Unsqueeze that makes a p
 # scores taken as K.q^T, :func:`isolate_positions`)
 ISOLATE_COLUMNS = "/IsolateColumns"
 SELF_KEY_OUT = "self_key_out."  # cache.self_cache_out_names: a layer's self-attention keys, new tokens written
+# the name suffix of a shortlist head's one-column product (export/shortlist_head.py), by which
+# aggdec quantize finds the head to replace with its int8 one
+PER_POSITION = "/PerPositionMatMul"
 
 
 def fresh_names(graph):

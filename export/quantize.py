@@ -66,8 +66,8 @@ import numpy as np
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
 from ..runtime.graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
-from .positions import (NEW_LENS, PAST_LENS, Case, Driver, check_verifier_graphs, cpu_session, isolate_positions,
-                        validation_cases)
+from .positions import (NEW_LENS, PAST_LENS, PER_POSITION, Case, Driver, check_verifier_graphs, cpu_session,
+                        isolate_positions, validation_cases)
 
 ROW_QMAX = 127.0  # activations: symmetric int8, [-127, 127], shifted to uint8 [1, 255]
 A_ZERO_POINT = 128
@@ -97,6 +97,7 @@ ACTIVATION_SCHEMES = ("per-row", "two-pass")
 # weights (|w| <= 127): a pair of products is at most 2 * 127 * 127 = 32258 < 32767
 PASS_QMAX = 63.0
 PASS_ZERO_POINT = 64
+ID_ROWS_ZERO_POINT = 128  # a shortlist head's int8 output matrix, stored as uint8 (_Rewriter._shortlist_head)
 RESIDUAL_STEPS = 2 * PASS_QMAX  # a residual is at most half a first-pass step: 126 steps of its own
 
 
@@ -119,6 +120,24 @@ def on_int8_grid(weight: np.ndarray) -> tuple[np.ndarray, np.float32] | None:
 # ------------------------------------------------------------------ one graph
 
 
+def shortlist_head_parts(node) -> tuple[str, str, str] | None:
+    """(output matrix, ids, hidden) of ``node`` when it is a float shortlist head as
+    export/shortlist_head.py writes it (an If whose gathering branch is a Scan over the rows,
+    with one Gather of the output matrix and the one-column product in its step), else None."""
+    branches = {attr.name: attr.g for attr in node.attribute if attr.name in ("then_branch", "else_branch")}
+    for branch in branches.values():
+        scans = [n for n in branch.node if n.op_type == "Scan"]
+        if len(branch.node) != 1 or len(scans) != 1:
+            continue
+        body = next((attr.g for attr in scans[0].attribute if attr.name == "body"), None)
+        if body is None or not any(n.op_type == "MatMul" and n.name.endswith(PER_POSITION) for n in body.node):
+            continue
+        gathers = [n for n in body.node if n.op_type == "Gather"]
+        if len(gathers) == 1 and len(scans[0].input) == 2 and gathers[0].input[1] == body.input[0].name:
+            return gathers[0].input[0], scans[0].input[0], scans[0].input[1]
+    return None
+
+
 def _opset(model) -> int:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
@@ -136,11 +155,12 @@ class _Rewriter:
         self.TensorProto, self.numpy_helper = TensorProto, numpy_helper
         self.names: set[str] = {n for node in self.graph.node for n in (*node.input, *node.output)} | set(self.inits)
         self.weights: dict[str, tuple[str, str]] = {}  # fp32 weight -> (int8 weight, column scales)
+        self.id_matrices: dict[str, tuple[str, str]] = {}  # a shortlist head's matrix: _id_matrices
         self.rows: dict[str, tuple[str, str]] = {}  # activation -> (uint8 rows, row scales)
         self.two_pass = options.activations == "two-pass"
         self.float_products = re.compile(options.float_products) if options.float_products else None
         self.scalars: dict[str, str] = {}
-        self.quantized = self.on_grid = 0
+        self.quantized = self.on_grid = self.shortlist_heads = 0
 
     def _name(self, base: str) -> str:
         name, index = base, 0
@@ -158,26 +178,39 @@ class _Rewriter:
     def _weight(self, name: str) -> tuple[str, str]:
         """Per-column symmetric int8 (7-bit range) with onnxruntime's quantize_data; two-pass:
         8-bit (``_weight_8bit``)."""
-        if name not in self.weights and self.two_pass:
-            quantized, scales = self._weight_8bit(self.numpy_helper.to_array(self.inits[name]).astype(np.float32))
-            self.weights[name] = (self._constant(f"{name}_int8", quantized),
-                                  self._constant(f"{name}_column_scale", scales))
         if name not in self.weights:
-            from onnxruntime.quantization.quant_utils import quantize_data
-
             weight = self.numpy_helper.to_array(self.inits[name]).astype(np.float32)
-            quantized = np.empty(weight.shape, dtype=np.int8)
-            scales = np.empty(weight.shape[1], dtype=np.float32)
-            for column in range(weight.shape[1]):
-                values = weight[:, column]
-                if not np.any(values):  # quantize_data would divide by a zero range
-                    quantized[:, column], scales[column] = 0, 1.0
-                    continue
-                _, scale, q = quantize_data(values, self.TensorProto.INT8, symmetric=True, reduce_range=True)
-                quantized[:, column], scales[column] = q, np.float32(scale)
+            quantized, scales = self._weight_8bit(weight) if self.two_pass else self._weight_7bit(weight)
             self.weights[name] = (self._constant(f"{name}_int8", quantized),
                                   self._constant(f"{name}_column_scale", scales))
         return self.weights[name]
+
+    def _weight_7bit(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One-pass weights: per output column, symmetric, 7 bits (module docstring)."""
+        from onnxruntime.quantization.quant_utils import quantize_data
+
+        quantized = np.empty(weight.shape, dtype=np.int8)
+        scales = np.empty(weight.shape[1], dtype=np.float32)
+        for column in range(weight.shape[1]):
+            values = weight[:, column]
+            if not np.any(values):  # quantize_data would divide by a zero range
+                quantized[:, column], scales[column] = 0, 1.0
+                continue
+            _, scale, q = quantize_data(values, self.TensorProto.INT8, symmetric=True, reduce_range=True)
+            quantized[:, column], scales[column] = q, np.float32(scale)
+        return quantized, scales
+
+    def _id_matrices(self, name: str) -> tuple[str, str]:
+        """A shortlist head's output matrix ``name`` [V, D], each id's row quantized as
+        ``_weight`` quantizes a product's column, stored by id as uint8 (int8 shifted by
+        :data:`ID_ROWS_ZERO_POINT`), and one scale per id [V]: the initializers' names."""
+        if name not in self.id_matrices:
+            by_column = self.numpy_helper.to_array(self.inits[name]).astype(np.float32).T  # [D, V]
+            quantized, scales = self._weight_8bit(by_column) if self.two_pass else self._weight_7bit(by_column)
+            by_id = (quantized.T.astype(np.int16) + ID_ROWS_ZERO_POINT).astype(np.uint8)
+            self.id_matrices[name] = (self._constant(f"{name}_uint8_by_id", by_id),
+                                      self._constant(f"{name}_id_scale", scales))
+        return self.id_matrices[name]
 
     def _weight_8bit(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Two-pass weights: the matrix's own int8 grid when it lies on one (Marian's int8
@@ -298,18 +331,130 @@ class _Rewriter:
             helper.make_node("Mul", [summed, row_scale], [node.output[0]], name=self._name(f"{base}/RowScaleMul")),
         ]
 
+    def _head_passes(self, activation: str, nodes: list) -> tuple[list[tuple[str, str]], str]:
+        """``activation`` [B, T, D] for a shortlist head: each row divided by its absmax / 63,
+        then one 7-bit pass (|q| <= 63), or two-pass's two (the value and its rounding residual
+        x 126, as :meth:`_two_pass_rows`). Returns each pass as (float value, its step), for
+        QuantizeLinear to round, and the row scales [B, T, 1]."""
+        from onnx import helper
+
+        base = activation.strip("/").replace("/", "_") + "_head"
+        scale = self._row_scale(activation, base, PASS_QMAX, nodes)
+        scaled = self._name(f"{base}_scaled")
+        nodes.append(helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")))
+        passes = [(scaled, self._shared("one", np.float32(1)))]
+        if self.two_pass:
+            rounded, residual = self._name(f"{base}_rounded"), self._name(f"{base}_residual")
+            nodes += [helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")),
+                      helper.make_node("Sub", [scaled, rounded], [residual], name=self._name(f"{base}/Residual"))]
+            passes.append((residual, self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS))))
+        return passes, scale
+
+    def _shortlist_head(self, node) -> list | None:
+        """An int8 shortlist head in place of ``node`` when it is one (:func:`shortlist_head_parts`),
+        else None (decision 041).
+
+        Row by row (a Scan, as the float head), a row's ids gather its rows of the uint8 output
+        matrix ([L, D], int8 shifted by 128: a quarter of the float rows' bytes) and one
+        ``MatMulInteger`` multiplies them by the row's positions, [L, D] x [D, T] (two-pass: both
+        passes side by side, [D, 2T], one product). Its int32 sums are exact whatever the shapes,
+        so a position gives the same bits in any block, which the float head needs a one-column
+        product per position for. The matrix is the left operand, read in place; onnxruntime
+        packs the right one, the small side, and its kernel costs about the same for any T up to
+        16. Then, per element: each pass to float (two-pass: joined), times each id's scale and
+        each position's row scale.
+
+        The operands are the other way round from the other products (weights the unsigned
+        left operand, activations signed), so the bounds that keep AVX2's saturating pair sums
+        exact (module docstring) are: weights of 7 bits (two-pass: 8) shifted by 128, at most 192
+        (255), against activations of 7 bits (|q| <= 63): 2 * 192 * 63 and 2 * 255 * 63 are
+        below 32767."""
+        parts = shortlist_head_parts(node)
+        if parts is None or not self.options.output_projection:
+            return None
+        weight, ids, hidden = parts
+        if weight not in self.inits or (self.float_products is not None and self.float_products.search(weight)):
+            return None
+        from onnx import helper
+
+        T = self.TensorProto
+        base = (node.name or node.output[0]).strip("/").replace("/", "_") + "_int8"
+
+        def name(suffix: str) -> str:
+            return self._name(f"{base}_{suffix}")
+
+        def node_name(suffix: str) -> str:
+            return self._name(f"/{base}/{suffix}")
+
+        by_id, id_scale = self._id_matrices(weight)
+        nodes: list = []
+        passes, row_scale = self._head_passes(hidden, nodes)
+        columns = []  # each pass's positions as columns [B, D, T]
+        for index, (value, step) in enumerate(passes):
+            quantized, column = name(f"int8_{index}"), name(f"columns_{index}")
+            nodes += [helper.make_node("QuantizeLinear", [value, step, self._shared("int8_zero", np.int8(0))],
+                                       [quantized], name=node_name(f"Pass{index}")),
+                      helper.make_node("Transpose", [quantized], [column], perm=[0, 2, 1],
+                                       name=node_name(f"Pass{index}Columns"))]
+            columns.append(column)
+        if len(columns) > 1:
+            joined = name("columns")
+            nodes.append(helper.make_node("Concat", columns, [joined], axis=2, name=node_name("Passes")))
+            columns = [joined]  # [B, D, 2T]
+        row_ids, matrix, row_columns, row_sums = name("row_ids"), name("row_matrix"), name("row_columns"), name("row_sums")
+        body = helper.make_graph(
+            [helper.make_node("Gather", [by_id, row_ids], [matrix], name=node_name("RowMatrix")),  # [L, D]
+             helper.make_node("MatMulInteger", [matrix, row_columns,
+                                                self._shared("id_rows_zero_point", np.uint8(ID_ROWS_ZERO_POINT))],
+                              [row_sums], name=node_name("RowMatMul"))],  # [L, passes x T]
+            f"{base}_row_step",
+            [helper.make_tensor_value_info(row_ids, T.INT64, None),
+             helper.make_tensor_value_info(row_columns, T.INT8, None)],
+            [helper.make_tensor_value_info(row_sums, T.INT32, None)])
+        stacked, by_position = name("int32"), name("int32_by_position")
+        nodes += [helper.make_node("Scan", [ids, columns[0]], [stacked], name=node_name("Rows"), body=body,
+                                   num_scan_inputs=2),  # [B, L, passes x T]
+                  helper.make_node("Transpose", [stacked], [by_position], perm=[0, 2, 1],
+                                   name=node_name("ByPosition"))]  # [B, passes x T, L]
+        sums = [by_position]
+        if len(passes) > 1:
+            sums = [name("first_pass"), name("second_pass")]
+            nodes.append(helper.make_node("Split", [by_position], sums, axis=1, name=node_name("SplitPasses")))
+        summed = None
+        for index, accumulated in enumerate(sums):
+            as_float = name(f"float_{index}")
+            nodes.append(helper.make_node("Cast", [accumulated], [as_float], to=T.FLOAT, name=node_name(f"ToFloat{index}")))
+            if index == 0:
+                summed = as_float
+                continue
+            stepped, added = name(f"stepped_{index}"), name(f"passes_{index}")
+            nodes += [helper.make_node("Mul", [as_float, self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS))],
+                                       [stepped], name=node_name(f"Step{index}")),
+                      helper.make_node("Add", [summed, stepped], [added], name=node_name(f"AddPass{index}"))]
+            summed = added
+        scales, scale_row, by_id_scale = name("id_scales"), name("id_scale_row"), name("id_scaled")
+        nodes += [helper.make_node("Gather", [id_scale, ids], [scales], name=node_name("IdScales")),  # [B, L]
+                  helper.make_node("Unsqueeze", [scales, self._shared("axis_1", np.array([1], np.int64))], [scale_row],
+                                   name=node_name("IdScaleRow")),  # [B, 1, L]
+                  helper.make_node("Mul", [summed, scale_row], [by_id_scale], name=node_name("IdScaleMul")),
+                  helper.make_node("Mul", [by_id_scale, row_scale], [node.output[0]], name=node_name("RowScaleMul"))]
+        return nodes
+
     def run(self):
         from onnx import helper
 
-        zero_point = None
         rewritten = []
         replaced_weights: set[str] = set()
         for node in self.graph.node:
+            head = self._shortlist_head(node) if node.op_type == "If" else None
+            if head is not None:
+                rewritten += head
+                self.quantized += 1
+                self.shortlist_heads += 1
+                continue
             if not self._quantizable(node):
                 rewritten.append(node)
                 continue
-            if zero_point is None and not self.two_pass:
-                zero_point = self._constant("row_zero_point", np.array(A_ZERO_POINT, dtype=np.uint8))
             activation, weight = node.input
             base = (node.name or node.output[0]).strip("/").replace("/", "_")
             if self.two_pass:
@@ -322,7 +467,8 @@ class _Rewriter:
             replaced_weights.add(weight)
             accumulated, as_float, by_row = (self._name(f"{base}_{s}") for s in ("int32", "float", "row_scaled"))
             rewritten += [
-                helper.make_node("MatMulInteger", [rows, quantized_weight, zero_point], [accumulated],
+                helper.make_node("MatMulInteger", [rows, quantized_weight,
+                                                   self._shared("row_zero_point", np.uint8(A_ZERO_POINT))], [accumulated],
                                  name=self._name(f"{base}/MatMulInteger")),
                 helper.make_node("Cast", [accumulated], [as_float], to=self.TensorProto.FLOAT,
                                  name=self._name(f"{base}/ToFloat")),
@@ -579,8 +725,74 @@ def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest
         model, count = quantize_model(model, manifest.vocab_size, options, counts)
         if name in VERIFIER_GRAPHS:
             isolate_positions(model)
+            _prune(model, (KEPT_ROWS,))
     onnx.save(model, str(dst))
     return count
+
+
+# a shortlist verifier's kept per-row output matrices (graph_specs.takes_output_rows): its int8
+# head gathers int8 rows itself, so an int8 bundle's verifier reads none and its encoder makes none
+KEPT_ROWS = "output_rows"
+KEPT_ROWS_IDS = "output_ids"  # what the encoder gathers them by
+
+
+def _names_read(graph) -> set[str]:
+    """Every name a node of ``graph`` or of its subgraphs reads (outer-scope names included)."""
+    read = set()
+    for node in graph.node:
+        read.update(name for name in node.input if name)
+        for attr in node.attribute:
+            for sub in (attr.g, *attr.graphs) if attr.HasField("g") else attr.graphs:
+                read |= _names_read(sub)
+    return read
+
+
+def _prune(model, inputs: tuple[str, ...] = ()) -> None:
+    """Drop the nodes of ``model``'s graph that no output needs (in place), then the graph
+    inputs ``inputs`` and the initializers that nothing reads any more."""
+    from onnx import helper
+
+    graph = model.graph
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed |= _names_read(helper.make_graph([node], "node", [], []))
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    for item in [i for i in graph.input if i.name in inputs and i.name not in needed]:
+        graph.input.remove(item)
+    for item in [i for i in graph.initializer if i.name not in needed]:
+        graph.initializer.remove(item)
+
+
+def _drop_kept_rows_output(path: Path) -> None:
+    """The encoder at ``path`` without its ``output_rows`` output, the nodes only that output
+    needed and the ``output_ids`` input they read (once the verifier's head no longer reads kept
+    rows): the runtime then neither feeds nor keeps them (graph_specs.takes_output_rows)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    outputs = [o for o in model.graph.output if o.name != KEPT_ROWS]
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
+    _prune(model, (KEPT_ROWS_IDS,))
+    onnx.save(model, str(path))
+
+
+def _without_kept_rows(graphs: dict) -> dict:
+    """The graphs' specs without the kept rows: the verifiers' ``output_rows`` input, the
+    encoder's ``output_ids`` input and ``output_rows`` output."""
+    import dataclasses
+
+    def without(tensors, *names):
+        return tuple(t for t in tensors if t.name not in names)
+
+    return {name: dataclasses.replace(spec, inputs=without(spec.inputs, KEPT_ROWS, *(
+                                          (KEPT_ROWS_IDS,) if name == "encoder" else ())),
+                                      outputs=without(spec.outputs, KEPT_ROWS))
+            for name, spec in graphs.items()}
 
 
 def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -> Manifest:
@@ -626,6 +838,11 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         grid: dict[str, int] = {}
         counts = {name: _convert(precision, name, src / spec.file, tmp / spec.file, manifest, options, grid)
                   for name, spec in graphs.items()}
+        new_graphs = _with_activation_type(graphs, precision)
+        if KEPT_ROWS in manifest.graphs["verifier"].input_names() and KEPT_ROWS not in {
+                i.name for i in _load_graph(tmp / graphs["verifier"].file).graph.input}:
+            _drop_kept_rows_output(tmp / graphs["encoder"].file)
+            new_graphs = _without_kept_rows(new_graphs)
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         if manifest.shortlist is not None:  # the table the runtime builds each row's output ids from
             shutil.copyfile(src / manifest.shortlist["file"], tmp / manifest.shortlist["file"])
@@ -673,7 +890,7 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
                            if options.activations == "two-pass" else {})}
         exporter = {**manifest.exporter, "onnx": onnx.__version__, "quantized_with_onnxruntime": ort.__version__}
         new = dataclasses.replace(manifest, precision=precision, quantization=quantization, files=files,
-                                  exporter=exporter, graphs=_with_activation_type(graphs, precision))
+                                  exporter=exporter, graphs=new_graphs)
         publish(tmp, out, new.to_json())
     except BaseException:
         remove_temp(tmp)

@@ -26,9 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .positions import fresh_names, replace_placeholders
-
-PER_POSITION = "/PerPositionMatMul"  # the name suffix of the product in the Scan's body
+from .positions import PER_POSITION, fresh_names, replace_placeholders
 
 DOMAIN = "aggdec.shortlist"
 OP = "PerPositionLogits"

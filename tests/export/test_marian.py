@@ -666,6 +666,44 @@ def test_two_pass_int8_keeps_marians_int8_weights_and_decodes_exactly_against_it
             exact_against_own_greedy(two_pass, use_shortlist, io_binding)
 
 
+@pytest.mark.parametrize("flags,bounds", [((), (64, 192)), (("--activations", "two-pass"), (1, 255))])
+def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny, tmp_path, flags, bounds):
+    """Decision 041: an int8 shortlist bundle's heads (both verifier graphs) are a Scan of
+    MatMulInteger over each row's uint8 rows of the output matrix, within the bounds that keep
+    AVX2's pair sums exact (7-bit weights shifted by 128; two-pass's 8-bit ones); no float head
+    is left, so the verifier takes no kept float rows and the encoder makes none; the bundle
+    equals its own greedy at batch 1 and 8 (IO binding on and off). --fp32-output-projection
+    keeps the float head, and with it the kept rows."""
+    import onnx
+
+    from aggdec.export.quantize import shortlist_head_parts
+    from aggdec.runtime.graph_specs import takes_output_rows
+
+    _folder, bundle = tiny("ssru", "bin", 0.0, True)
+    out = _quantize_cli(bundle, tmp_path / "int8", *flags)
+    manifest = load_manifest(out)
+    assert not takes_output_rows(manifest)
+    assert "output_ids" not in manifest.graphs["encoder"].input_names()
+    assert "output_rows" not in manifest.graphs["encoder"].output_names()
+    encoder = onnx.load(str(out / manifest.graphs["encoder"].file)).graph
+    assert {i.name for i in encoder.input} == {"input_ids", "attention_mask"}
+    for graph in ("verifier", "verifier_argmax"):
+        model = onnx.load(str(out / manifest.graphs[graph].file)).graph
+        assert not any(shortlist_head_parts(node) for node in model.node), graph
+        scans = [node for node in model.node if node.op_type == "Scan" and node.name.endswith("_int8/Rows")]
+        assert len(scans) == 1, graph
+        body = next(attr.g for attr in scans[0].attribute if attr.name == "body")
+        assert [node.op_type for node in body.node] == ["Gather", "MatMulInteger"]
+        (rows,) = [i for i in model.initializer if i.name.endswith("_uint8_by_id")]
+        values = onnx.numpy_helper.to_array(rows)
+        assert values.dtype == np.uint8 and bounds[0] <= values.min() and values.max() <= bounds[1], graph
+    for io_binding in (True, False):
+        exact_against_own_greedy(out, True, io_binding)
+
+    float_head = _quantize_cli(bundle, tmp_path / "float-head", "--fp32-output-projection", *flags)
+    assert takes_output_rows(load_manifest(float_head))
+
+
 def test_float_products_stay_float_and_the_bundle_stays_exact(tiny, tmp_path):
     """--float-products REGEX: the SSRU's products stay MatMuls on their fp32 weights, the others
     are int8, the manifest says so, and IAD still equals the bundle's greedy."""
