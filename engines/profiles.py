@@ -44,6 +44,7 @@ from typing import Any
 from aggdec.runtime.decoding.cache import MATRIX_STEP, MIN_CAPACITY
 from aggdec.runtime.decoding.verifier import SLACK
 from aggdec.runtime.errors import BundleError, InputError
+from aggdec.runtime.graph_specs import argmax_graph_runs_on
 from aggdec.runtime.manifest import Manifest
 from aggdec.runtime.tuning import tuning_for
 
@@ -134,8 +135,10 @@ def graph_profile(manifest: Manifest, graph: str, options: ProfileOptions) -> di
 
 
 def bundle_profiles(manifest: Manifest, options: ProfileOptions) -> dict[str, dict[str, dict[str, list[int]]]]:
-    """Every graph's profile, in build order."""
-    return {graph: graph_profile(manifest, graph, options) for graph in GRAPHS if graph in manifest.graphs}
+    """Every graph's profile, in build order; not an argmax graph the GPU does not run
+    (graph_specs.argmax_graph_runs_on: one that returns the logits)."""
+    return {graph: graph_profile(manifest, graph, options) for graph in GRAPHS if graph in manifest.graphs
+            and (graph != "verifier_argmax" or argmax_graph_runs_on(manifest, "tensorrt"))}
 
 
 @dataclass(frozen=True)

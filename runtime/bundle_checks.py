@@ -204,7 +204,7 @@ def _check_tokenizer(manifest: Manifest, tokenizer_vocab_size: int, special_ids:
 
 
 def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer_vocab_size: int,
-                      special_ids: Collection[int] | None = None) -> None:
+                      special_ids: Collection[int] | None = None, unopened: Collection[str] = ()) -> None:
     """Raise :class:`BundleError` unless the manifest, the graphs and the tokenizer agree.
 
     ``sessions``: graph name ("encoder", "verifier", "drafter") -> the onnxruntime
@@ -218,14 +218,15 @@ def check_consistency(manifest: Manifest, sessions: Mapping[str, Any], tokenizer
     and reads (names, element types, ranks: ``graph_specs``), and the special ids against the
     tokenizer: within its vocabulary, special there, and the drafter's [MASK] outside it.
     """
-    unopened = set(DRAFTER_GRAPHS) - set(sessions) if set(DRAFTER_GRAPHS) & set(sessions) else set()
-    missing = sorted(set(manifest.graphs) - set(sessions) - unopened)
+    # the drafter graph not chosen, and ``unopened``: graphs the device does not run (graph_specs.argmax_graph_runs_on)
+    skipped = (set(DRAFTER_GRAPHS) - set(sessions) if set(DRAFTER_GRAPHS) & set(sessions) else set()) | set(unopened)
+    missing = sorted(set(manifest.graphs) - set(sessions) - skipped)
     if missing:
         raise BundleError(f"no session for the bundle's graphs {', '.join(missing)} to check.")
     seen: set[str] = set()
     for graph, spec in manifest.graphs.items():
         if graph not in sessions:
-            continue  # the drafter graph not opened (its IO equals the opened one's: bundle_schema)
+            continue  # not opened: the other drafter graph (its IO equals the opened one's: bundle_schema), or unopened
         real = _compare_io(graph, spec, sessions[graph])
         for side in ("inputs", "outputs"):
             for origin, tensors in (("the manifest's graph spec", getattr(spec, side)), (spec.file, real[side])):

@@ -26,7 +26,7 @@ from .decoding.fixed_calls import FixedCalls
 from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff
 from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
-from .graph_specs import argmax_head
+from .graph_specs import argmax_graph_runs_on
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
 from .tuning import Tuning, tuning_for
@@ -276,10 +276,8 @@ class Generator:
         self.drafter_graph, self.drafter = bundle.drafter_graph, bundle.drafter
         self._sessions = bundle.sessions
         argmax = bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None
-        if argmax is not None and bundle.device != "cpu" and argmax_head(bundle.manifest) == "logits":
-            # its logits would cross to the host at every call, where the top-K graph's few
-            # candidates do, and choose the same ids (the export proves it, bitwise)
-            argmax = None
+        if not argmax_graph_runs_on(bundle.manifest, bundle.device):
+            argmax = None  # not opened by open_bundle on this device; an OpenedBundle made otherwise may hold it
         # CUDA graphs: the verifier sessions were made with enable_cuda_graph (devices.OrtFactory),
         # unless onnxruntime refused it for one of them (then none is used: said here)
         refused = [f"{name}: {why}" for name, why in ((name, getattr(session, "cuda_graph_refused", None))

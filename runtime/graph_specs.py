@@ -69,6 +69,14 @@ def argmax_head(manifest: Manifest) -> str:
     return "logits" if spec is not None and any(t.name == LOGITS_OUTPUT for t in spec.outputs) else "argmax"
 
 
+def argmax_graph_runs_on(manifest: Manifest, device: str) -> bool:
+    """Whether ``device`` runs the bundle's argmax graph: off the CPU, one that returns the logits
+    does not (they would cross to the host at every call, where the top-K graph's few candidates
+    do, and the export proves both choose the same ids, bitwise), so it is neither opened there
+    nor built as a TensorRT engine."""
+    return "verifier_argmax" in manifest.graphs and (device == "cpu" or argmax_head(manifest) != "logits")
+
+
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
                   cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k",
                   d_model: int | None = None, cross_key_layout: str | None = None,

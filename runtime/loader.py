@@ -18,7 +18,7 @@ from .decoding.gad import Drafter
 from .decoding.shortlist import Shortlist, load_shortlist
 from .devices import SessionRequest, session_factory
 from .errors import BundleError, InputError, ProviderError
-from .graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
+from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on, drafter_takes_output_ids
 from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
 from .session import Session
 from .tokenizer import TextCodec
@@ -120,11 +120,12 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     files = BundleFiles(root, manifest, verify)  # what is read is what was hashed
     codec = TextCodec(root / TOKENIZER_FILE, files.read(TOKENIZER_FILE), manifest.segmentation, manifest.vocab_size)
     codec.encode(["a"])  # a post-processor adds its tokens to every text: an id past the vocabulary fails here
+    unused = () if argmax_graph_runs_on(manifest, device) else ("verifier_argmax",)
     graphs = [name for name in ("encoder", *VERIFIER_GRAPHS, chosen, "drafter_source")
-              if name is not None and name in manifest.graphs]  # drafter_source: a drafter's own layers
+              if name is not None and name in manifest.graphs and name not in unused]  # drafter_source: a drafter's own layers
     sessions = factory.open(root, manifest, graphs, request, files)
     # the graphs must be what the manifest says they are, before any text meets them
-    check_consistency(manifest, sessions, codec.vocab_size, codec.special_ids)
+    check_consistency(manifest, sessions, codec.vocab_size, codec.special_ids, unopened=unused)
     if getattr(factory, "probes_vocabulary", True):
         probe_vocabulary(manifest, sessions)  # and their vocabulary, which their IO does not show
         probe_lengths(manifest, sessions)  # and the lengths the manifest promises

@@ -24,6 +24,7 @@ from aggdec.engines.profiles import (
 )
 from aggdec.runtime.errors import BundleError, InputError
 from aggdec.runtime.generator import Generator
+from aggdec.runtime.graph_specs import argmax_head
 from aggdec.runtime.manifest import load_manifest, manifest_digest
 
 H100 = Target(gpu="NVIDIA H100 80GB HBM3", compute_capability="9.0", tensorrt="10.13.0.35")
@@ -51,7 +52,9 @@ def test_every_input_gets_a_profile_with_the_manifest_dims(reference_bundle):
     manifest = load_manifest(reference_bundle)
     options = ProfileOptions(max_batch=8, opt_batch=2, max_block=32)
     built = bundle_profiles(manifest, options)
-    assert list(built) == ["encoder", "verifier", "verifier_argmax", "drafter"]
+    # its argmax graph returns the logits, which a GPU does not run (graph_specs.argmax_graph_runs_on)
+    assert argmax_head(manifest) == "logits" and "verifier_argmax" in manifest.graphs
+    assert list(built) == ["encoder", "verifier", "drafter"]
     for graph, profile in built.items():
         spec = manifest.graph(graph)
         assert list(profile) == [t.name for t in spec.inputs]
@@ -95,14 +98,16 @@ def _assert_fed_shapes_within_profiles(generator: Generator, texts: list[str], m
 
 
 def test_the_runtime_never_feeds_a_shape_outside_the_profiles(reference_bundle):
-    # the float drafter: TensorRT builds engines of it (drafter_int8, the CPU's copy, has the same IO)
-    generator = Generator(reference_bundle, io_binding=False, int8_drafter=False)
+    # the float drafter: TensorRT builds engines of it (drafter_int8, the CPU's copy, has the same IO);
+    # every mode on the top-K verifier graph, as on a GPU (its argmax graph returns the logits:
+    # graph_specs.argmax_graph_runs_on), here by turning the CPU's argmax graph off
+    tuning = dataclasses.replace(tuning_for("cpu"), argmax_graph=False)
+    generator = Generator(reference_bundle, io_binding=False, int8_drafter=False, tuning=tuning)
     sample = Path(__file__).resolve().parents[2] / "examples" / "uagec_test_sample.tsv"
     texts = [line.split("\t")[0] for line in sample.read_text(encoding="utf-8").splitlines()[:24]]
-    # gad++ runs the top-K verifier graph, the others the argmax one
     ran = _assert_fed_shapes_within_profiles(generator, texts, ("greedy", "iad", "gad", "gad++"),
                                              ProfileOptions(max_batch=8, max_block=64))
-    assert ran == set(generator._sessions)
+    assert ran == set(generator._sessions) - {"verifier_argmax"}
     # and a batch larger than the profile is what the engine would refuse, by name
     assert "dim 0 is 9" in shape_error("input_ids", (9, 1), [1, 1], [8, 66])
 
@@ -118,7 +123,9 @@ def test_shortlist_bundles_get_profiles_for_each_rows_output_ids(tmp_path):
     export_bundle(folder, tmp_path / "bundle", progress=None, max_source_len=64, max_target_len=64)
     manifest = load_manifest(tmp_path / "bundle")
     options = ProfileOptions(max_batch=4, max_block=8)
-    verifier = bundle_profiles(manifest, options)["verifier"]["output_ids"]
+    profiles = bundle_profiles(manifest, options)
+    verifier = profiles["verifier"]["output_ids"]
+    assert argmax_head(manifest) == "argmax" and "verifier_argmax" in profiles  # a shortlist bundle's ArgMax head runs
     assert verifier["max"][0] == 4 and verifier["max"][1] >= manifest.vocab_size and verifier["min"] == [1, 1]
     texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(1 + i % 7)) for i in range(10)]
     # the runtime's IAD blocks as long as the profiles allow (on TensorRT its tuning's max_block is
@@ -196,7 +203,7 @@ def test_build_engines_cli_checks_then_needs_tensorrt(reference_bundle, tmp_path
     assert k > 8
     assert verifier_ids == {"graph": "verifier", "input": "input_ids", "min": "1x1", "opt": f"1x{min(16, k + 2)}",
                             "max": f"4x{k + 2}"}
-    assert {x["graph"] for x in lines[1:]} == {"encoder", "verifier", "verifier_argmax", "drafter"}
+    assert {x["graph"] for x in lines[1:]} == {"encoder", "verifier", "drafter"}  # no logits argmax engine
 
     one_error_line(aggdec("build-engines", str(reference_bundle), "--out", str(reference_bundle / "engines")),
                    "inside the bundle")
