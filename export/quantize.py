@@ -160,7 +160,7 @@ class _Rewriter:
         self.two_pass = options.activations == "two-pass"
         self.float_products = re.compile(options.float_products) if options.float_products else None
         self.scalars: dict[str, str] = {}
-        self.quantized = self.on_grid = self.shortlist_heads = 0
+        self.quantized = self.on_grid = 0
 
     def _name(self, base: str) -> str:
         name, index = base, 0
@@ -377,7 +377,7 @@ class _Rewriter:
             return None
         from onnx import helper
 
-        T = self.TensorProto
+        types = self.TensorProto
         base = (node.name or node.output[0]).strip("/").replace("/", "_") + "_int8"
 
         def name(suffix: str) -> str:
@@ -408,9 +408,9 @@ class _Rewriter:
                                                 self._shared("id_rows_zero_point", np.uint8(ID_ROWS_ZERO_POINT))],
                               [row_sums], name=node_name("RowMatMul"))],  # [L, passes x T]
             f"{base}_row_step",
-            [helper.make_tensor_value_info(row_ids, T.INT64, None),
-             helper.make_tensor_value_info(row_columns, T.INT8, None)],
-            [helper.make_tensor_value_info(row_sums, T.INT32, None)])
+            [helper.make_tensor_value_info(row_ids, types.INT64, None),
+             helper.make_tensor_value_info(row_columns, types.INT8, None)],
+            [helper.make_tensor_value_info(row_sums, types.INT32, None)])
         stacked, by_position = name("int32"), name("int32_by_position")
         nodes += [helper.make_node("Scan", [ids, columns[0]], [stacked], name=node_name("Rows"), body=body,
                                    num_scan_inputs=2),  # [B, L, passes x T]
@@ -423,7 +423,7 @@ class _Rewriter:
         summed = None
         for index, accumulated in enumerate(sums):
             as_float = name(f"float_{index}")
-            nodes.append(helper.make_node("Cast", [accumulated], [as_float], to=T.FLOAT, name=node_name(f"ToFloat{index}")))
+            nodes.append(helper.make_node("Cast", [accumulated], [as_float], to=types.FLOAT, name=node_name(f"ToFloat{index}")))
             if index == 0:
                 summed = as_float
                 continue
@@ -450,7 +450,6 @@ class _Rewriter:
             if head is not None:
                 rewritten += head
                 self.quantized += 1
-                self.shortlist_heads += 1
                 continue
             if not self._quantizable(node):
                 rewritten.append(node)
