@@ -160,6 +160,17 @@ class _Flat:
         assert self._host is not None
         return self._host[: math.prod(shape)].reshape(shape)
 
+    def move(self, source: int, target: int, size: int) -> None:
+        """Copy the ``size`` values at ``source * size`` onto those at ``target * size`` (a row;
+        the two do not overlap). A host buffer is written directly: :meth:`edit`'s context costs
+        more than a short row's copy, and a leaving row takes one per buffer."""
+        if self._value is None:
+            data = self._host  # type: ignore[index]
+            data[target * size : (target + 1) * size] = data[source * size : (source + 1) * size]
+            return
+        with self.edit() as data:
+            data[target * size : (target + 1) * size] = data[source * size : (source + 1) * size]
+
     @contextlib.contextmanager
     def edit(self) -> Iterator[np.ndarray]:
         """The whole allocation as a writable host array; a device buffer is updated after (only
@@ -436,8 +447,7 @@ class SlotBuffers:
                 for flats, shape in buffers:
                     size = math.prod(shape[1:])  # a row's values: one slice of the flat buffer
                     for flat in flats:
-                        with flat.edit() as data:
-                            data[slot * size : (slot + 1) * size] = data[last * size : (last + 1) * size]
+                        flat.move(last, slot, size)
             self.mask[slot] = self.mask[last]
             if self.keeps_matrices:
                 self._matrices[slot] = self._matrices[last]
