@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             m = {side: {key: statistics.median(run[key] for run in rows) for key in ("total", "host")}
                  for side, rows in runs.items()}
             old, new = m["old"], m["new"]
-            print(f"| {mode} | {batch} | {old['total']:.3f} / {old['host']:.3f} | {new['total']:.3f} / {new['host']:.3f} "
+            print(f"| {mode} | {batch} | {old['total']:.3f} / {old['host']:.3f} "
+                  f"| {new['total']:.3f} / {new['host']:.3f} "
                   f"| {old['host'] / old['total']:.1%} | {new['host'] / new['total']:.1%} "
                   f"| {new['total'] / old['total']:.3f}x | {new['host'] / old['host']:.3f}x |", flush=True)
     return 1 if failed else 0
