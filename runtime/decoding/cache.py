@@ -38,6 +38,7 @@ row copies.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -143,18 +144,32 @@ class _Flat:
             self._value = None
             # zeros, not empty: masked positions are multiplied by 0, and 0 * NaN would be NaN
             self._host = np.zeros(size, dtype)
+            # read once: ``ndarray.ctypes`` makes a ctypes object per read (~1 us), and every
+            # re-binding (each row that joins or leaves) reads every buffer's pointer
+            self._address = self._host.ctypes.data
 
     @property
     def on_device(self) -> bool:
         return self._value is not None
 
     def pointer(self) -> int:
-        return self._value.data_ptr() if self._value is not None else self._host.ctypes.data  # type: ignore[union-attr]
+        return self._value.data_ptr() if self._value is not None else self._address
 
     def view(self, shape: tuple[int, ...]) -> np.ndarray:
         """The first prod(shape) values as an array of ``shape`` (host buffers only)."""
         assert self._host is not None
-        return self._host[: int(np.prod(shape))].reshape(shape)
+        return self._host[: math.prod(shape)].reshape(shape)
+
+    def move(self, source: int, target: int, size: int) -> None:
+        """Copy the ``size`` values at ``source * size`` onto those at ``target * size`` (a row;
+        the two do not overlap). A host buffer is written directly: :meth:`edit`'s context costs
+        more than a short row's copy, and a leaving row takes one per buffer."""
+        if self._value is None:
+            data = self._host  # type: ignore[index]
+            data[target * size : (target + 1) * size] = data[source * size : (source + 1) * size]
+            return
+        with self.edit() as data:
+            data[target * size : (target + 1) * size] = data[source * size : (source + 1) * size]
 
     @contextlib.contextmanager
     def edit(self) -> Iterator[np.ndarray]:
@@ -283,11 +298,11 @@ class SlotBuffers:
                 self._edits.relayout(flat.pointer(), old, new)
                 continue
             with flat.edit() as data:
-                before = data[: int(np.prod(old))].reshape(old)
+                before = data[: math.prod(old)].reshape(old)
                 index = [slice(None)] * len(old)
                 index[axis] = slice(0, keep)
                 data_copy = before[tuple(index)].copy()  # the old and new layouts overlap
-                data[: int(np.prod(new))].reshape(new)[tuple(index)] = data_copy
+                data[: math.prod(new)].reshape(new)[tuple(index)] = data_copy
 
     def ensure_capacity(self, needed: int) -> None:
         """Make the self-attention buffers hold ``needed`` positions (at most ``max_target``)."""
@@ -430,10 +445,9 @@ class SlotBuffers:
                                   for flat, size in sizes])
             else:
                 for flats, shape in buffers:
+                    size = math.prod(shape[1:])  # a row's values: one slice of the flat buffer
                     for flat in flats:
-                        with flat.edit() as data:
-                            view = data[: int(np.prod(shape))].reshape(shape)
-                            view[slot] = view[last]
+                        flat.move(last, slot, size)
             self.mask[slot] = self.mask[last]
             if self.keeps_matrices:
                 self._matrices[slot] = self._matrices[last]

@@ -128,5 +128,14 @@ class Verification:
         failed = np.flatnonzero(~passed)
         return int(failed[0]) if len(failed) else k
 
+    def accepted_best(self, draft: list[int], best: list[int]) -> int:
+        """:meth:`accepted` for ``beta = 1`` on lists: ``best[i]`` is the verifier's best id at
+        ``draft[i]``'s position. How many leading draft tokens equal it."""
+        assert self.beta == 1, "only the best ids: beta = 1"
+        for index, (token, verified) in enumerate(zip(draft, best)):
+            if token != verified:
+                return index
+        return len(draft)
+
 
 GREEDY = Verification()

@@ -59,6 +59,9 @@ class Row:
     # this row's share of each cost: a call's time is split evenly among the rows it served
     seconds: dict[str, float] = field(default_factory=lambda: {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0,
                                                                "total": 0.0})
+    # its cohort's per-row shares (Cohort.shares) when it joined: the calls' shares it got since
+    # are the difference, added to ``seconds`` when it leaves (:func:`_settle`)
+    joined: dict[str, float] = field(default_factory=dict)
 
 
 class DraftSource(Protocol):
@@ -114,6 +117,9 @@ class Cohort:
     batch: Batch
     rows: list[Row] = field(default_factory=list)  # rows[slot]
     seconds: float = 0.0  # time its calls took, since it last had no row, on the loop's clock
+    # each call's cost divided by its rows, summed over the cohort's calls: a row's share of the
+    # calls it was in is the growth of these while it was here (one sum a call, not one a row)
+    shares: dict[str, float] = field(default_factory=lambda: {"verifier": 0.0, "drafter": 0.0, "total": 0.0})
 
 
 def length_class(length: int, bounds: Sequence[int]) -> int:
@@ -197,7 +203,7 @@ def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: D
                                                                     static_width=static_width))
                 if not cohort.rows:  # no credit and no debt from before it was empty
                     cohort.seconds = clock
-                _admit(cohort.batch, group, cohort.rows, limits, drafts, pad_id, beams)
+                _admit(cohort.batch, group, cohort.rows, cohort.shares, limits, drafts, pad_id, beams)
             arrived = []
         cohort = next_cohort(list(cohorts.values()))
         clock = cohort.seconds
@@ -236,25 +242,31 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
             tokens[slot, len(pend) : len(pend) + len(draft)] = draft
     top_logprobs, top_ids = batch.verify(tokens)
 
-    kept = np.zeros(len(rows), dtype=np.int64)
+    kept = [0] * len(rows)
     groups: dict[int, list[int]] = {}  # a beam group's slots, by the group's id
+    # where only each position's best id counts (beta = 1), every row's are read as one list:
+    # a row then costs Python list work, not several numpy calls of ~1 us each (at batch 32
+    # those were a tenth of the loop's host time)
+    best = None if verification.reads_log_probs else top_ids[:, :, 0].tolist()
     for slot, (row, pend, draft) in enumerate(zip(rows, pendings, proposed)):
         if row.group is not None:  # its cache length is set by its group's selection
             groups.setdefault(id(row.group), []).append(slot)
             continue
-        kept[slot] = _verify_row(row, pend, draft, top_ids[slot], top_logprobs[slot], verification, drafts, len(rows))
-    batch.keep(kept)
+        if best is not None:
+            kept[slot] = _verify_row_best(row, pend, draft, best[slot], verification, drafts, len(rows))
+        else:
+            kept[slot] = _verify_row(row, pend, draft, top_ids[slot], top_logprobs[slot], verification, drafts,
+                                     len(rows))
+    batch.keep(np.array(kept, dtype=np.int64))
     for slots in groups.values():
         _select_beams(batch, rows, slots, pendings, proposed, top_ids, top_logprobs, drafts)
 
     elapsed = time.perf_counter() - started
     cohort.seconds += elapsed
-    shares = {"verifier": (batch.verifier_seconds - verifier_before) / len(rows),
-              "drafter": (drafts.seconds - drafter_before) / len(rows),
-              "total": elapsed / len(rows)}
-    for row in rows:
-        for name, value in shares.items():
-            row.seconds[name] += value
+    shares = cohort.shares
+    shares["verifier"] += (batch.verifier_seconds - verifier_before) / len(rows)
+    shares["drafter"] += (drafts.seconds - drafter_before) / len(rows)
+    shares["total"] += elapsed / len(rows)
     if work.abandoned:
         return
     cancelled = work.cancelled()
@@ -262,7 +274,10 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
     finished: dict[int, Finished] = {}  # by the caller's index: a beam group's rows leave together
     for row in reversed(rows):  # the order rows were always yielded in: from the last slot
         if row.index not in cancelled and row.index not in finished and _done(row):
-            finished[row.index] = _finished(row, [other for other in rows if other.index == row.index])
+            request = [other for other in rows if other.index == row.index]
+            for other in request:
+                _settle(other, shares)
+            finished[row.index] = _finished(row, request)
     for slot in reversed(range(len(rows))):  # from the end: a moved row is never one still to check
         row = rows[slot]
         if row.index in cancelled or row.index in finished:
@@ -295,6 +310,25 @@ def _verify_row(row: Row, pend: list[int], draft: np.ndarray, top_ids: np.ndarra
     end = first + len(draft) + 1
     accepted = verification.accepted(draft, top_ids[first:end], top_logprobs[first:end])
     appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[first + accepted, 0])], row.limits)
+    row.trace.drafted.append(len(draft))
+    row.trace.accepted.append(appended)
+    row.trace.rows.append(batch_rows)
+    drafts.observe(row, len(draft), accepted, appended)
+    return len(pend) + accepted
+
+
+def _verify_row_best(row: Row, pend: list[int], draft: np.ndarray, best: list[int], verification: Verification,
+                     drafts: DraftSource, batch_rows: int) -> int:
+    """:func:`_verify_row` where only each position's best id counts (``best``: the row's, per
+    block position, as a list); the same selection, token for token."""
+    first = len(pend) - 1
+    if len(draft):
+        proposal = draft.tolist()
+        accepted = verification.accepted_best(proposal, best[first : first + len(proposal)])
+        candidates = [*proposal[:accepted], best[first + accepted]]
+    else:  # greedy, or a row without a draft this call: the verifier's token alone
+        accepted, candidates = 0, [best[first]]
+    appended = row.trace.extend(candidates, row.limits)
     row.trace.drafted.append(len(draft))
     row.trace.accepted.append(appended)
     row.trace.rows.append(batch_rows)
@@ -375,6 +409,12 @@ def _select_beams(batch: Batch, rows: list[Row], slots: list[int], pendings: lis
         rows[slot].trace.tokens = group.running[rank]  # shared, not copied: BeamGroup.step makes new lists
 
 
+def _settle(row: Row, shares: dict[str, float]) -> None:
+    """Add to ``row.seconds`` its share of the calls since it joined (``shares``: its cohort's)."""
+    for name, value in shares.items():
+        row.seconds[name] += value - row.joined[name]
+
+
 def _done(row: Row) -> bool:
     return row.trace.done if row.group is None else row.group.done
 
@@ -392,8 +432,8 @@ def _finished(row: Row, rows: list[Row]) -> Finished:
     return Finished(row.index, group.trace, seconds, hypotheses)
 
 
-def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLimits, drafts: DraftSource,
-           pad_id: int, beams: BeamRules | None = None) -> None:
+def _admit(batch: Batch, arrived: list[Work], rows: list[Row], shares: dict[str, float], limits: DecodeLimits,
+           drafts: DraftSource, pad_id: int, beams: BeamRules | None = None) -> None:
     """Encode the arrived sources and give each a free slot (shortest first: the encoder calls
     group similar lengths); with ``beams``, ``num_beams`` slots, its encoding replicated."""
     arrived = sorted(arrived, key=lambda work: len(work.source))
@@ -412,5 +452,6 @@ def _admit(batch: Batch, arrived: list[Work], rows: list[Row], limits: DecodeLim
                       limits=row_limits, group=group, beam=beam)
             row.seconds["encoder"] += share
             row.seconds["total"] += wall
+            row.joined = dict(shares)
             drafts.start(row)
             rows.append(row)

@@ -174,6 +174,21 @@ def test_relaxed_acceptance_rule():
     assert Verification(beta=3, tau=1.0).accepted(np.array([], dtype=np.int64), top_ids, top_logprobs) == 0
 
 
+def test_best_id_acceptance_is_the_greedy_rule():
+    """The loop's list form for beta = 1 (Verification.accepted_best) against the array rule."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        k = int(rng.integers(0, 6))
+        top_ids = rng.integers(0, 3, size=(k + 1, 2))
+        draft = np.where(rng.random(k) < 0.7, top_ids[:k, 0], rng.integers(0, 3, size=k))
+        expected = Verification().accepted(draft, top_ids, np.zeros((k + 1, 2)))
+        assert Verification().accepted_best(draft.tolist(), top_ids[:k, 0].tolist()) == expected
+    assert Verification().accepted_best([4, 5, 6], [4, 5, 6]) == 3
+    assert Verification().accepted_best([4, 5, 6], [4, 7, 6]) == 1
+    with pytest.raises(AssertionError):
+        Verification(beta=2).accepted_best([4], [4])
+
+
 def test_gad_options_are_checked(gad_bundle, bundle):
     generator = Generator(gad_bundle("marian"))
     with pytest.raises(InputError, match="beta"):
