@@ -12,7 +12,7 @@ on even repeats and new first on odd ones, so that drift on a shared machine hit
 A child loads the bundle (1 thread), warms up on ``4 x batch`` sentences, then decodes the
 sentences once with ``Generator.generate``, timing its thread's CPU seconds: the whole
 ``generate``, and inside it the onnxruntime calls (``InferenceSession.run`` and
-``run_with_iobinding``, as ``host_share.py`` splits them); host = the rest. It prints the
+``run_with_iobinding``, by ``host_share.py``'s own clock and split); host = the rest. It prints the
 medians and new/old ratios, and refuses to print them when the two trees' token ids differ
 for any sentence (every exact mode must give greedy's output, whatever the code version).
 """
@@ -20,7 +20,6 @@ for any sentence (every exact mode must give greedy's output, whatever the code 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -43,18 +42,10 @@ for name in os.listdir(os.path.join(tree, "aggdec")):
 for name in ("runtime", "export"):
     if not os.path.exists(os.path.join(pkg, name)):
         os.symlink(os.path.join(tree, name), os.path.join(pkg, name))
-sys.path.insert(0, top)
-import onnxruntime as ort
-seconds = {"ort": 0.0}
-for name in ("run", "run_with_iobinding"):
-    original = getattr(ort.InferenceSession, name)
-    def timed(session, *args, _original=original, **kwargs):
-        started = time.thread_time()
-        try:
-            return _original(session, *args, **kwargs)
-        finally:
-            seconds["ort"] += time.thread_time() - started
-    setattr(ort.InferenceSession, name, timed)
+sys.path.insert(0, os.environ["AGGDEC_BENCHMARKS"])  # host_share's clock (it imports aggdec only in main)
+from host_share import OrtClock
+sys.path.insert(0, top)  # before host_share's own root: this tree's aggdec
+clock = OrtClock()
 import aggdec
 import aggdec.runtime.decoding.loop as loop
 for module in (aggdec, loop):  # this tree's code, not the installed one
@@ -65,17 +56,18 @@ bundle, mode, batch, limit, data = sys.argv[1], sys.argv[2], int(sys.argv[3]), i
 texts = [example.source for example in load_examples(data, limit)]
 generator = Generator(bundle, device="cpu", threads=1)
 generator.generate(texts[: 4 * batch], mode=mode, batch_size=batch)
-seconds["ort"] = 0.0
+clock.reset()
 started = time.thread_time()
 results = generator.generate(texts, mode=mode, batch_size=batch, max_new_tokens=255)
 total = time.thread_time() - started
+host = total - sum(clock.seconds.values())
 digest = hashlib.sha256(json.dumps([list(result.ids) for result in results]).encode()).hexdigest()
-print(json.dumps({"total": total, "ort": seconds["ort"], "host": total - seconds["ort"], "ids": digest}))
+print(json.dumps({"total": total, "host": host, "ids": digest}))
 """
 
 
 def child(tree: Path, bundle: str, mode: str, batch: int, limit: int, data: str) -> dict:
-    env = dict(os.environ, AGGDEC_TREE=str(tree), OMP_NUM_THREADS="1")
+    env = dict(os.environ, AGGDEC_TREE=str(tree), AGGDEC_BENCHMARKS=str(ROOT / "benchmarks"), OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", CHILD, bundle, mode, str(batch), str(limit), data],
                          env=env, check=True, capture_output=True, text=True, cwd="/")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -247,29 +247,23 @@ class _Rewriter:
         return scale
 
     def _two_pass_rows(self, activation: str, nodes: list) -> tuple[str, str, str]:
-        """Two-pass rows of ``activation``: t = x / row scale, the first pass round(t), the
-        second round((t - round(t)) * 126), both 7-bit and shifted to uint8 by QuantizeLinear
-        (scalar scale: one node for round, shift and cast). Per element after the row's
-        absmax, like the one-pass rows. Returns (first pass, second pass, row scale)."""
+        """Two-pass rows of ``activation``: :meth:`_scaled_passes`' two, each rounded, shifted
+        by 64 and cast to uint8 by one QuantizeLinear (a scalar scale and zero point). Per
+        element after the row's absmax, like the one-pass rows. Returns (first pass, second
+        pass, row scale)."""
         if activation in self.rows:
             return self.rows[activation]
         from onnx import helper
 
         base = activation.strip("/").replace("/", "_") or "x"
-        scale = self._row_scale(activation, base, PASS_QMAX, nodes)
-        scaled, rounded, residual, first, second = (self._name(f"{base}_{s}") for s in (
-            "scaled", "rounded", "residual", "uint8", "residual_uint8"))
+        passes, scale = self._scaled_passes(activation, nodes, two_pass=True)
         zero_point = self._shared("pass_zero_point", np.uint8(PASS_ZERO_POINT))
-        nodes += [
-            helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")),
-            helper.make_node("QuantizeLinear", [scaled, self._shared("one", np.float32(1)), zero_point], [first],
-                             name=self._name(f"{base}/FirstPass")),
-            helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")),
-            helper.make_node("Sub", [scaled, rounded], [residual], name=self._name(f"{base}/Residual")),
-            helper.make_node("QuantizeLinear", [residual, self._shared("residual_step", np.float32(1 / RESIDUAL_STEPS)),
-                                                zero_point], [second], name=self._name(f"{base}/SecondPass")),
-        ]
-        self.rows[activation] = (first, second, scale)
+        quantized = []
+        for suffix, node_name, (value, step) in zip(("uint8", "residual_uint8"), ("FirstPass", "SecondPass"), passes):
+            quantized.append(self._name(f"{base}_{suffix}"))
+            nodes.append(helper.make_node("QuantizeLinear", [value, step, zero_point], [quantized[-1]],
+                                          name=self._name(f"{base}/{node_name}")))
+        self.rows[activation] = (quantized[0], quantized[1], scale)
         return self.rows[activation]
 
     def _shared(self, base: str, value: np.generic) -> str:
@@ -331,19 +325,19 @@ class _Rewriter:
             helper.make_node("Mul", [summed, row_scale], [node.output[0]], name=self._name(f"{base}/RowScaleMul")),
         ]
 
-    def _head_passes(self, activation: str, nodes: list) -> tuple[list[tuple[str, str]], str]:
-        """``activation`` [B, T, D] for a shortlist head: each row divided by its absmax / 63,
-        then one 7-bit pass (|q| <= 63), or two-pass's two (the value and its rounding residual
-        x 126, as :meth:`_two_pass_rows`). Returns each pass as (float value, its step), for
-        QuantizeLinear to round, and the row scales [B, T, 1]."""
+    def _scaled_passes(self, activation: str, nodes: list, two_pass: bool) -> tuple[list[tuple[str, str]], str]:
+        """``activation`` [B, T, D] divided by its rows' absmax / 63 (7-bit passes), as one pass,
+        or (``two_pass``) two: the value and its rounding residual x 126 (about 13 bits
+        together). Returns each pass as (float value, its step), for a QuantizeLinear to round,
+        and the row scales [B, T, 1]."""
         from onnx import helper
 
-        base = activation.strip("/").replace("/", "_") + "_head"
+        base = activation.strip("/").replace("/", "_") or "x"
         scale = self._row_scale(activation, base, PASS_QMAX, nodes)
         scaled = self._name(f"{base}_scaled")
         nodes.append(helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")))
         passes = [(scaled, self._shared("one", np.float32(1)))]
-        if self.two_pass:
+        if two_pass:
             rounded, residual = self._name(f"{base}_rounded"), self._name(f"{base}_residual")
             nodes += [helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")),
                       helper.make_node("Sub", [scaled, rounded], [residual], name=self._name(f"{base}/Residual"))]
@@ -388,7 +382,7 @@ class _Rewriter:
 
         by_id, id_scale = self._id_matrices(weight)
         nodes: list = []
-        passes, row_scale = self._head_passes(hidden, nodes)
+        passes, row_scale = self._scaled_passes(hidden, nodes, self.two_pass)
         columns = []  # each pass's positions as columns [B, D, T]
         for index, (value, step) in enumerate(passes):
             quantized, column = name(f"int8_{index}"), name(f"columns_{index}")
@@ -735,29 +729,26 @@ KEPT_ROWS = "output_rows"
 KEPT_ROWS_IDS = "output_ids"  # what the encoder gathers them by
 
 
-def _names_read(graph) -> set[str]:
-    """Every name a node of ``graph`` or of its subgraphs reads (outer-scope names included)."""
-    read = set()
-    for node in graph.node:
-        read.update(name for name in node.input if name)
-        for attr in node.attribute:
-            for sub in (attr.g, *attr.graphs) if attr.HasField("g") else attr.graphs:
-                read |= _names_read(sub)
+def _names_read(node) -> set[str]:
+    """Every name ``node`` reads, its subgraphs' outer-scope names included."""
+    read = {name for name in node.input if name}
+    for attr in node.attribute:
+        for sub in (attr.g, *attr.graphs) if attr.HasField("g") else attr.graphs:
+            for inner in sub.node:
+                read |= _names_read(inner)
     return read
 
 
 def _prune(model, inputs: tuple[str, ...] = ()) -> None:
     """Drop the nodes of ``model``'s graph that no output needs (in place), then the graph
     inputs ``inputs`` and the initializers that nothing reads any more."""
-    from onnx import helper
-
     graph = model.graph
     needed = {o.name for o in graph.output}
     kept = []
     for node in reversed(graph.node):
         if any(name in needed for name in node.output):
             kept.append(node)
-            needed |= _names_read(helper.make_graph([node], "node", [], []))
+            needed |= _names_read(node)
     del graph.node[:]
     graph.node.extend(reversed(kept))
     for item in [i for i in graph.input if i.name in inputs and i.name not in needed]:

@@ -309,12 +309,8 @@ def _verify_row(row: Row, pend: list[int], draft: np.ndarray, top_ids: np.ndarra
     first = len(pend) - 1  # the position scoring draft[0]: after the last pending token
     end = first + len(draft) + 1
     accepted = verification.accepted(draft, top_ids[first:end], top_logprobs[first:end])
-    appended = row.trace.extend([*draft[:accepted].tolist(), int(top_ids[first + accepted, 0])], row.limits)
-    row.trace.drafted.append(len(draft))
-    row.trace.accepted.append(appended)
-    row.trace.rows.append(batch_rows)
-    drafts.observe(row, len(draft), accepted, appended)
-    return len(pend) + accepted
+    tokens = [*draft[:accepted].tolist(), int(top_ids[first + accepted, 0])]
+    return _take(row, pend, tokens, len(draft), accepted, drafts, batch_rows)
 
 
 def _verify_row_best(row: Row, pend: list[int], draft: np.ndarray, best: list[int], verification: Verification,
@@ -322,17 +318,22 @@ def _verify_row_best(row: Row, pend: list[int], draft: np.ndarray, best: list[in
     """:func:`_verify_row` where only each position's best id counts (``best``: the row's, per
     block position, as a list); the same selection, token for token."""
     first = len(pend) - 1
-    if len(draft):
-        proposal = draft.tolist()
-        accepted = verification.accepted_best(proposal, best[first : first + len(proposal)])
-        candidates = [*proposal[:accepted], best[first + accepted]]
-    else:  # greedy, or a row without a draft this call: the verifier's token alone
-        accepted, candidates = 0, [best[first]]
-    appended = row.trace.extend(candidates, row.limits)
-    row.trace.drafted.append(len(draft))
+    if not len(draft):  # greedy, or a row without a draft this call: the verifier's token alone
+        return _take(row, pend, [best[first]], 0, 0, drafts, batch_rows)
+    proposal = draft.tolist()
+    accepted = verification.accepted_best(proposal, best[first : first + len(proposal)])
+    return _take(row, pend, [*proposal[:accepted], best[first + accepted]], len(draft), accepted, drafts, batch_rows)
+
+
+def _take(row: Row, pend: list[int], tokens: list[int], drafted: int, accepted: int, drafts: DraftSource,
+          batch_rows: int) -> int:
+    """Append a row's selected ``tokens`` (its accepted draft, then the verifier's token) and
+    record the call; returns the block positions the row keeps in its cache."""
+    appended = row.trace.extend(tokens, row.limits)
+    row.trace.drafted.append(drafted)
     row.trace.accepted.append(appended)
     row.trace.rows.append(batch_rows)
-    drafts.observe(row, len(draft), accepted, appended)
+    drafts.observe(row, drafted, accepted, appended)
     return len(pend) + accepted
 
 

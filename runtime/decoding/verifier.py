@@ -311,10 +311,10 @@ class Batch:
             best = candidates[0].argmax(-1) if self._logits else candidates[0]
             top_ids = best[..., None]
             top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
-        vocab_size = self._verifier.manifest.vocab_size
-        # they become the output; an argmax over a vocabulary-wide last axis is in range by construction
-        if not (self._logits and candidates[0].shape[-1] == vocab_size):
-            check_ids(top_ids, vocab_size, "the verifier")
+        # they become the output; an argmax over the logits' vocabulary-wide last axis (its shape
+        # checked after every call) is in range by construction
+        if not self._logits:
+            check_ids(top_ids, self._verifier.manifest.vocab_size, "the verifier")
         return top_logprobs, top_ids
 
     def close(self) -> None:
