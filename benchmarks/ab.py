@@ -25,6 +25,11 @@ The scripts this replaces, as settings (``OFF=1000000000``, a repeat no output r
     two bundles, several modes:      --modes greedy iad gad --a bundle=A --b bundle=B
     the float against the int8 drafter: --set mode=gad --a int8_drafter=false
 
+Run it in both orders (A and B swapped) for an effect of a few percent: an A/A run (one bundle
+in two folders, batch 1) measured side B 0.972x and 0.985x side A's time on the shared 2-core
+machine (``results/int8-fewer-nodes-cpu/``), a bias of the setup, not of either side; the two
+orders' B/A figures then bracket the effect.
+
 Prints each side's summed decode time, tokens per verifier call, B's time over A's overall and on
 outputs over 64 and 128 tokens, and B's outputs against A's. Two sides on the same bundle in
 exact modes must give the same outputs; on different bundles each exact side is checked

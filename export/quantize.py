@@ -15,11 +15,12 @@ onnxruntime's own int8 paths couple positions:
   by the number of rows; measured: int8 IAD/GAD equalled int8 greedy on 798 of 800 sentences.
 
 So activations are quantized here **per row** (one symmetric scale per position vector:
-absmax over the last axis / 127), weights per output column (symmetric, with onnxruntime's
-``quantize_data``), and the product is ``MatMulInteger``: its int32 accumulation is exact, so
-neither the kernel path nor the block size can change it. The rest is per-element float math
-(Cast, two Muls) or per-row (the absmax). Nothing mixes positions, and the block-vs-single
-check in :func:`check_verifier_graphs` proves it on every bundle written.
+absmax over the last axis / 127, then one ``QuantizeLinear`` of step 1 that rounds and shifts
+to uint8), weights per output column (symmetric, with onnxruntime's ``quantize_data``), and
+the product is ``MatMulInteger``: its int32 accumulation is exact, so neither the kernel path
+nor the block size can change it. The rest is per-element float math (Cast, two Muls) or
+per-row (the absmax). Nothing mixes positions, and the block-vs-single check in
+:func:`check_verifier_graphs` proves it on every bundle written.
 
 Weights use 7 bits (``reduce_range``, values in [-64, 64]): MLAS's fast u8 x s8 kernel on
 AVX2 CPUs without VNNI multiplies with ``vpmaddubsw``, which adds pairs of u8*s8 products into
@@ -282,15 +283,14 @@ class _Rewriter:
 
         base = activation.strip("/").replace("/", "_") or "x"
         scale = self._row_scale(activation, base, ROW_QMAX, nodes)
-        scaled, rounded, shifted, quantized = (self._name(f"{base}_{s}") for s in ("scaled", "rounded", "shifted",
-                                                                                  "uint8"))
+        scaled, quantized = self._name(f"{base}_scaled"), self._name(f"{base}_uint8")
         nodes.append(helper.make_node("Div", [activation, scale], [scaled], name=self._name(f"{base}/Scale")))
-        # |scaled| <= 127 (plus rounding error of the scale, which Round absorbs): no Clip needed
-        nodes.append(helper.make_node("Round", [scaled], [rounded], name=self._name(f"{base}/Round")))
-        nodes.append(helper.make_node("Add", [rounded, self._constant(f"{base}_zero_point_f",
-                                      np.array(A_ZERO_POINT, np.float32))], [shifted], name=self._name(f"{base}/Shift")))
-        nodes.append(helper.make_node("Cast", [shifted], [quantized], to=self.TensorProto.UINT8,
-                                      name=self._name(f"{base}/ToUint8")))
+        # |scaled| <= 127 (plus rounding error of the scale, which rounding absorbs): one
+        # QuantizeLinear (step 1) rounds half to even and shifts by the zero point, the values
+        # Round, Add and Cast gave in three nodes
+        nodes.append(helper.make_node("QuantizeLinear", [scaled, self._shared("one", np.float32(1)),
+                                                         self._shared("row_zero_point", np.uint8(A_ZERO_POINT))],
+                                      [quantized], name=self._name(f"{base}/ToUint8")))
         self.rows[activation] = (quantized, scale)
         return self.rows[activation]
 

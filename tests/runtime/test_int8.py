@@ -91,6 +91,8 @@ def test_int8_iad_equals_int8_greedy_for_every_family(family, bundle, int8):
     ops = [node.op_type for node in verifier.graph.node]
     initializers = {init.name for init in verifier.graph.initializer}
     assert ops.count("MatMulInteger") > 0 and ops.count("LogSoftmax") == 1 and ops.count("TopK") == 1
+    # each quantized activation rounded and shifted by one QuantizeLinear (decision 042)
+    assert "Round" not in ops and 0 < ops.count("QuantizeLinear") <= ops.count("MatMulInteger")
     assert not any(node.op_type == "MatMul" and any(i in initializers for i in node.input)
                    for node in verifier.graph.node)
     texts = random_texts(seed=40 + FAMILIES.index(family), count=12)
@@ -215,6 +217,35 @@ def test_a_manifest_without_precision_is_fp32(bundle, tmp_path):
     loaded = load_manifest(root)
     assert loaded.precision == "fp32" and loaded.quantization is None
     Generator(root).generate(["w1 w2"], max_new_tokens=2)
+
+
+def test_one_quantize_linear_rounds_rows_as_round_add_cast_did():
+    """Decision 042: a row divided by its scale is rounded and shifted by one QuantizeLinear
+    (step 1, zero point 128) where Round, Add 128 and Cast to uint8 did it before; on
+    onnxruntime both give the same uint8 for every value a row can hold (|x| <= 127, with
+    halves, which both round to even), so bundles made before and after decode alike."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    one, zero = (onnx.numpy_helper.from_array(np.array(v, dtype), n)
+                 for v, dtype, n in ((1.0, np.float32, "one"), (128, np.uint8, "zero")))
+    shift = onnx.numpy_helper.from_array(np.array(128.0, np.float32), "shift")
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "one", "zero"], ["fused"]),
+         helper.make_node("Round", ["x"], ["rounded"]), helper.make_node("Add", ["rounded", "shift"], ["shifted"]),
+         helper.make_node("Cast", ["shifted"], ["chain"], to=TensorProto.UINT8)],
+        "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info(n, TensorProto.UINT8, [None]) for n in ("fused", "chain")],
+        initializer=[one, zero, shift])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    halves = np.arange(-127, 127, dtype=np.float32) + np.float32(0.5)
+    x = np.concatenate([rng.uniform(-127, 127, 100_000).astype(np.float32), halves, np.float32([-127, 0, 127]),
+                        np.nextafter(halves, np.float32(0)), np.nextafter(halves, np.float32(200))])
+    fused, chain = session.run(None, {"x": x})
+    assert np.array_equal(fused, chain)
 
 
 def test_quantized_graph_is_rewritten_as_designed(bundle, int8):
