@@ -27,10 +27,10 @@ The scripts this replaces, as settings (``OFF=1000000000``, a repeat no output r
 
 Run it in both orders (A and B swapped) for an effect of a few percent: an A/A run (one bundle
 in two folders, batch 1) measured side B 0.972x and 0.985x side A's time on the shared 2-core
-machine (``results/int8-fewer-nodes-cpu/``), a bias of the setup, not of either side. Scratch
-A/A runs pinned it on the order the sides are built and warmed up: B built and warmed last 0.960,
-A built and warmed last 1.043, A built first but warmed last 1.011 (decision 042). The two
-orders' B/A figures bracket the effect.
+machine (``results/int8-fewer-nodes-cpu/``), a bias of the setup, not of either side. A/A runs
+there (``aa-build-order.txt``) pinned it on the order the sides are built and warmed up: B
+built and warmed last 0.960, A built and warmed last 1.043, A built first but warmed last
+1.011 (decision 042). The two orders' B/A figures bracket the effect.
 
 Prints each side's summed decode time, tokens per verifier call, B's time over A's overall and on
 outputs over 64 and 128 tokens, and B's outputs against A's. Two sides on the same bundle in

@@ -164,11 +164,7 @@ class _Flat:
         """Copy the ``size`` values at ``source * size`` onto those at ``target * size`` (a row;
         the two do not overlap). A host buffer is written directly: :meth:`edit`'s context costs
         more than a short row's copy, and a leaving row takes one per buffer."""
-        if self._value is None:
-            data = self._host  # type: ignore[index]
-            data[target * size : (target + 1) * size] = data[source * size : (source + 1) * size]
-            return
-        with self.edit() as data:
+        with contextlib.nullcontext(self._host) if self._value is None else self.edit() as data:
             data[target * size : (target + 1) * size] = data[source * size : (source + 1) * size]
 
     @contextlib.contextmanager
