@@ -196,7 +196,11 @@ class Generator:
                  engines: str | Path | None = None, int8_drafter: bool | None = None,
                  tuning: Tuning | None = None, shortlist: bool = True, static_shapes: bool | None = None,
                  cuda_graphs: bool = False) -> None:
-        """``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
+        """``threads``: onnxruntime's intra-op threads per graph; None: one per physical core, or
+        one per CPU when the process is pinned to fewer than the machine has (taskset, a
+        container's cpuset: ``session.default_threads``).
+
+        ``io_binding``: pass the cache buffers to onnxruntime by pointer, so that the verifier
         writes each step's keys/values in place (and on CUDA they stay on the device). None (the
         default) means on; off runs the same graphs through numpy arrays, copying the cache in
         and out of every call: identical outputs, slower, kept for debugging and comparison.

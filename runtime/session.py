@@ -201,11 +201,27 @@ def _external_data_from_memory_only(options: Any, files: Mapping[str, bytes]) ->
 THREADS_PER_CPU = 4  # the most intra-op threads per CPU this process may use
 
 
+def usable_cpus() -> int:
+    """How many CPUs this process may run on: its affinity mask where the OS has one (taskset,
+    a container's cpuset), else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_threads() -> int | None:
+    """The intra-op thread count used when the caller gives none: one per usable CPU when the
+    process is confined to fewer CPUs than the machine has, else None (onnxruntime's own
+    default, one thread per physical core). onnxruntime sizes its default pool from the
+    machine, not from the affinity mask, so a process pinned to one CPU of sixteen would start
+    a pool of (say) eight spinning threads that all share that one CPU."""
+    cpus = usable_cpus()
+    return cpus if cpus < (os.cpu_count() or cpus) else None
+
+
 def checked_threads(threads: object) -> int:
     """``threads``, an intra-op thread count, refused outside 1 .. THREADS_PER_CPU x the CPUs this
     process may use: onnxruntime starts that many spinning threads per graph, and 3,000 on two
     CPUs left a one-line decode running for minutes (past 2**31 it raises TypeError instead)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     most = THREADS_PER_CPU * cpus
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not 1 <= threads <= most:
         raise ProviderError(f"threads must be an integer between 1 and {most} ({THREADS_PER_CPU} x the {cpus} CPUs "
@@ -240,8 +256,9 @@ class OrtSession:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.inter_op_num_threads = 1  # one request's graph at a time: parallelism is inside ops
+        threads = default_threads() if threads is None else checked_threads(threads)
         if threads is not None:
-            options.intra_op_num_threads = checked_threads(threads)
+            options.intra_op_num_threads = threads
         options.log_severity_level = 3
         if profile_prefix is not None:
             options.enable_profiling = True

@@ -6,11 +6,27 @@ trained editing model is also cached on disk across runs (see tests/support).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.support.fixtures import drafter_bundle, editing_marian_dir, random_checkpoint, trained_drafter_dir  # noqa: F401
+
+def _one_cpu_per_worker() -> None:
+    """Under ``pytest -n N`` (pytest-xdist), give each worker a CPU of its own, before torch or
+    onnxruntime start their thread pools. Both would otherwise size their pools from the whole
+    machine in every worker, and their spinning threads then slow every worker down many times
+    over. Pinned, torch takes one thread and the runtime one onnxruntime thread a graph
+    (``runtime.session.default_threads``); subprocesses the tests start inherit the pin."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    if worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_one_cpu_per_worker()
+
+from tests.support.fixtures import drafter_bundle, editing_marian_dir, random_checkpoint, trained_drafter_dir  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("source-tree"),  # builds in the source tree (build/, *.egg-info), as test_wheel does
     pytest.mark.skipif(sys.version_info < (3, 11), reason="onnxruntime-gpu >= 1.27 needs Python 3.11+"),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks Linux shared libraries"),
 ]

@@ -7,7 +7,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+# These builds write build/ and *.egg-info in the source tree (as test_gpu_extra's does): under
+# `pytest -n`, one worker runs them all, one at a time.
+pytestmark = pytest.mark.xdist_group("source-tree")
 
 
 def test_wheel_installs_and_imports(tmp_path, bundle):

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda", "tensorrt"), default="cpu",
                         help="where to run (cpu); tensorrt: engines from `aggdec build-engines` (not yet run on a GPU)")
     parser.add_argument("--engines", metavar="DIR", help="tensorrt: the engines directory (default: BUNDLE.engines)")
-    parser.add_argument("--threads", type=positive_int, help="intra-op threads (default: onnxruntime's choice)")
+    parser.add_argument("--threads", type=positive_int, help="intra-op threads (default: one per core, or per CPU the process is pinned to)")
     parser.add_argument("--batch-size", type=positive_int, default=16,
                         help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
     parser.add_argument("--io-binding", choices=("auto", "on", "off"), default="auto",

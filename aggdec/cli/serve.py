@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=port, default=8000, help="port to listen on, 0 = any free one (8000)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")
-    parser.add_argument("--threads", type=positive_int, help="intra-op threads (default: onnxruntime's choice)")
+    parser.add_argument("--threads", type=positive_int, help="intra-op threads (default: one per core, or per CPU the process is pinned to)")
     # no --cuda-graphs: each mode's decode loop has a thread of its own, and a capture fails
     # another thread's CUDA work (Generator's cuda_graphs)
     add_gpu_arguments(parser, cuda_graphs=False)

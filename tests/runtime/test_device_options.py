@@ -103,3 +103,29 @@ def test_provider_options_are_what_onnxruntime_applied(bundle):
     generator = Generator(bundle("marian"))
     assert "CPUExecutionProvider" in generator.provider_options
     assert generator.tf32 is False
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity") or (__import__("os").cpu_count() or 1) < 2,
+                    reason="needs CPU affinity and at least two CPUs")
+def test_a_process_pinned_to_one_cpu_gets_one_onnxruntime_thread_per_graph(bundle):
+    """onnxruntime sizes its default intra-op pool from the machine, not from the affinity mask:
+    pinned to one CPU, every graph would start a pool of spinning threads sharing that CPU. With
+    no ``threads`` given the runtime asks for one thread per usable CPU, so opening a Generator
+    starts no onnxruntime thread (a pool of one is the calling thread). Unpinned, onnxruntime's
+    own default stands."""
+    script = textwrap.dedent(f"""
+        import os
+        os.sched_setaffinity(0, range(os.cpu_count()))  # a pinned pytest worker's pin is inherited
+        from aggdec.runtime.session import default_threads
+        assert default_threads() is None, default_threads()
+        os.sched_setaffinity(0, {{0}})
+        from aggdec.runtime.generator import Generator
+        Generator({str(bundle("marian"))!r}, threads=1)  # the threads any first Generator starts
+        before = len(os.listdir("/proc/self/task"))
+        generator = Generator({str(bundle("marian"))!r})
+        started = len(os.listdir("/proc/self/task")) - before
+        assert default_threads() == 1 and started == 0, (default_threads(), started)
+        assert generator.generate(["w1 w2"], max_new_tokens=4)[0].ids
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

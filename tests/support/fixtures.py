@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.support import tiny
 
@@ -42,14 +43,21 @@ def editing_marian_dir(request: pytest.FixtureRequest) -> Path:
     """
     cache_root = Path(request.config.cache.mkdir(EDITING_CACHE_KEY))
     model_dir = cache_root / "model"
-    if _is_complete(model_dir):
+    with _trained_once(cache_root):
+        if _is_complete(model_dir):
+            return model_dir
+        if model_dir.exists():
+            shutil.rmtree(model_dir)  # leftover of an interrupted run
+        tiny.train_editing_marian(model_dir)
+        report = json.loads((model_dir / "editing_eval.json").read_text())
+        (model_dir / _COMPLETE_MARKER).write_text(json.dumps({"exact_match": report["exact_match"]}) + "\n")
         return model_dir
-    if model_dir.exists():
-        shutil.rmtree(model_dir)  # leftover of an interrupted run
-    tiny.train_editing_marian(model_dir)
-    report = json.loads((model_dir / "editing_eval.json").read_text())
-    (model_dir / _COMPLETE_MARKER).write_text(json.dumps({"exact_match": report["exact_match"]}) + "\n")
-    return model_dir
+
+
+def _trained_once(cache_root: Path) -> FileLock:
+    """A lock on one cache entry: parallel pytest workers (``-n``) that need the same trained model
+    wait for the first to train it rather than train it twice into the same folder."""
+    return FileLock(str(cache_root / ".lock"))
 
 
 @pytest.fixture(scope="session")
@@ -94,20 +102,21 @@ def trained_drafter_dir(request: pytest.FixtureRequest, editing_marian_dir: Path
     cache_root = Path(request.config.cache.mkdir(DRAFTER_CACHE_KEY))
     out = cache_root / "drafter"
     verifier = _sha256(editing_marian_dir / "model.safetensors")
-    marker = out / _COMPLETE_MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("verifier_sha256") == verifier:
+    with _trained_once(cache_root):
+        marker = out / _COMPLETE_MARKER
+        if marker.is_file() and json.loads(marker.read_text()).get("verifier_sha256") == verifier:
+            return out
+        if out.exists():
+            shutil.rmtree(out)  # interrupted run, or trained for another verifier
+        rng = random.Random("editing-drafter-sources")
+        sources = cache_root / "sources.txt"
+        sources.write_text("".join(tiny.make_editing_pair(rng)[0] + "\n" for _ in range(DRAFTER_SOURCES)))
+        options = TrainOptions(k=DRAFTER_K, window=DRAFTER_WINDOW, layers=2, steps=DRAFTER_STEPS, warmup_steps=50, heldout=DRAFTER_HELDOUT)
+        with tiny._torch_threads(1):  # see _torch_threads: one thread is the robust choice on shared cores
+            report = train_drafter(editing_marian_dir, sources, out, options, progress=False)
+        marker.write_text(json.dumps({"verifier_sha256": verifier, "tokens_per_iteration":
+                                      report["tokens_per_iteration"]}) + "\n")
         return out
-    if out.exists():
-        shutil.rmtree(out)  # interrupted run, or trained for another verifier
-    rng = random.Random("editing-drafter-sources")
-    sources = cache_root / "sources.txt"
-    sources.write_text("".join(tiny.make_editing_pair(rng)[0] + "\n" for _ in range(DRAFTER_SOURCES)))
-    options = TrainOptions(k=DRAFTER_K, window=DRAFTER_WINDOW, layers=2, steps=DRAFTER_STEPS, warmup_steps=50, heldout=DRAFTER_HELDOUT)
-    with tiny._torch_threads(1):  # see _torch_threads: one thread is the robust choice on shared cores
-        report = train_drafter(editing_marian_dir, sources, out, options, progress=False)
-    marker.write_text(json.dumps({"verifier_sha256": verifier, "tokens_per_iteration":
-                                  report["tokens_per_iteration"]}) + "\n")
-    return out
 
 
 @pytest.fixture(scope="session")
