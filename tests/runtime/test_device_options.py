@@ -4,6 +4,7 @@ onnxruntime, and the warm-up that keeps first-call costs out of the timings."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from aggdec.runtime.generator import Generator
 from aggdec.runtime.session import (
     check_device,
     cuda_provider_options,
+    default_threads,
     installed_onnxruntime_distributions,
     missing_cuda_message,
     providers_for,
@@ -105,7 +107,7 @@ def test_provider_options_are_what_onnxruntime_applied(bundle):
     assert generator.tf32 is False
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity") or (__import__("os").cpu_count() or 1) < 2,
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
                     reason="needs CPU affinity and at least two CPUs")
 def test_a_process_pinned_to_one_cpu_gets_one_onnxruntime_thread_per_graph(bundle):
     """onnxruntime sizes its default intra-op pool from the machine, not from the affinity mask:
@@ -129,10 +131,6 @@ def test_a_process_pinned_to_one_cpu_gets_one_onnxruntime_thread_per_graph(bundl
 
 
 def test_default_threads_follow_the_affinity_mask_only_when_it_is_narrower(monkeypatch):
-    import os
-
-    from aggdec.runtime.session import default_threads
-
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert default_threads() is None  # the whole machine: onnxruntime's default (per physical core)
