@@ -234,8 +234,9 @@ class Generator:
         ``cuda_graphs``: with ``static_shapes`` on ``device="cuda"``, the verifier's calls are
         captured as CUDA graphs (onnxruntime's ``enable_cuda_graph``), one per batch shape, and
         replayed: every input and output bound once on the device (decoding/fixed_calls.py).
-        Off by default; NOT YET RUN on a GPU in the decode loop (an isolated greedy call took
-        0.27 ms under them against 0.66 ms on an H100). Where onnxruntime refuses (a verifier node off
+        Off by default; on an H100 every exact mode gave static decoding's outputs with them, and
+        greedy at batch 1 ran 1.8x faster (benchmarks/results/gpu-check-h100-cudagraphs; IAD and
+        GAD, which make few calls, 1.1-1.5x). Where onnxruntime refuses (a verifier node off
         the CUDA provider), decoding goes on without them and :attr:`cuda_graphs_refused` says why.
         Decode from one thread at a time with it: a capture runs in CUDA's global capture mode,
         in which another thread's CUDA work fails.

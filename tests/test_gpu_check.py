@@ -444,6 +444,8 @@ def test_a_difference_is_reported_with_where_it_starts():
     assert example["got"] == [5, 6, 9, 2] and example["want"] == [5, 6, 8, 2]
     shorter = check.compare([[5, 6]], [[5, 6, 7]], ["a"])["examples"][0]
     assert shorter["first_difference_at_token"] == 2  # one output is a prefix of the other
+    # a result's ids (a tuple) against a reference read back from JSON (a list): equal when the tokens are
+    assert check.compare([(5, 6, 7)], [[5, 6, 7]], ["a"]) == {"sentences": 1, "equal": 1, "differing": []}
 
 
 def test_the_report_weighs_the_issue_targets():

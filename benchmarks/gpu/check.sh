@@ -24,11 +24,23 @@ cd "$(dirname "$0")/../.."
 py=${PYTHON:-python3}
 work=${GPU_CHECK_WORK:-/tmp/gpu-check}
 dry=0
-for arg in "$@"; do [ "$arg" = --dry-run ] && dry=1; done
+cpu=0  # a run on the CPU provider: the dry run, or --device cpu
+previous=
+for arg in "$@"; do
+  [ "$arg" = --dry-run ] && dry=1 && cpu=1
+  { [ "$arg" = --device=cpu ] || { [ "$previous" = --device ] && [ "$arg" = cpu ]; }; } && cpu=1
+  previous=$arg
+done
 mkdir -p "$work"
 
 "$py" benchmarks/gpu/carry.py stage --work "$work" || echo "check.sh: staging reported an error (above); going on"
-if [ -d "$work/site" ]; then export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"; fi
+if [ -d "$work/site" ] && [ "$cpu" = 1 ]; then
+  # a checkout keeps the parts of a GPU session (.gpu-pack/), and they are staged here too: the
+  # GPU's onnxruntime, built for the device's Python, so a run on the CPU keeps the environment's own
+  echo "on the CPU: $work/site (what the parts carried for the GPU) left off PYTHONPATH"
+elif [ -d "$work/site" ]; then
+  export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 here_aggdec() {  # is the aggdec Python imports, runtime included, this tree's? (asked from /: not the cwd's aggdec/)
   local repo=$PWD/

@@ -47,6 +47,9 @@ def decode(generator: Any, texts: list[str], mode: str, batch: int, max_new: int
 
 def compare(got: list[list[int]], want: list[list[int]], texts: list[str], codec: Any = None) -> dict:
     """How many outputs are equal token for token, and the first few that are not."""
+    # as lists: a result's ids are a tuple, a reference read back from JSON a list, and a tuple
+    # never equals a list (the fp16-vs-fp32 figure of the third H100 run counted 0 of 1,000 so)
+    got, want = [list(ids) for ids in got], [list(ids) for ids in want]
     differing = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
     report: dict = {"sentences": len(want), "equal": len(want) - len(differing), "differing": differing[:50]}
     examples = []

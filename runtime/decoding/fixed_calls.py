@@ -22,8 +22,9 @@ The graphs captured are at most (shapes x concurrent batches), and so is the mem
 keeps (onnxruntime keeps them per thread: a batch of a shape on a new thread captures again).
 A capture runs in CUDA's global capture mode, which another thread's synchronous CUDA work
 (another session's run, an upload) breaks: the run then fails, and the pool goes on without
-graphs (:meth:`FixedCalls.refuse`); decode from one thread to keep them. NOT YET RUN on a GPU
-(benchmarks/gpu/README.md, the ``cudagraphs`` stage).
+graphs (:meth:`FixedCalls.refuse`); decode from one thread to keep them. Ran on an H100
+(benchmarks/results/gpu-check-h100-cudagraphs: every exact mode equal to static decoding
+without graphs, greedy at batch 1 1.8x faster).
 """
 
 from __future__ import annotations
