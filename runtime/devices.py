@@ -87,7 +87,9 @@ class OrtFactory:
                               manifest.graph(name), name, contents=files.read(manifest.graph(name).file),
                               external_data=files.external_data(), cuda_graph=cuda_graph)
 
-        if not (request.cuda_graphs and name in VERIFIER_GRAPHS):  # only the verifier's calls have static shapes
+        # only the verifier's and the encoder's calls have static shapes (a static batch encodes
+        # one source at a time at the source allocation's width)
+        if not (request.cuda_graphs and (name in VERIFIER_GRAPHS or name == "encoder")):
             return make(False)
         try:
             return make(True)

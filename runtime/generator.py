@@ -26,7 +26,7 @@ from .decoding.fixed_calls import FixedCalls
 from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff
 from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
-from .graph_specs import argmax_graph_runs_on
+from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
 from .tuning import Tuning, tuning_for
@@ -236,8 +236,11 @@ class Generator:
         replayed: every input and output bound once on the device (decoding/fixed_calls.py).
         Off by default; on an H100 every exact mode gave static decoding's outputs with them, and
         greedy at batch 1 ran 1.8x faster (benchmarks/results/gpu-check-h100-cudagraphs; IAD and
-        GAD, which make few calls, 1.1-1.5x). Where onnxruntime refuses (a verifier node off
-        the CUDA provider), decoding goes on without them and :attr:`cuda_graphs_refused` says why.
+        GAD, which make few calls, 1.1-1.5x). Since that run the encoder's calls (one source at
+        the source allocation's width) are captured too, their outputs copied into the rows'
+        slots on the device: NOT YET RUN on a GPU (equal to the static path on the CPU). Where
+        onnxruntime refuses (a verifier node off the CUDA provider), decoding goes on without
+        them, the encoder refused alone runs without its own, and :attr:`cuda_graphs_refused` says why.
         Decode from one thread at a time with it: a capture runs in CUDA's global capture mode,
         in which another thread's CUDA work fails.
 
@@ -283,14 +286,17 @@ class Generator:
         argmax = bundle.sessions.get("verifier_argmax") if self.tuning.argmax_graph else None
         if not argmax_graph_runs_on(bundle.manifest, bundle.device):
             argmax = None  # not opened by open_bundle on this device; an OpenedBundle made otherwise may hold it
-        # CUDA graphs: the verifier sessions were made with enable_cuda_graph (devices.OrtFactory),
-        # unless onnxruntime refused it for one of them (then none is used: said here)
-        refused = [f"{name}: {why}" for name, why in ((name, getattr(session, "cuda_graph_refused", None))
-                                                      for name, session in bundle.sessions.items()) if why]
-        self.cuda_graphs_refused: str | None = "; ".join(refused) if bundle.request.cuda_graphs and refused else None
-        self.cuda_graphs = bundle.request.cuda_graphs and not refused
+        # CUDA graphs: the verifier and encoder sessions were made with enable_cuda_graph
+        # (devices.OrtFactory), unless onnxruntime refused it for one of them: a verifier refused,
+        # none is used; the encoder refused, it alone runs without (fixed_calls.FixedEncoderCall)
+        refused = {name: why for name, why in ((name, getattr(session, "cuda_graph_refused", None))
+                                               for name, session in bundle.sessions.items()) if why}
+        said = "; ".join(f"{name}: {why}" for name, why in refused.items())
+        self.cuda_graphs_refused: str | None = said if bundle.request.cuda_graphs and refused else None
+        self.cuda_graphs = bundle.request.cuda_graphs and not set(refused) & set(VERIFIER_GRAPHS)
         if self.cuda_graphs_refused:
-            warnings.warn("onnxruntime refused CUDA graphs for the verifier, which decodes without them: "
+            warnings.warn("onnxruntime refused CUDA graphs for " + ", ".join(refused) + ", which "
+                          + ("decode" if len(refused) > 1 else "decodes") + " without them: "
                           + self.cuda_graphs_refused, RuntimeWarning, stacklevel=3)
         self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
                                  self.tuning.encoder_call_tokens, bundle.shortlist, argmax,

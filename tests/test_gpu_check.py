@@ -136,6 +136,7 @@ def test_cudagraphs_stage_compares_fixed_calls_with_the_static_path(dry_run):
         for run in section["runs"]:
             assert run["vs_static_plain"]["equal"] == run["vs_static_plain"]["sentences"] == section["sentences"] > 0
             assert run["seconds"]["plain"] > 0 and run["seconds"]["graphs"] > 0
+            assert run["encoder_seconds"]["plain"] > 0 and run["encoder_seconds"]["graphs"] > 0  # its fixed call's too
         assert section["fixed_calls_made"] >= 2 and section["graph_refused_at_run"] is None
     report = (dry_run[2] / "README.md").read_text()
     assert "CUDA graphs in the decode loop == static shapes without them" in report

@@ -199,9 +199,10 @@ def write_report(options: Options, results: Path) -> tuple[str, dict]:
     if decoded:
         lines += _table("Static shapes without and with CUDA graphs in the decode loop (seconds, and time without / "
                         "with)",
-                        ("bundle", "mode", "batch", "without", "with", "whole decode", "verifier calls", "outputs equal"),
+                        ("bundle", "mode", "batch", "without", "with", "whole decode", "verifier calls",
+                         "encoder calls", "outputs equal"),
                         [(key, r["mode"], r["batch_size"], r["seconds"]["plain"], r["seconds"]["graphs"],
-                          r["plain_over_graphs"], r["verifier_plain_over_graphs"],
+                          r["plain_over_graphs"], r["verifier_plain_over_graphs"], _encoder_ratio(r),
                           f"{r['vs_static_plain']['equal']}/{r['vs_static_plain']['sentences']}")
                          for key, section in decoded.items() for r in section["runs"]])
     graphs = sections(found, "graphs")
@@ -220,6 +221,15 @@ def write_report(options: Options, results: Path) -> tuple[str, dict]:
                                                       "source_digest": source_digest(), "stages": found},
                                                      indent=1, default=str) + "\n", encoding="utf-8")
     return name, found
+
+
+def _encoder_ratio(run: dict) -> float | str:
+    """The encoder's time without / with CUDA graphs ("n/a" in records from before the encoder
+    had a fixed call, which kept no encoder time)."""
+    encoder = run.get("encoder_seconds")
+    if not encoder or not encoder.get("graphs"):
+        return "n/a"
+    return round(encoder["plain"] / encoder["graphs"], 3)
 
 
 def pack_out(options: Options, results: Path, name: str) -> None:

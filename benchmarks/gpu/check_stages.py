@@ -749,16 +749,19 @@ def stage_cudagraphs(ctx: Context, budget: Budget) -> None:
                         return
                     seconds = dict.fromkeys(GRAPH_ORDER, 0.0)
                     verifier_s = dict.fromkeys(GRAPH_ORDER, 0.0)
+                    encoder_s = dict.fromkeys(GRAPH_ORDER, 0.0)  # the encoder's calls: fixed ones too
                     outputs = {}
                     for system in GRAPH_ORDER:
                         generator = graphs if system == "graphs" else plain
-                        before = generator.verifier.seconds["verifier"]
+                        before = generator.verifier.seconds
                         outputs[system], took = decode(generator, texts, mode, batch, o.max_new_tokens)
                         seconds[system] += took
-                        verifier_s[system] += generator.verifier.seconds["verifier"] - before
+                        verifier_s[system] += generator.verifier.seconds["verifier"] - before["verifier"]
+                        encoder_s[system] += generator.verifier.seconds["encoder"] - before["encoder"]
                     run = {"mode": mode, "batch_size": batch, "warm_up_seconds": warm_s,
                            "seconds": {k: round(v / 2, 3) for k, v in seconds.items()},
                            "verifier_seconds": {k: round(v / 2, 3) for k, v in verifier_s.items()},
+                           "encoder_seconds": {k: round(v / 2, 3) for k, v in encoder_s.items()},
                            "plain_over_graphs": round(seconds["plain"] / seconds["graphs"], 3),
                            "verifier_plain_over_graphs": round(verifier_s["plain"] / max(verifier_s["graphs"], 1e-9),
                                                                3),

@@ -392,12 +392,15 @@ class SlotBuffers:
             self._matrix_lens[first : self.rows] = matrix_lens
         return range(first, self.rows)
 
-    def write_rows(self, slots: list[int], cross: list[np.ndarray], mask: np.ndarray,
+    def write_rows(self, slots: list[int], cross: list[np.ndarray] | None, mask: np.ndarray,
                    hidden: np.ndarray | None) -> None:
         """Static buffers: the rows of one encoder call (as :meth:`add_rows` takes them, at the
-        source capacity's width) into ``slots``, which need not be consecutive."""
+        source capacity's width) into ``slots``, which need not be consecutive. ``cross`` None:
+        the cross keys and values are there already (:meth:`write_cross`)."""
         assert self.static and mask.shape == (len(slots), self.source_capacity)
-        if self._edits is not None:  # a row is contiguous: one upload per row and buffer
+        if cross is None:
+            pass
+        elif self._edits is not None:  # a row is contiguous: one upload per row and buffer
             self._edits.upload([(values[i], flat.pointer() + slot * values[i].nbytes)
                                 for flat, values in zip(self._cross, cross) for i, slot in enumerate(slots)])
         else:
@@ -407,6 +410,20 @@ class SlotBuffers:
         self.mask[slots] = mask
         if hidden is not None and self._hidden is not None:
             self.hidden()[slots] = hidden
+
+    def write_cross(self, slots: list[int], values: list[Any]) -> None:
+        """Static buffers: one row of cross keys and values (onnxruntime values in
+        ``cross_names``' order, as :class:`~.fixed_calls.FixedEncoderCall` holds them, on the
+        buffers' device) into each of ``slots``: device to device where the buffers are
+        onnxruntime values, else through numpy. The mask and encoder output: :meth:`write_rows`."""
+        assert self.static
+        if self._edits is None:
+            self.write_rows(slots, [np.repeat(value.numpy(), len(slots), axis=0) for value in values],
+                            self.mask[slots], None)
+            return
+        sizes = [int(np.prod(value.shape())) * self.dtype.itemsize for value in values]
+        self._edits.copy([(int(value.data_ptr()), flat.pointer() + slot * size, size)
+                          for flat, value, size in zip(self._cross, values, sizes) for slot in slots])
 
     def copy_rows(self, sources: list[int], targets: list[int]) -> None:
         """Copy the decoder's own cache (every layer's keys and values, or states) of rows

@@ -7,7 +7,11 @@ and only the buffers' contents change. :class:`~.verifier.StaticBatch` already g
 one shape (decision 034) and its caches fixed addresses (``cache.py``); a :class:`FixedCall`
 adds the rest: the ids, the past lengths, the source mask and the candidates, each an
 onnxruntime value allocated once on the session's device, refreshed in place
-(``OrtValue.update_inplace``) before a call, bound once. On the CPU the same code runs with
+(``OrtValue.update_inplace``) before a call, bound once. Its :class:`FixedEncoderCall` does the
+same for the encoder, whose every call in a static batch is one source at the source
+allocation's width: its cross keys and values stay on the device and are copied from there into
+the rows' slots (``SlotBuffers.write_cross``), where the ordinary admission brings them to the
+host and uploads them again. On the CPU the same code runs with
 CPU values, which is how the tests check it without a GPU: the outputs must equal the static
 path's that binds the ids and lengths from the host.
 
@@ -45,12 +49,75 @@ _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "ten
                 "tensor(int32)": np.int32}
 
 
+def _writes_as(encoder: Session, names: list[str], dtype: np.dtype) -> bool:
+    """Whether ``encoder`` writes its cross keys and values in ``dtype``, the verifier buffers'
+    (a byte copy into them needs it; otherwise the admission converts them on the host)."""
+    declared = {output.name: output.type for output in encoder.inference_session.get_outputs()}
+    return all(np.dtype(_NUMPY_TYPES.get(declared.get(name, ""), object)) == dtype for name in names)
+
+
+def _run(session: Session, binding: Any, call: FixedCall | FixedEncoderCall, refused: Callable[[str], None]) -> None:
+    """Run ``call``'s binding under its graph id; where the graph cannot be captured or
+    replayed, ``refused`` is told why and the call runs again without one (and keeps none:
+    its outputs and cache writes are the same)."""
+    if call.graph_id is None:
+        session.run_bound(binding)
+        return
+    try:
+        session.run_bound(binding, call.graph_id)
+    except GraphRunError as exc:
+        refused(str(exc))
+        call.graph_id = None
+        session.run_bound(binding)
+
+
+class FixedEncoderCall:
+    """The encoder's call for one source at a static batch's source width, every input and
+    output bound once on the session's device: ``cross``, one row of each cross key and value
+    (``cross_names``' order) as the verifier's buffers lay them out, and ``hidden``, the encoder
+    output, when the rows keep it (a drafter reads it on the host)."""
+
+    def __init__(self, session: Session, buffers: SlotBuffers, names: list[str], graph_id: int | None) -> None:
+        """``graph_id``: none where onnxruntime refused the encoder a CUDA graph (its session
+        then has no ``cuda_graph``): the call is still bound once, and runs without a graph."""
+        ort = require_onnxruntime()
+        device, width = session.device, buffers.max_source
+        self.session = session
+        self.graph_id = graph_id if getattr(session, "cuda_graph", False) else None
+        declared = {output.name: output.type for output in session.inference_session.get_outputs()}
+        self.ids = ort.OrtValue.ortvalue_from_shape_and_type([1, width], np.int64, device, 0)
+        self.mask = ort.OrtValue.ortvalue_from_shape_and_type([1, width], np.int64, device, 0)
+        self.cross = [ort.OrtValue.ortvalue_from_shape_and_type(
+            list(buffers.cross_shape(rows=1, source=width, key=index % 2 == 0)), _NUMPY_TYPES[declared[name]], device, 0)
+            for index, name in enumerate(names)]  # cross_names' order: key, value
+        self.binding = session.binding()
+        self.binding.bind_ortvalue_input("input_ids", self.ids)
+        self.binding.bind_ortvalue_input("attention_mask", self.mask)
+        for name, value in zip(names, self.cross):
+            self.binding.bind_ortvalue_output(name, value)
+        self.hidden = None
+        if buffers.keep_hidden:
+            self.hidden = ort.OrtValue.ortvalue_from_shape_and_type(
+                [1, width, buffers.d_model], _NUMPY_TYPES[declared["encoder_hidden_states"]], device, 0)
+            self.binding.bind_ortvalue_output("encoder_hidden_states", self.hidden)
+
+    def run(self, input_ids: np.ndarray, mask: np.ndarray, refused: Callable[[str], None]) -> None:
+        """Encode ``input_ids`` [1, width] under ``mask``: :attr:`cross` and :attr:`hidden` hold the result."""
+        self.ids.update_inplace(input_ids)
+        self.mask.update_inplace(mask)
+        _run(self.session, self.binding, self, refused)
+
+
 class FixedCall:
-    """One static shape's buffers and binding; every verifier input and output is bound once."""
+    """One static shape's buffers and binding; every verifier input and output is bound once
+    (and, with ``encoder``, the encoder's: :class:`FixedEncoderCall`)."""
 
     def __init__(self, session: Session, buffers: SlotBuffers, width: int, candidates: tuple[str, ...],
-                 tail: tuple[int, ...], names: tuple[list[str], list[str], list[str]], graph_id: int | None) -> None:
-        """``tail``: the candidates' dims after [slots, width] (Verifier.candidate_tail)."""
+                 tail: tuple[int, ...], names: tuple[list[str], list[str], list[str]], graph_id: int | None,
+                 encoder: Session | None = None) -> None:
+        """``tail``: the candidates' dims after [slots, width] (Verifier.candidate_tail).
+        ``encoder``: the bundle's encoder session, for a :class:`FixedEncoderCall` of these
+        buffers (under the same graph id: ids are per session)."""
         ort = require_onnxruntime()
         device = session.device
         slots = buffers.slots
@@ -70,6 +137,9 @@ class FixedCall:
         for name, value in zip(candidates, self.candidates):
             self.binding.bind_ortvalue_output(name, value)
         buffers.bind(self.binding, *names)  # the caches by pointer, written in place: fixed for life
+        self.encoder = None
+        if encoder is not None and _writes_as(encoder, names[2], buffers.dtype):
+            self.encoder = FixedEncoderCall(encoder, buffers, names[2], graph_id)
 
     def run(self, tokens: np.ndarray, past: np.ndarray, refused: Callable[[str], None]) -> list[np.ndarray]:
         """The candidates for ``tokens`` [slots, width] after ``past`` [slots] cached positions.
@@ -77,15 +147,7 @@ class FixedCall:
         call is then run again without one: its cache writes are the same)."""
         self.ids.update_inplace(tokens)
         self.past.update_inplace(past)
-        if self.graph_id is None:
-            self.session.run_bound(self.binding)
-        else:
-            try:
-                self.session.run_bound(self.binding, self.graph_id)
-            except GraphRunError as exc:
-                refused(str(exc))
-                self.graph_id = None
-                self.session.run_bound(self.binding)
+        _run(self.session, self.binding, self, refused)
         return [value.numpy() for value in self.candidates]
 
     def source_mask_changed(self) -> None:
@@ -126,7 +188,7 @@ class FixedCalls:
             first = self.refused is None
             self.refused = why
         if first:
-            warnings.warn(f"onnxruntime could not capture or replay the verifier as a CUDA graph; decoding goes on "
+            warnings.warn(f"onnxruntime could not capture or replay a CUDA graph; decoding goes on "
                           f"without CUDA graphs: {why}", RuntimeWarning, stacklevel=2)
 
     def key(self, session: Any, slots: int, width: int, keep_hidden: bool) -> tuple:

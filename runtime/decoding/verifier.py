@@ -389,7 +389,7 @@ class StaticBatch(Batch):
                 verifier.candidates_of(session), verifier.candidate_tail(session),
                 (self_cache_names(verifier.manifest.decoder_layers, verifier.manifest.cache_kind),
                  self_cache_out_names(verifier.manifest.decoder_layers, verifier.manifest.cache_kind),
-                 cross_names(verifier.manifest.decoder_layers)), graph_id))
+                 cross_names(verifier.manifest.decoder_layers)), graph_id, verifier.encoder))
             # a call used before: its slots start as new ones do (padding rows over one source
             # position); the caches keep the last rows' finite data, as a slot a row left does
             self._call.buffers.mask.fill(0)
@@ -415,20 +415,29 @@ class StaticBatch(Batch):
         masks = np.zeros((len(sources), width), dtype=np.int64)
         crosses: list[list[np.ndarray]] = []
         hiddens: list[np.ndarray] = []
+        slots = [self._free.pop() for _ in range(len(sources) * copies)]
+        # a fixed call's encoder (CUDA graphs): its outputs stay on the device, copied into the
+        # slots after each source; otherwise they come to the host, written once for the admission
+        encoder = self._call.encoder if self._call is not None and self._pool is not None else None
         for index, ids in enumerate(sources):
             input_ids = np.full((1, width), pad_id, dtype=np.int64)
             input_ids[0, : len(ids)] = ids
             mask = masks[index : index + 1]
             mask[0, : len(ids)] = 1
             started = time.perf_counter()
-            out = self._verifier.encoder.run({"input_ids": input_ids, "attention_mask": mask})
+            if encoder is not None and self._pool is not None:
+                encoder.run(input_ids, mask, self._pool.refuse)
+                self.buffers.write_cross(slots[index * copies : (index + 1) * copies], encoder.cross)
+                hidden = encoder.hidden.numpy() if encoder.hidden is not None else None
+            else:
+                out = self._verifier.encoder.run({"input_ids": input_ids, "attention_mask": mask})
+                crosses.append([out[name] for name in names])
+                hidden = out["encoder_hidden_states"]
             if self._memory is not None:
-                hiddens.append(self._memory(out["encoder_hidden_states"], mask))
+                hiddens.append(self._memory(hidden, mask))
             self.encoder_seconds += time.perf_counter() - started
-            crosses.append([out[name] for name in names])
         # one write for the whole admission: on CUDA one batch of uploads (device_edits.py)
-        slots = [self._free.pop() for _ in range(len(sources) * copies)]
-        cross = [np.repeat(np.concatenate(parts), copies, axis=0) for parts in zip(*crosses)]
+        cross = [np.repeat(np.concatenate(parts), copies, axis=0) for parts in zip(*crosses)] if crosses else None
         self.buffers.write_rows(slots, cross, np.repeat(masks, copies, axis=0),
                                 np.repeat(np.concatenate(hiddens), copies, axis=0) if hiddens else None)
         self._slot_of[first : first + len(slots)] = slots

@@ -76,6 +76,48 @@ def test_fixed_beams_equal_static_beams(family, bundle):
             assert [[h.ids for h in r.sequences] for r in got] == [[h.ids for h in r.sequences] for r in expected]
 
 
+def _count_plain_runs(session, monkeypatch) -> list[int]:
+    """A list that grows by one at each run of ``session`` with host inputs (``run``)."""
+    runs: list[int] = []
+    real = session.run
+
+    def counted(inputs):
+        runs.append(1)
+        return real(inputs)
+
+    monkeypatch.setattr(session, "run", counted)
+    return runs
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_the_fixed_encoder_writes_its_rows_on_the_device(family, gad_bundle, monkeypatch):  # noqa: F811
+    """With the buffers as onnxruntime values (``cache.ORT_BUFFERS_ON_CPU``: CUDA's path on the
+    CPU), a fixed call's encoder outputs go into the rows' slots by the edit graphs' copies
+    (``SlotBuffers.write_cross``), never through the host: every exact mode, GAD's encoder
+    output kept, and beams (one source copied into several slots) give the static path's tokens."""
+    from aggdec.runtime.decoding import cache
+    from aggdec.runtime.decoding.device_edits import edit_graphs
+
+    texts = random_texts(seed=86, count=10)
+    static = Generator(gad_bundle(family), static_shapes=True)
+
+    def run(generator):
+        runs = [_ids(generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=3, **extra))
+                for mode, extra in MODES]
+        beams = generator.generate(texts[:4], num_beams=3, max_new_tokens=MAX_NEW, batch_size=2)
+        return runs, [[h.ids for h in r.sequences] for r in beams]
+
+    expected = run(static)
+    monkeypatch.setattr(cache, "ORT_BUFFERS_ON_CPU", True)
+    fixed = Generator(gad_bundle(family), static_shapes=True)
+    _fixed(fixed)
+    copies = edit_graphs("cpu").copy_runs
+    encoder_runs = _count_plain_runs(fixed.verifier.encoder, monkeypatch)
+    assert run(fixed) == expected
+    assert encoder_runs == [] and edit_graphs("cpu").copy_runs > copies
+    assert all(mode == expected[0][0] for mode in expected[0])
+
+
 def test_every_input_is_bound_once(bundle, monkeypatch):
     """The point of a fixed call: over a whole decode, the binding is made once and never
     bound again (a captured graph replays the addresses it was captured with), and the ids and
@@ -98,9 +140,13 @@ def test_every_input_is_bound_once(bundle, monkeypatch):
     expected = _ids(Generator(bundle("marian"), static_shapes=True).generate(texts, max_new_tokens=MAX_NEW,
                                                                             batch_size=4))
     bound.clear()
+    encoder_runs = _count_plain_runs(generator.verifier.encoder, monkeypatch)
     assert _ids(generator.generate(texts, max_new_tokens=MAX_NEW, batch_size=4)) == expected
-    assert bound.count("input_ids") == 1 and bound.count("past_lengths") == 1
-    assert bound.count("encoder_attention_mask") == 1
+    # the verifier's ids and the encoder's (FixedEncoderCall), each bound once; the encoder's
+    # plain run (host inputs and outputs) is never taken
+    assert bound.count("input_ids") == 2 and bound.count("past_lengths") == 1
+    assert bound.count("encoder_attention_mask") == 1 and bound.count("attention_mask") == 1
+    assert encoder_runs == []
     bound.clear()
     assert _ids(generator.generate(texts, max_new_tokens=MAX_NEW, batch_size=4)) == expected
     assert bound == []  # the second decode of that shape binds nothing at all
