@@ -111,8 +111,8 @@ def test_no_plugin_ep_warning_on_cuda(bundle):
 
 @pytest.mark.parametrize("family", ["marian", "bart"])
 def test_cuda_graphs_equal_static_shapes_without_them(family, bundle):
-    """Generator(cuda_graphs=True): each batch shape's verifier call captured as a CUDA graph and
-    replayed (decoding/fixed_calls.py), the same tokens as static shapes without graphs, every
+    """Generator(cuda_graphs=True): each batch shape's verifier and encoder calls captured as CUDA
+    graphs and replayed (decoding/fixed_calls.py), the same tokens as static shapes without graphs, every
     mode, at two batch sizes; a second decode replays the graphs the first captured."""
     texts = random_texts(seed=7, count=10)
     plain = Generator(bundle(family), device="cuda", static_shapes=True)
@@ -127,3 +127,6 @@ def test_cuda_graphs_equal_static_shapes_without_them(family, bundle):
             assert [r.ids for r in graphs.generate(texts, **options)] == expected, (mode, batch_size)
             assert graphs.verifier.fixed_calls.made == made  # replayed: no new buffers, no new capture
     assert graphs.verifier.fixed_calls.refused is None
+    # the encoder's calls too: each pooled call has its own, under its graph id (FixedEncoderCall)
+    calls = [call for free in graphs.verifier.fixed_calls._free.values() for call in free]
+    assert calls and all(call.encoder is not None and call.encoder.graph_id == call.graph_id for call in calls)
