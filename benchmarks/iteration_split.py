@@ -5,6 +5,12 @@ class (the rows a call served, in powers of two). The modes decode the same chun
 process, their order swapped every other chunk (as ``ab.py``), so their ratios survive a
 shared machine's noise.
 
+A second table splits each mode's whole ``generate`` time (summed over the chunks) into the
+encoder, the iterations (verifier, drafter, host) and the rest (admission, tokenizing, results),
+and gives the block positions the verifier computed (rows x width, padding included) per
+output token: with ``--chunk`` equal to ``--batch-size``, as ``aggdec bench`` calls
+``generate``, each chunk's batch runs until its slowest row ends, which the width classes show.
+
     python benchmarks/iteration_split.py BUNDLE --batch-size 32 [--limit 1000] [--chunk 64]
                                          [--modes greedy gad] [--tuning draft_payoff=false]
 
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                  "verifier": batch.verifier_seconds - verifier, "drafter": drafts.seconds - drafter,
                  "tokens": sum(len(row.trace.tokens) - b for row, b in zip(rows, before)),
                  "width": batch.last_call[0] if batch.last_call else 1}
+        point["positions"] = point["rows"] * point["width"]  # what the call computed, padding included
         for klass in (None, len(rows).bit_length()):
             sums[current["mode"], klass, drafted].update(point)
         yield from finished
@@ -70,10 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         generator.warm_up(generator.resolve_options(mode), batch_size=args.batch_size)
     outputs: dict[str, list] = defaultdict(list)
+    whole: dict[str, Counter] = defaultdict(Counter)  # per mode: wall, encoder seconds, output tokens
     for turn, first in enumerate(range(0, len(sources), args.chunk)):
         for mode in args.modes if turn % 2 == 0 else args.modes[::-1]:
             current["mode"] = mode
+            started = time.perf_counter()
             results = generator.generate(sources[first : first + args.chunk], mode, batch_size=args.batch_size)
+            whole[mode]["wall"] += time.perf_counter() - started
+            whole[mode]["encoder"] += sum(r.stats.encoder_seconds for r in results)
+            whole[mode]["tokens"] += sum(len(r.ids) for r in results)
             outputs[mode].extend(r.ids for r in results)
 
     print(f"{len(sources)} sentences, batch {args.batch_size}, chunks of {args.chunk}, tuning {fields or 'default'}")
@@ -91,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{1e3 * s['drafter'] / n:7.2f} {1e3 * s['verifier'] / n:8.2f} {1e3 * host / n:6.2f} "
                       f"{s['rows'] / n:5.1f} {s['width'] / n:6.2f} {s['tokens'] / s['rows']:11.2f} "
                       f"{1e3 * s['seconds'] / max(s['tokens'], 1):9.4f}")
+    print("\nmode    sentences/s  encoder  verifier  drafter  host  rest   (shares of generate's time)  positions/token")
+    for mode in args.modes:
+        w, s = whole[mode], sum((sums[mode, None, key] for key in (False, True)), Counter())
+        loop_host = s["seconds"] - s["verifier"] - s["drafter"]
+        rest = w["wall"] - w["encoder"] - s["seconds"]
+        shares = [w["encoder"], s["verifier"], s["drafter"], loop_host, rest]
+        print(f"{mode:7} {len(sources) / w['wall']:11.1f} " + " ".join(f"{x / w['wall']:8.3f}" for x in shares)
+              + f"  {s['positions'] / w['tokens']:31.2f}")
     same = all(outputs[mode] == outputs[args.modes[0]] for mode in args.modes)
     print(f"outputs identical across modes: {same}")
     return 0 if same else 1

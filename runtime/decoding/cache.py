@@ -279,6 +279,25 @@ class SlotBuffers:
         self._matrices = resized
         self.layout += 1
 
+    @property
+    def reusable(self) -> bool:
+        """Host arrays of a dynamic batch with no kept matrices: a later batch of the same shape
+        may take them over after :meth:`reset` (Verifier.take_buffers)."""
+        return (not self.static and not self.keeps_matrices and self._edits is None
+                and not any(flat.on_device for flat in (*self._self, *self._cross)))
+
+    def reset(self) -> None:
+        """Empty, as if new: no rows, the smallest capacities, the mask cleared. The arrays keep
+        the values written before; every position a row reads that it has not written is
+        masked, as the positions a growth (:meth:`_relayout`) exposes already are, and add_rows
+        writes a new row's cross keys and values over its source and zeros past it."""
+        assert self.reusable
+        self.rows = 0
+        self.capacity = min(MIN_CAPACITY, self.max_target)
+        self.source_capacity = 0
+        self.layout += 1
+        self.mask[:] = 0
+
     def source_mask(self) -> np.ndarray:
         return np.ascontiguousarray(self.mask[: self.rows, : self.source_capacity])
 

@@ -11,6 +11,7 @@ makes the graph overwrite them.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -22,7 +23,7 @@ from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
 from ..graph_specs import LOGITS_OUTPUT, argmax_head, takes_output_rows
-from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names
+from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names, source_axis
 from .fixed_calls import FixedCall, FixedCalls
 from .shortlist import Shortlist
 
@@ -36,6 +37,10 @@ SLACK = 2
 # is compute bound there, so batching saves little and padding is pure waste). On a GPU a call's
 # launch costs far more than padding: one call, unless the padding runs to thousands of tokens.
 ENCODER_CALL_TOKENS = {"cpu": 6, "cuda": 2048}  # by the session's device (a TensorRT engine's is "cuda")
+
+# How many batch shapes (slots, graph, binding, whether rows keep an encoder output) keep a
+# finished batch's buffers for the next (Verifier.take_buffers): the last ones used.
+SPARE_SHAPES = 4
 
 # The most slots a batch may have and still keep each row's gathered shortlist matrix
 # (graph_specs.takes_output_rows; Tuning.kept_matrix_slots); a wider batch feeds an empty
@@ -101,8 +106,13 @@ class Batch:
         # the argmax graph's logits, whose argmax is taken here (graph_specs.ARGMAX_HEADS)
         self._logits = self._candidates == (LOGITS_OUTPUT,)
         self._tail = verifier.candidate_tail(self._session)  # the candidates' dims after [rows, width]
-        self.buffers = buffers if buffers is not None else verifier.slot_buffers(
-            self._session, slots, bound, memory is not None, static_width)
+        self._spare_key: tuple | None = None  # where close() gives the buffers back (Verifier.take_buffers)
+        if buffers is not None:
+            self.buffers = buffers
+        elif static_width is None:
+            self.buffers, self._spare_key = verifier.take_buffers(self._session, slots, bound, memory is not None)
+        else:
+            self.buffers = verifier.slot_buffers(self._session, slots, bound, memory is not None, static_width)
         self.lengths = np.zeros(slots, dtype=np.int64)  # valid cached positions per slot
         self._binding = self._session.binding() if bound else None
         self._layout = -1  # the buffers' layout the binding was made for
@@ -153,9 +163,12 @@ class Batch:
         allowed = [shortlist.for_source(ids) for ids in sources] if shortlist is not None else None
         if allowed is not None and self.buffers.keeps_matrices:  # one resize for the whole admission
             self.buffers.reserve_matrices(max(map(len, allowed)))
-        for group in groups:
-            self._encode([sources[i] for i in group], pad_id, copies,
-                         [allowed[i] for i in group] if allowed is not None else None)
+        if self._verifier.manifest.encodes_one_source_per_call and allowed is None and len(sources) > 1:
+            self._encode_each(sources, pad_id, copies)
+        else:
+            for group in groups:
+                self._encode([sources[i] for i in group], pad_id, copies,
+                             [allowed[i] for i in group] if allowed is not None else None)
         if allowed is not None:
             for slot in range(first, self.rows):
                 self._allowed[slot] = allowed[(slot - first) // copies]
@@ -208,6 +221,54 @@ class Batch:
             if matrices is not None and matrix_lens is not None:
                 matrices, matrix_lens = np.repeat(matrices, copies, axis=0), np.repeat(matrix_lens, copies)
         slots = self.buffers.add_rows(cross, mask, hidden, matrices, matrix_lens)
+        self.lengths[slots.start : slots.stop] = 0
+
+    def _encode_each(self, sources: list[list[int]], pad_id: int, copies: int = 1) -> None:
+        """One encoder call per source (an encoder that couples a call's rows), the rows then
+        written into the buffers together, zero padded to the longest source as one call of
+        them all would give them. Row by row, each admission's host work (every cross buffer
+        re-viewed, the binding's layout changed, the source span grown as longer sources come:
+        ``generate`` admits them shortest first) cost about a tenth of an int8 IAD batch of 32's
+        time outside its graphs; the values written are the same."""
+        layers = self._verifier.manifest.decoder_layers
+        names = cross_names(layers)
+        width = max(len(ids) for ids in sources)
+        outs = []
+        for ids in sources:
+            feeds = {"input_ids": np.array([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
+            started = time.perf_counter()
+            out = self._verifier.encoder.run(feeds)
+            hidden = self._memory(out["encoder_hidden_states"], feeds["attention_mask"]) if self._memory is not None else None
+            self.encoder_seconds += time.perf_counter() - started
+            outs.append(([out[name] for name in names], hidden))
+        layout = self._verifier.manifest.cross_key_layout
+        cross = []
+        for index, name in enumerate(names):
+            axis = source_axis(name.startswith("cross_key"), layout)
+            first = outs[0][0][index]
+            shape = list(first.shape)
+            shape[0], shape[axis] = len(sources), width
+            stacked = np.zeros(shape, dtype=first.dtype)
+            for row, (values, _) in enumerate(outs):
+                part = values[index]
+                target = [row, *([slice(None)] * (len(shape) - 1))]
+                target[axis] = slice(0, part.shape[axis])
+                stacked[tuple(target)] = part[0]
+            cross.append(stacked)
+        mask = np.zeros((len(sources), width), dtype=np.int64)
+        for row, ids in enumerate(sources):
+            mask[row, : len(ids)] = 1
+        hidden = None
+        if self._memory is not None:
+            first_hidden = outs[0][1]
+            hidden = np.zeros((len(sources), width, *first_hidden.shape[2:]), dtype=first_hidden.dtype)
+            for row, (_, values) in enumerate(outs):
+                hidden[row, : values.shape[1]] = values[0]
+        if copies > 1:
+            cross = [np.repeat(values, copies, axis=0) for values in cross]
+            mask = np.repeat(mask, copies, axis=0)
+            hidden = None if hidden is None else np.repeat(hidden, copies, axis=0)
+        slots = self.buffers.add_rows(cross, mask, hidden)
         self.lengths[slots.start : slots.stop] = 0
 
     def block_limit(self) -> int:
@@ -318,7 +379,11 @@ class Batch:
         return top_logprobs, top_ids
 
     def close(self) -> None:
-        """The decode that made this batch is done with it (a pooled batch gives its call back)."""
+        """The decode that made this batch is done with it: its host buffers go back to the
+        verifier for the next batch of its shape (a pooled static batch gives its call back)."""
+        if self._spare_key is not None:
+            self._verifier.give_buffers(self._spare_key, self.buffers)
+            self._spare_key = None
 
     def keep(self, counts: np.ndarray) -> None:
         """Each row keeps the first ``counts[row]`` tokens of the block just verified."""
@@ -530,6 +595,8 @@ class Verifier:
         self.takes_output_rows = takes_output_rows(manifest)
         self.kept_matrix_slots = kept_matrix_slots
         self.fixed_calls = fixed_calls
+        self._spare: dict[tuple, list[SlotBuffers]] = {}  # take_buffers' finished batches' buffers, by shape
+        self._spare_lock = threading.Lock()  # Generators are shared by threads
 
     def session_for(self, top_k: bool) -> Session:
         """The graph a batch's calls run: the top-K verifier, or (``top_k`` False) the argmax
@@ -559,6 +626,38 @@ class Verifier:
                            m.cache_kind, self.takes_output_rows and self.shortlist is not None
                            and slots <= self.kept_matrix_slots, m.cross_key_layout,
                            static=static_width is not None)
+
+    def take_buffers(self, session: Session, slots: int, bound: bool,
+                     keep_hidden: bool) -> tuple[SlotBuffers, tuple | None]:
+        """A dynamic batch's buffers: those a finished batch of the same shape gave back, reset,
+        or new ones; and the key to give them back under (None: not to be reused).
+
+        ``generate`` makes a batch per call, and a caller that decodes batch after batch (the
+        bench: a call per 32 sentences) paid for fresh arrays every time: their allocation,
+        and the page faults of the first writes to each page as the caches grew. Kept, the
+        pages stay mapped. Host buffers on the CPU only: device buffers are another matter
+        (static batches pool theirs in ``fixed_calls``). The memory stays held after the call,
+        as a server's cohorts already hold theirs: one set per shape in use at once, for the
+        last :data:`SPARE_SHAPES` shapes."""
+        key = (id(session), slots, bound, keep_hidden)
+        if session.device == "cpu":
+            with self._spare_lock:
+                spares = self._spare.get(key)
+                if spares:
+                    buffers = spares.pop()
+                    buffers.reset()
+                    return buffers, key
+        buffers = self.slot_buffers(session, slots, bound, keep_hidden, None)
+        return buffers, (key if session.device == "cpu" and buffers.reusable else None)
+
+    def give_buffers(self, key: tuple, buffers: SlotBuffers) -> None:
+        """Keep a finished batch's buffers for :meth:`take_buffers`."""
+        with self._spare_lock:
+            spares = self._spare.pop(key, [])
+            spares.append(buffers)
+            self._spare[key] = spares  # most recent last
+            while len(self._spare) > SPARE_SHAPES:
+                del self._spare[next(iter(self._spare))]
 
     def batch(self, slots: int, bound: bool, memory: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
               top_k: bool = True, static_width: int | None = None) -> Batch:

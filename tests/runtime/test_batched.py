@@ -130,6 +130,29 @@ def test_eight_threads_share_one_generator(bundle, binding):
     assert got == expected
 
 
+def test_a_finished_batch_gives_its_buffers_to_the_next_of_its_shape(bundle, monkeypatch):
+    """``generate`` makes a batch per call; the next batch of the same shape (slots, graph,
+    binding) takes the buffers the last one gave back, emptied but with the values written
+    before, and decodes exactly what a new Generator decodes, in any order of texts and modes."""
+    texts = random_texts(seed=5, count=12)
+    made: list[int] = []
+    generator = Generator(bundle("marian"))
+    original = generator.verifier.slot_buffers
+    monkeypatch.setattr(generator.verifier, "slot_buffers", lambda *args: made.append(args[1]) or original(*args))
+    runs = [(mode, part) for mode in ("greedy", "iad", "greedy") for part in (texts[:4], texts[4:8], texts[8:], texts[:4])]
+    got = [[r.ids for r in generator.generate(part, mode=mode, max_new_tokens=MAX_NEW, batch_size=4)]
+           for mode, part in runs]
+    assert made == [4]  # greedy and IAD run the same graph: one set of buffers for every call
+    for (mode, part), ids in zip(runs, got):
+        assert ids == [r.ids for r in Generator(bundle("marian")).generate(part, mode=mode, max_new_tokens=MAX_NEW,
+                                                                           batch_size=4)]
+    buffers, key = generator.verifier.take_buffers(generator.verifier.session_for(False), 4, True, False)
+    assert key is not None and buffers.rows == 0 and buffers.source_capacity == 0 and not buffers.mask.any()
+    # a static batch's buffers (decision 034) are its own, never given to a dynamic batch
+    static = generator.verifier.batch(4, bound=True, static_width=2)
+    assert static.buffers.static and static._spare_key is None
+
+
 def test_cache_capacity_edges(bundle):
     generator = Generator(bundle("marian"))
     m = generator.manifest

@@ -266,6 +266,53 @@ def test_quantized_graph_is_rewritten_as_designed(bundle, int8):
     assert len(zero_points) == 1 and onnx.numpy_helper.to_array(zero_points[0]).tolist() == 128
 
 
+def test_per_call_sources_admitted_together_hold_what_one_at_a_time_writes(bundle, int8, monkeypatch):
+    """A per-call encoder's admission of several sources: one unpadded call per source, their
+    rows then written into the buffers in one go (zero padded to the longest). Each row's cross
+    keys and values over its source, and the source mask, are what admitting the sources one at
+    a time writes (an int8 copy of a bundle with the keys laid out as the values decodes as
+    before: tests/export/test_cross_key_layout.py)."""
+    from aggdec.runtime.decoding.cache import cross_names, self_cache_names, source_axis
+
+    root = int8(bundle("marian"))
+    generator = Generator(root, io_binding=False)
+    m = generator.manifest
+    assert m.encodes_one_source_per_call and m.cross_key_layout is not None
+    texts = ["w1 w2", " ".join(["w3"] * 12), "w4 w5 w6", "w7"]  # not shortest first: the span grows and shrinks
+    sources = generator.encode(texts)
+    names = cross_names(m.decoder_layers)
+    calls: list[tuple[int, ...]] = []
+    original = generator.verifier.encoder.run
+    monkeypatch.setattr(generator.verifier.encoder, "run",
+                        lambda feeds: calls.append(feeds["attention_mask"].shape) or original(feeds))
+
+    layout = m.cross_key_layout
+    written = []
+    for together in (True, False):
+        batch = generator.verifier.batch(6, bound=False)
+        calls.clear()
+        if together:
+            assert batch.admit(sources, m.pad_token_id) == range(4)
+        else:
+            for source in sources:
+                batch.admit([source], m.pad_token_id)
+        assert calls == [(1, len(source)) for source in sources]  # alone and unpadded, either way
+        feeds = batch.buffers.feeds(self_cache_names(m.decoder_layers), names)
+        rows = {}
+        for name in names:  # each row over its own source (past it, masked positions may hold anything)
+            axis = source_axis(name.startswith("cross_key"), layout)
+            rows[name] = [np.take(feeds[name][row], np.arange(len(source)), axis=axis - 1)
+                          for row, source in enumerate(sources)]
+        written.append((rows, batch.buffers.source_mask().copy(), batch.rows))
+    (together_rows, together_mask, count), (alone_rows, alone_mask, alone_count) = written
+    assert count == alone_count == 4
+    assert np.array_equal(together_mask, alone_mask)
+    assert together_mask.sum(axis=1).tolist() == [len(source) for source in sources]
+    for name in names:
+        for got, want in zip(together_rows[name], alone_rows[name]):
+            assert np.array_equal(got, want), name
+
+
 def test_a_per_call_int8_encoder_is_given_one_source_per_call(bundle, int8, tmp_path, monkeypatch, capsys):
     """The default int8 encoder has one activation scale per call (onnxruntime's dynamic
     quantization): batched, a source's encoding would change with its batch mates, so the
