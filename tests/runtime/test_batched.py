@@ -153,6 +153,29 @@ def test_a_finished_batch_gives_its_buffers_to_the_next_of_its_shape(bundle, mon
     assert static.buffers.static and static._spare_key is None
 
 
+def test_reused_buffers_of_a_recurrent_cache_decode_as_new_ones(tmp_path):
+    """A Marian-native SSRU bundle (one recurrent state per position): batch after batch on
+    buffers a finished batch gave back equals a fresh Generator's, greedy, IAD and beams."""
+    from aggdec.export import export_bundle
+    from tests.support.marian import WORDS, write_model
+
+    texts = [" ".join(WORDS[(i * 7 + j * 2) % len(WORDS)] for j in range(1 + i % 8)) for i in range(9)]
+    folder, _config, _weights = write_model(tmp_path / "model", "ssru")
+    export_bundle(folder, tmp_path / "bundle", progress=None, max_source_len=32, max_target_len=32)
+    reused = Generator(tmp_path / "bundle")
+    assert reused.manifest.cache_kind == "recurrent"
+    for mode in ("greedy", "iad"):
+        for part in (texts[:4], texts[4:], texts[:4]):
+            got = [r.ids for r in reused.generate(part, mode=mode, max_new_tokens=MAX_NEW, batch_size=4)]
+            fresh = Generator(tmp_path / "bundle").generate(part, mode=mode, max_new_tokens=MAX_NEW, batch_size=4)
+            assert got == [r.ids for r in fresh], mode
+    for part in (texts[:2], texts[2:4]):
+        got = reused.generate(part, num_beams=3, max_new_tokens=MAX_NEW, batch_size=2)
+        fresh = Generator(tmp_path / "bundle").generate(part, num_beams=3, max_new_tokens=MAX_NEW, batch_size=2)
+        assert [[h.ids for h in r.sequences] for r in got] == [[h.ids for h in r.sequences] for r in fresh]
+    assert reused.verifier._spare
+
+
 def test_cache_capacity_edges(bundle):
     generator = Generator(bundle("marian"))
     m = generator.manifest

@@ -313,6 +313,23 @@ def test_per_call_sources_admitted_together_hold_what_one_at_a_time_writes(bundl
             assert np.array_equal(got, want), name
 
 
+def test_reused_buffers_decode_int8_as_new_ones(bundle, int8):
+    """A Generator's batches after the first take the buffers a finished batch gave back
+    (Verifier.take_buffers), their old values masked: an int8 bundle (per-call encoder, the
+    activation scales of every call computed over what it reads) decodes batch after batch,
+    in every exact mode, at one batch size and the next, what a fresh Generator decodes."""
+    root = int8(bundle("bart"))
+    texts = random_texts(seed=61, count=10)
+    reused = Generator(root)
+    for mode in ("greedy", "iad", "greedy"):
+        for part in (texts[:5], texts[5:], texts[:5]):
+            for batch_size in (2, 5):
+                got = [r.ids for r in reused.generate(part, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)]
+                fresh = Generator(root).generate(part, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)
+                assert got == [r.ids for r in fresh], (mode, batch_size)
+    assert reused.verifier._spare  # the buffers were given back and taken again
+
+
 def test_a_per_call_int8_encoder_is_given_one_source_per_call(bundle, int8, tmp_path, monkeypatch, capsys):
     """The default int8 encoder has one activation scale per call (onnxruntime's dynamic
     quantization): batched, a source's encoding would change with its batch mates, so the
