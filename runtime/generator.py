@@ -295,8 +295,7 @@ class Generator:
         self.cuda_graphs_refused: str | None = said if bundle.request.cuda_graphs and refused else None
         self.cuda_graphs = bundle.request.cuda_graphs and not set(refused) & set(VERIFIER_GRAPHS)
         if self.cuda_graphs_refused:
-            warnings.warn("onnxruntime refused CUDA graphs for " + ", ".join(refused) + ", which "
-                          + ("decode" if len(refused) > 1 else "decodes") + " without them: "
+            warnings.warn("onnxruntime refused CUDA graphs; these graphs run without them: "
                           + self.cuda_graphs_refused, RuntimeWarning, stacklevel=3)
         self.verifier = Verifier(bundle.sessions["encoder"], bundle.sessions["verifier"], bundle.manifest,
                                  self.tuning.encoder_call_tokens, bundle.shortlist, argmax,

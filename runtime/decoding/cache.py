@@ -417,18 +417,21 @@ class SlotBuffers:
         source capacity's width) into ``slots``, which need not be consecutive. ``cross`` None:
         the cross keys and values are there already (:meth:`write_cross`)."""
         assert self.static and mask.shape == (len(slots), self.source_capacity)
-        if cross is None:
-            pass
-        elif self._edits is not None:  # a row is contiguous: one upload per row and buffer
-            self._edits.upload([(values[i], flat.pointer() + slot * values[i].nbytes)
-                                for flat, values in zip(self._cross, cross) for i, slot in enumerate(slots)])
-        else:
-            for flat, key, values in zip(self._cross, self._cross_keys, cross):
-                with flat.edit() as data:
-                    data[: int(np.prod(self.cross_shape(key=key)))].reshape(self.cross_shape(key=key))[slots] = values
+        if cross is not None:
+            self._write_cross_arrays(slots, cross)
         self.mask[slots] = mask
         if hidden is not None and self._hidden is not None:
             self.hidden()[slots] = hidden
+
+    def _write_cross_arrays(self, slots: list[int], cross: list[np.ndarray]) -> None:
+        """Host arrays of cross keys and values, a row each for ``slots``, into those slots."""
+        if self._edits is not None:  # a row is contiguous: one upload per row and buffer
+            self._edits.upload([(values[i], flat.pointer() + slot * values[i].nbytes)
+                                for flat, values in zip(self._cross, cross) for i, slot in enumerate(slots)])
+            return
+        for flat, key, values in zip(self._cross, self._cross_keys, cross):
+            with flat.edit() as data:
+                data[: int(np.prod(self.cross_shape(key=key)))].reshape(self.cross_shape(key=key))[slots] = values
 
     def write_cross(self, slots: list[int], values: list[Any]) -> None:
         """Static buffers: one row of cross keys and values (onnxruntime values in
@@ -437,8 +440,7 @@ class SlotBuffers:
         onnxruntime values, else through numpy. The mask and encoder output: :meth:`write_rows`."""
         assert self.static
         if self._edits is None:
-            self.write_rows(slots, [np.repeat(value.numpy(), len(slots), axis=0) for value in values],
-                            self.mask[slots], None)
+            self._write_cross_arrays(slots, [np.repeat(value.numpy(), len(slots), axis=0) for value in values])
             return
         sizes = [int(np.prod(value.shape())) * self.dtype.itemsize for value in values]
         self._edits.copy([(int(value.data_ptr()), flat.pointer() + slot * size, size)

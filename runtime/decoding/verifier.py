@@ -63,6 +63,30 @@ def padded_lists(allowed: list[np.ndarray], width: int = 0) -> np.ndarray:
     return out
 
 
+def padded_sources(sources: list[list[int]], pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Encoder inputs for ``sources``: their ids [rows, W] pad_id padded and the attention mask,
+    W the longest source, or ``width`` where that is wider."""
+    width = max(width, max(len(ids) for ids in sources))
+    input_ids = np.full((len(sources), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sources), width), dtype=np.int64)
+    for row, ids in enumerate(sources):
+        input_ids[row, : len(ids)] = ids
+        mask[row, : len(ids)] = 1
+    return input_ids, mask
+
+
+def stacked_rows(parts: list[np.ndarray], axis: int, width: int) -> np.ndarray:
+    """One-row arrays ``parts`` [1, ...], each as long as its own source along ``axis``, as one
+    [len(parts), ...] array zero padded there to ``width``: what one encoder call of all their
+    sources would give (its padded positions are masked wherever they are read)."""
+    shape = list(parts[0].shape)
+    shape[0], shape[axis] = len(parts), width
+    out = np.zeros(shape, dtype=parts[0].dtype)
+    for row, part in enumerate(parts):
+        np.moveaxis(out[row], axis - 1, 0)[: part.shape[axis]] = np.moveaxis(part[0], axis - 1, 0)
+    return out
+
+
 def length_groups(lengths: list[int], call_tokens: int) -> list[range]:
     """Split ``lengths`` into consecutive runs, one encoder call each, at the least cost.
 
@@ -195,12 +219,7 @@ class Batch:
                 allowed: list[np.ndarray] | None = None) -> None:
         """``allowed``: each source's shortlist, when the rows keep their gathered output matrix
         (the encoder gathers it: graph_specs.takes_output_rows)."""
-        width = max(len(ids) for ids in sources)
-        input_ids = np.full((len(sources), width), pad_id, dtype=np.int64)
-        mask = np.zeros((len(sources), width), dtype=np.int64)
-        for row, ids in enumerate(sources):
-            input_ids[row, : len(ids)] = ids
-            mask[row, : len(ids)] = 1
+        input_ids, mask = padded_sources(sources, pad_id)
         feeds = {"input_ids": input_ids, "attention_mask": mask}
         matrix_lens = None
         if self.buffers.keeps_matrices and allowed is not None:
@@ -230,40 +249,21 @@ class Batch:
         re-viewed, the binding's layout changed, the source span grown as longer sources come:
         ``generate`` admits them shortest first) cost about a tenth of an int8 IAD batch of 32's
         time outside its graphs; the values written are the same."""
-        layers = self._verifier.manifest.decoder_layers
-        names = cross_names(layers)
-        width = max(len(ids) for ids in sources)
-        outs = []
+        names = cross_names(self._verifier.manifest.decoder_layers)
+        crosses, hiddens = [], []
         for ids in sources:
             feeds = {"input_ids": np.array([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
             started = time.perf_counter()
             out = self._verifier.encoder.run(feeds)
-            hidden = self._memory(out["encoder_hidden_states"], feeds["attention_mask"]) if self._memory is not None else None
+            if self._memory is not None:
+                hiddens.append(self._memory(out["encoder_hidden_states"], feeds["attention_mask"]))
             self.encoder_seconds += time.perf_counter() - started
-            outs.append(([out[name] for name in names], hidden))
-        layout = self._verifier.manifest.cross_key_layout
-        cross = []
-        for index, name in enumerate(names):
-            axis = source_axis(name.startswith("cross_key"), layout)
-            first = outs[0][0][index]
-            shape = list(first.shape)
-            shape[0], shape[axis] = len(sources), width
-            stacked = np.zeros(shape, dtype=first.dtype)
-            for row, (values, _) in enumerate(outs):
-                part = values[index]
-                target = [row, *([slice(None)] * (len(shape) - 1))]
-                target[axis] = slice(0, part.shape[axis])
-                stacked[tuple(target)] = part[0]
-            cross.append(stacked)
-        mask = np.zeros((len(sources), width), dtype=np.int64)
-        for row, ids in enumerate(sources):
-            mask[row, : len(ids)] = 1
-        hidden = None
-        if self._memory is not None:
-            first_hidden = outs[0][1]
-            hidden = np.zeros((len(sources), width, *first_hidden.shape[2:]), dtype=first_hidden.dtype)
-            for row, (_, values) in enumerate(outs):
-                hidden[row, : values.shape[1]] = values[0]
+            crosses.append([out[name] for name in names])
+        _, mask = padded_sources(sources, 0)
+        width, layout = mask.shape[1], self._verifier.manifest.cross_key_layout
+        cross = [stacked_rows(list(parts), source_axis(name.startswith("cross_key"), layout), width)
+                 for name, parts in zip(names, zip(*crosses))]
+        hidden = stacked_rows(hiddens, 1, width) if hiddens else None
         if copies > 1:
             cross = [np.repeat(values, copies, axis=0) for values in cross]
             mask = np.repeat(mask, copies, axis=0)
@@ -477,20 +477,18 @@ class StaticBatch(Batch):
         first = self._live
         names = cross_names(self._verifier.manifest.decoder_layers)
         width = self.buffers.max_source
-        masks = np.zeros((len(sources), width), dtype=np.int64)
+        all_ids, masks = padded_sources(sources, pad_id, width)
         crosses: list[list[np.ndarray]] = []
         hiddens: list[np.ndarray] = []
         slots = [self._free.pop() for _ in range(len(sources) * copies)]
         # a fixed call's encoder (CUDA graphs): its outputs stay on the device, copied into the
         # slots after each source; otherwise they come to the host, written once for the admission
-        encoder = self._call.encoder if self._call is not None and self._pool is not None else None
-        for index, ids in enumerate(sources):
-            input_ids = np.full((1, width), pad_id, dtype=np.int64)
-            input_ids[0, : len(ids)] = ids
-            mask = masks[index : index + 1]
-            mask[0, : len(ids)] = 1
+        encoder = self._call.encoder if self._call is not None else None
+        for index in range(len(sources)):
+            input_ids, mask = all_ids[index : index + 1], masks[index : index + 1]
             started = time.perf_counter()
-            if encoder is not None and self._pool is not None:
+            if encoder is not None:
+                assert self._pool is not None  # a fixed call comes from the pool
                 encoder.run(input_ids, mask, self._pool.refuse)
                 self.buffers.write_cross(slots[index * copies : (index + 1) * copies], encoder.cross)
                 hidden = encoder.hidden.numpy() if encoder.hidden is not None else None
