@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import httpx  # noqa: F401
+        import aiohttp  # noqa: F401
     except ImportError as exc:
         raise AggdecError(
             f"`aggdec loadtest` needs the serve extra ({exc.name} is not installed): pip install 'aggdec[serve]'"

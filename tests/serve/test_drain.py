@@ -92,7 +92,7 @@ def test_serve_refuses_a_missing_bundle_with_one_error_line(tmp_path):
 
 
 @pytest.mark.parametrize("missing, command", [("fastapi", ["serve", "B"]), ("uvicorn", ["serve", "B"]),
-                                              ("httpx", ["loadtest", "http://127.0.0.1:1", "--bundle", "B"]),
+                                              ("aiohttp", ["loadtest", "http://127.0.0.1:1", "--bundle", "B"]),
                                               ("ray", ["serve", "B", "--ray"])])
 def test_a_missing_extra_is_one_error_line(missing, command):
     script = (f"import sys; sys.modules[{missing!r}] = None\n"

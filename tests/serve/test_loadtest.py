@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-pytest.importorskip("httpx")
+pytest.importorskip("aiohttp")
 pytest.importorskip("fastapi")
 
 from aggdec.cli import main  # noqa: E402
