@@ -34,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default="iad",
                         help="mode of a request that names none (iad)")
     parser.add_argument("--max-batch", type=positive_int, default=32, help="rows per verifier call (32)")
-    parser.add_argument("--max-wait-ms", type=finite_non_negative, default=5.0,
-                        help="an idle decode loop waits this long to gather a batch after the first text (5)")
+    parser.add_argument("--max-wait-ms", type=finite_non_negative, default=0.0,
+                        help="an idle decode loop waits this long to gather a batch after the first text (0: "
+                             "texts join a running batch at its next call anyway, and a lone request would "
+                             "pay the whole wait)")
     parser.add_argument("--max-queue", type=positive_int, default=256,
                         help="texts that may wait for a slot; past it requests get 429 (256)")
     parser.add_argument("--timeout-s", type=positive_float, default=30.0,

@@ -55,7 +55,10 @@ class Settings:
 
     mode: Mode | str = Mode.IAD  # a request's mode when it names none
     max_batch: int = 32  # rows per verifier call
-    max_wait_ms: float = 5.0  # an idle decode loop waits this long to gather a batch
+    # an idle decode loop waits this long to gather a batch; 0 by default: later texts join the
+    # running batch at its next call, and 5 ms cost a lone request 7 ms of its 22 and bought no
+    # throughput at 8 to 64 clients (benchmarks/results/serve-linger-cpu)
+    max_wait_ms: float = 0.0
     max_queue: int = 256  # texts waiting for a slot, over every mode; past it: 429
     timeout_s: float = 30.0  # a request's deadline; past it: 504 and its rows are dropped
     max_texts: int = 64  # texts per request; more: 413

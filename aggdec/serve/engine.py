@@ -171,7 +171,7 @@ class Engine:
     """
 
     def __init__(self, generator: Generator, mode: Mode | str = Mode.IAD, max_batch: int = 32,
-                 max_wait: float = 0.005, max_queue: int = 256, hooks: EngineHooks | None = None) -> None:
+                 max_wait: float = 0.0, max_queue: int = 256, hooks: EngineHooks | None = None) -> None:
         self.generator = generator
         self.rows = RowDecoder(generator)
         self.default_mode = Mode.parse(mode)

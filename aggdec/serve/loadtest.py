@@ -203,7 +203,7 @@ async def run_step(url: str, texts: list[str], want: list[list[int]], concurrenc
                     step.latencies_ms.append(1000 * (answered - sent))
 
     # one connection per client, kept alive; aiohttp turns Nagle off on its sockets
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     step.duration_s = last_answer - started

@@ -96,7 +96,7 @@ def app_builder(args: dict[str, str]):
         raise ValueError(f"app_builder takes bundle=DIR and any of {sorted(known - {'bundle'})}; "
                          f"got {sorted(args)}")
     settings = Settings(mode=args.get("mode", "iad"), max_batch=int(args.get("max_batch", 32)),
-                        max_wait_ms=float(args.get("max_wait_ms", 5)), max_queue=int(args.get("max_queue", 256)),
+                        max_wait_ms=float(args.get("max_wait_ms", 0)), max_queue=int(args.get("max_queue", 256)),
                         timeout_s=float(args.get("timeout_s", 30)), max_texts=int(args.get("max_texts", 64)),
                         max_body_bytes=int(args.get("max_body_bytes", 1 << 20)))
     return application(args["bundle"], device=args.get("device", "cpu"),
