@@ -48,6 +48,14 @@ class Step:
     statuses: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list)  # of ok responses
     examples_wrong: list[str] = field(default_factory=list)
+    # the load generator's own CPU (this process, user + system) over the step: on the server's
+    # machine it is CPU the server does not get, so a report says how much it was
+    client_cpu_s: float = 0.0
+
+    @property
+    def client_cores(self) -> float:
+        """The load generator's CPU as a share of one core over the step."""
+        return self.client_cpu_s / self.duration_s if self.duration_s > 0 else 0.0
 
     @property
     def throughput(self) -> float:
@@ -68,6 +76,9 @@ class Step:
                 "p50_ms": _round(p50), "p90_ms": _round(p90), "p99_ms": _round(p99),
                 "p99_over_p50": _round(p99 / p50 if p50 else None, 2), "mean_ms": _round(
                     statistics.fmean(self.latencies_ms) if self.latencies_ms else None),
+                "client_cpu_ms_per_request": _round(1000 * self.client_cpu_s / self.requests if self.requests else None,
+                                                    2),
+                "client_cores": round(self.client_cores, 3),
                 "examples_wrong": self.examples_wrong[:5]}
 
 
@@ -151,6 +162,7 @@ async def run_step(url: str, texts: list[str], want: list[list[int]], concurrenc
     step = Step(concurrency)
     endpoint = f"{url}/v1/generate"
     state = {"next": 0, "sent": 0}
+    cpu_before = time.process_time()
     started = time.perf_counter()
     deadline = started + duration
     last_answer = started
@@ -207,21 +219,25 @@ async def run_step(url: str, texts: list[str], want: list[list[int]], concurrenc
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     step.duration_s = last_answer - started
+    step.client_cpu_s = time.process_time() - cpu_before
     return step
+
 
 
 def _markdown(report: dict) -> str:
     lines = [f"# aggdec load test: {report['url']}", "",
              f"Mode `{report['mode']}`, {report['texts_per_request']} text(s) per request, {report['sentences']} "
              f"distinct sentences ({report['data']}), {report['duration_s']:g} s per step, closed-loop clients. "
-             f"Every 200 is checked against offline greedy on the same bundle.", "",
-             "| clients | requests | ok | texts/s | p50 ms | p90 ms | p99 ms | p99/p50 | wrong | lost | statuses |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Every 200 is checked against offline greedy on the same bundle. The load generator runs on the "
+             f"server's machine: its CPU (last column) is CPU the server did not get.", "",
+             "| clients | requests | ok | texts/s | p50 ms | p90 ms | p99 ms | p99/p50 | wrong | lost | statuses | "
+             "load generator CPU ms / request (cores) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in report["steps"]:
         statuses = ", ".join(f"{k}: {v}" for k, v in s["statuses"].items())
         lines.append(f"| {s['concurrency']} | {s['requests']} | {s['ok']} | {s['throughput_texts_per_s']} | "
                      f"{s['p50_ms']} | {s['p90_ms']} | {s['p99_ms']} | {s['p99_over_p50']} | {s['wrong']} | "
-                     f"{s['lost']} | {statuses} |")
+                     f"{s['lost']} | {statuses} | {s['client_cpu_ms_per_request']} ({s['client_cores']}) |")
     offline = report.get("offline")
     if offline:
         lines += ["", f"Offline `{report['mode']}` at batch {offline['batch_size']} on the same {report['sentences']} "
@@ -321,7 +337,8 @@ def run_from_args(args) -> int:
         summary = steps[-1]
         print(f"aggdec: loadtest: {concurrency} clients: {summary['throughput_texts_per_s']} texts/s, p50 "
               f"{summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, statuses {summary['statuses']}, "
-              f"{step.wrong} wrong, {step.lost} lost", file=sys.stderr, flush=True)
+              f"{step.wrong} wrong, {step.lost} lost; load generator {summary['client_cores']:.2f} of a core",
+              file=sys.stderr, flush=True)
     if offline:
         # timed again after the steps: a shared machine's speed drifts over a run of minutes,
         # and served/offline would otherwise carry that drift; each step is compared with the
