@@ -223,7 +223,6 @@ async def run_step(url: str, texts: list[str], want: list[list[int]], concurrenc
     return step
 
 
-
 def _markdown(report: dict) -> str:
     lines = [f"# aggdec load test: {report['url']}", "",
              f"Mode `{report['mode']}`, {report['texts_per_request']} text(s) per request, {report['sentences']} "
