@@ -79,3 +79,26 @@ def test_only_loopback_is_a_target(tmp_path):
         with pytest.raises(InputError):
             check_loopback(url)
     assert main(["loadtest", "http://10.1.2.3:8000", "--bundle", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("reply", [b"", b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Type: application/json\r\n\r\nnot json!"])
+def test_a_dropped_connection_or_a_body_that_is_not_the_answer_is_lost(reply):
+    """A server that closes the connection without answering, or answers 200 with a body that is
+    not JSON: every request is lost (never ok, never wrong), and the step still ends."""
+
+    async def scenario():
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")  # the request's head; the body is never read
+            writer.write(reply)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await run_step(f"http://127.0.0.1:{port}", TEXTS, [[1]] * len(TEXTS), 2, 30.0, 6, 1,
+                                  {"mode": "iad"}, 10)
+
+    step = asyncio.run(scenario())
+    assert step.requests == 6 and step.lost == 6 and step.ok == 0 and step.wrong == 0
+    assert sum(step.statuses.values()) == 6
