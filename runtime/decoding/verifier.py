@@ -178,18 +178,17 @@ class Batch:
         one source per call.
         """
         first = self.rows
-        if self._verifier.manifest.encodes_one_source_per_call:
-            groups = [range(i, i + 1) for i in range(len(sources))]
-        else:
-            groups = length_groups([len(ids) for ids in sources], self._verifier.encoder_call_tokens)
+        per_call = self._verifier.manifest.encodes_one_source_per_call
         shortlist = self._verifier.shortlist
         # per sentence, never the union over the batch
         allowed = [shortlist.for_source(ids) for ids in sources] if shortlist is not None else None
         if allowed is not None and self.buffers.keeps_matrices:  # one resize for the whole admission
             self.buffers.reserve_matrices(max(map(len, allowed)))
-        if self._verifier.manifest.encodes_one_source_per_call and allowed is None and len(sources) > 1:
+        if per_call and allowed is None and len(sources) > 1:
             self._encode_each(sources, pad_id, copies)
         else:
+            groups = ([range(i, i + 1) for i in range(len(sources))] if per_call
+                      else length_groups([len(ids) for ids in sources], self._verifier.encoder_call_tokens))
             for group in groups:
                 self._encode([sources[i] for i in group], pad_id, copies,
                              [allowed[i] for i in group] if allowed is not None else None)
@@ -233,6 +232,12 @@ class Batch:
         layers = self._verifier.manifest.decoder_layers
         cross = [out[name] for name in cross_names(layers)]
         matrices = out["output_rows"] if matrix_lens is not None else None
+        self._add_encoded(cross, mask, hidden, copies, matrices, matrix_lens)
+
+    def _add_encoded(self, cross: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray | None, copies: int,
+                     matrices: np.ndarray | None = None, matrix_lens: np.ndarray | None = None) -> None:
+        """Encoded sources into the next free slots, ``copies`` consecutive rows each, with no
+        cached position yet."""
         if copies > 1:
             cross = [np.repeat(values, copies, axis=0) for values in cross]
             mask = np.repeat(mask, copies, axis=0)
@@ -264,12 +269,7 @@ class Batch:
         cross = [stacked_rows(list(parts), source_axis(name.startswith("cross_key"), layout), width)
                  for name, parts in zip(names, zip(*crosses))]
         hidden = stacked_rows(hiddens, 1, width) if hiddens else None
-        if copies > 1:
-            cross = [np.repeat(values, copies, axis=0) for values in cross]
-            mask = np.repeat(mask, copies, axis=0)
-            hidden = None if hidden is None else np.repeat(hidden, copies, axis=0)
-        slots = self.buffers.add_rows(cross, mask, hidden)
-        self.lengths[slots.start : slots.stop] = 0
+        self._add_encoded(cross, mask, hidden, copies)
 
     def block_limit(self) -> int:
         """The longest block the next call may take: every row's padded block must fit."""
