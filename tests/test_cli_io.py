@@ -135,6 +135,42 @@ def test_an_output_that_is_a_directory_is_refused_before_decoding(cli_bundle, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no temporary file left
 
 
+def test_an_output_that_is_a_pipe_or_a_symlink_is_written_through_not_replaced(cli_bundle, tmp_path):  # noqa: F811
+    """The atomic rename replaced whatever --output named with a regular file: a named pipe (its
+    reader never got a line), a symlink, and as root /dev/null or /dev/full themselves."""
+    from aggdec.cli import main
+
+    source = tmp_path / "in.txt"
+    source.write_text("w1 w2\nw3\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so that opening it to write does not wait
+    try:
+        assert main(["generate", str(cli_bundle), "--max-new-tokens", "3", "--input", str(source),
+                     "--output", str(fifo)]) == 0
+        assert fifo.is_fifo() and len(os.read(reader, 1 << 16).decode().splitlines()) == 2
+    finally:
+        os.close(reader)
+    real, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    real.write_text("previous\n")
+    link.symlink_to(real.name)
+    assert main(["generate", str(cli_bundle), "--max-new-tokens", "3", "--input", str(source),
+                 "--output", str(link)]) == 0
+    assert link.is_symlink() and len(real.read_text().splitlines()) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "in.txt", "link.txt", "real.txt"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_an_output_that_cannot_be_written_is_one_error_line(cli_bundle, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """A full disk (ENOSPC) was an OSError traceback from the write."""
+    source = tmp_path / "in.txt"
+    source.write_text("w1 w2\nw3\n")
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        _one_error(capsys, ["generate", str(cli_bundle), "--max-new-tokens", "3", "--input", str(source)],
+                   "cannot write output stdout: No space left on device")
+
+
 @pytest.mark.parametrize("threads", ["99999999999", "100000"])
 def test_more_threads_than_the_machine_can_run_are_refused(cli_bundle, tmp_path, capsys, threads):  # noqa: F811
     """Past 2**31 onnxruntime raised TypeError (a traceback); 3,000 on two CPUs left one line

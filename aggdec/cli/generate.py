@@ -153,19 +153,75 @@ def _render(form: str, number: int, result, error: str | None) -> str:
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
+class _Written:
+    """The output stream, whose write errors (a full disk: ENOSPC; EIO) are one error line naming
+    the output, not a traceback. A closed pipe (``| head -1``) is left to ``main``: it is no error."""
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self.stream = stream
+        self.name = name
+
+    def _failed(self, exc: OSError) -> InputError:
+        if self.stream is sys.stdout:  # Python flushes stdout again at exit: let that one write nowhere
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return InputError(f"cannot write output {self.name}: {exc.strerror or exc}.")
+
+    def write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+
 @contextlib.contextmanager
-def _output(path: str | None) -> Iterator[TextIO]:
+def _output(path: str | None) -> Iterator[_Written]:
     """stdout, or FILE written atomically: a temporary file beside it, renamed over it at the
-    end; on any failure or Ctrl-C the temporary file is removed and FILE is left as it was."""
+    end; on any failure or Ctrl-C the temporary file is removed and FILE is left as it was.
+    FILE a symlink: the file it points to is replaced, the link kept. FILE a device, pipe or
+    socket (/dev/null, /dev/stdout, a FIFO): written to as it is, since a rename would replace
+    it with a regular file (as root, /dev/null itself)."""
     if path is None:
-        yield sys.stdout
+        yield _Written(sys.stdout, "stdout")
         return
     import os
+    import stat
     import tempfile
 
     target = os.path.abspath(path)
     if os.path.isdir(target):  # found now, before decoding, not by the rename at the end
         raise InputError(f"cannot write output {path!r}: it is a directory; give a file name.")
+    try:
+        special = not stat.S_ISREG(os.stat(target).st_mode)
+    except FileNotFoundError:  # a new file (or a dangling symlink: its file is made)
+        special = False
+    except OSError as exc:
+        raise InputError(f"cannot write output {path!r}: {exc.strerror or exc}.") from None
+    if special:
+        try:
+            handle = open(target, "w", encoding="utf-8", newline="\n")
+        except OSError as exc:
+            raise InputError(f"cannot write output {path!r}: {exc.strerror or exc}.") from None
+        try:
+            written = _Written(handle, repr(path))
+            yield written
+            written.flush()
+        finally:
+            with contextlib.suppress(OSError):  # what failed to write was reported; close() would retry it
+                handle.close()
+        return
+    target = os.path.realpath(target)
     try:
         fd, temporary = tempfile.mkstemp(prefix=".aggdec-", dir=os.path.dirname(target))
     except OSError as exc:
@@ -173,15 +229,21 @@ def _output(path: str | None) -> Iterator[TextIO]:
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(temporary, 0o666 & ~mask)  # mkstemp makes it private; the output is an ordinary file
+    handle = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            yield handle
-            handle.flush()
+        written = _Written(handle, repr(path))
+        yield written
+        written.flush()
+        try:
             os.fsync(handle.fileno())
+        except OSError as exc:
+            raise written._failed(exc) from None
+        handle.close()
         os.replace(temporary, target)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+        for undo in (handle.close, lambda: os.unlink(temporary)):  # close() would retry a failed write
+            with contextlib.suppress(OSError):
+                undo()
         raise
 
 
