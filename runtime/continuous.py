@@ -44,7 +44,7 @@ class RowDecoder:
         source. ``on_call(rows)``: called before each verifier call with its number of rows."""
         generator = self.generator
         strategy = generator._strategy(generator.resolve_options(options))
-        _check_batch_size(batch_size)
+        batch_size = _check_batch_size(batch_size)
         if strategy.rows_per_text > batch_size:
             raise InputError(f"num_beams {strategy.rows_per_text} takes more rows than the {batch_size} of this "
                              "decode loop; lower num_beams or raise the batch size.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import reprlib
 import threading
 import time
 import warnings
@@ -23,7 +24,7 @@ from .decoding.gad import DrafterDraft, HypothesisDrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.fixed_calls import FixedCalls
-from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff
+from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff, is_integer
 from .decoding.verifier import SLACK, Verifier
 from .errors import InputError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
@@ -101,9 +102,12 @@ def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool | None, device: 
                          "on the device.")
 
 
-def _check_batch_size(batch_size: object) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+def _check_batch_size(batch_size: object) -> int:
+    """``batch_size`` as an int. Integer knobs take what ``is_integer`` takes (a numpy integer too,
+    as DecodeOptions' do); refusing one said "must be an integer, got np.int64(4)"."""
+    if not is_integer(batch_size) or batch_size < 1:  # type: ignore[operator]
         raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
+    return int(batch_size)  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)
@@ -412,8 +416,9 @@ class Generator:
         ceiling = m.max_target_len - 1
         if max_new_tokens is None:
             max_new_tokens = ceiling
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if not is_integer(max_new_tokens) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be an integer of at least 1, got {max_new_tokens!r}.")
+        max_new_tokens = int(max_new_tokens)
         if max_new_tokens > ceiling:
             # the cache holds max_target_len positions, the decoder start token's included
             raise InputError(f"max_new_tokens {max_new_tokens} exceeds this bundle's limit of {ceiling} "
@@ -451,7 +456,7 @@ class Generator:
         strategy = self._strategy(self.resolve_options(
             options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
             length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
-        _check_batch_size(batch_size)
+        batch_size = _check_batch_size(batch_size)
         limits = self._limits(max_new_tokens)
         if not isinstance(texts, (str, bytes)):
             try:
@@ -486,9 +491,9 @@ class Generator:
         strategy = self._strategy(self.resolve_options(
             options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
             length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
-        _check_batch_size(batch_size)
+        batch_size = _check_batch_size(batch_size)
         rows = self._rows(batch_size, strategy)
-        if lookahead is not None and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1):
+        if lookahead is not None and (not is_integer(lookahead) or lookahead < 1):
             raise InputError(f"lookahead must be an integer of at least 1, got {lookahead!r}.")
         limits = self._limits(max_new_tokens)
         if isinstance(texts, (str, bytes)):
@@ -497,7 +502,7 @@ class Generator:
             items = iter(texts)
         except TypeError:
             raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
-        return self._stream(items, limits, strategy, rows, lookahead or 4 * batch_size)
+        return self._stream(items, limits, strategy, rows, int(lookahead or 4 * batch_size))
 
     def _stream(self, items: Iterator, limits: DecodeLimits, strategy: Strategy, rows: int, window: int
                 ) -> Iterator[tuple[int, GenerationResult | InputError]]:
@@ -569,10 +574,20 @@ class Generator:
 
     def _checked_ids(self, source_ids: Sequence[int]) -> list[int]:
         vocab = self.manifest.vocab_size
+        if isinstance(source_ids, (str, bytes, bytearray)):  # int() took each character: "560" was [5, 6, 0]
+            raise InputError("source_ids must be a sequence of integers (token ids), not a string; "
+                             "Generator.encode gives a text's.")
         try:
-            ids = [int(i) for i in source_ids]
-        except (TypeError, ValueError):
+            ids = list(source_ids)
+        except TypeError:
             raise InputError("source_ids must be a sequence of integers.") from None
+        # each an integer: int() truncated 5.9 to 5 and took True as 1 (another source, decoded
+        # silently), and raised OverflowError on inf
+        wrong = [i for i in ids if not is_integer(i)]
+        if wrong:
+            raise InputError(f"source_ids must be a sequence of integers (token ids), and it holds "
+                             f"{reprlib.repr(wrong[0])}.")
+        ids = [int(i) for i in ids]
         if not ids:
             raise InputError("source_ids is empty.")
         if len(ids) > self.manifest.max_source_len:

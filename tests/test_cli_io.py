@@ -78,6 +78,18 @@ def test_api_takes_any_iterable_and_refuses_what_no_tokenizer_can_take(cli_bundl
     for bad in (-1, vocab):
         with pytest.raises(InputError, match="outside this bundle's vocabulary"):
             generator.generate_ids([5, bad, 1])
+    # int() made 5.9 a 5 and True a 1, "561" the ids 5, 6, 1 (another source, decoded silently), and
+    # raised OverflowError on inf
+    for bad in ([5, 6.9, 1], [5, True, 1], "561", [5, float("inf"), 1], [[5, 6, 1]]):
+        with pytest.raises(InputError, match="source_ids must be a sequence of integers"):
+            generator.generate_ids(bad)
+    # integer knobs take numpy's integers, as DecodeOptions does ("must be an integer, got np.int64(2)")
+    import numpy as np
+
+    assert generator.generate_ids(np.array([5, 6, 1]), max_new_tokens=np.int64(2)).ids == \
+        generator.generate_ids([5, 6, 1], max_new_tokens=2).ids
+    assert [r.ids for r in generator.generate(texts, max_new_tokens=np.int32(2), batch_size=np.int64(1))] == \
+        [r.ids for r in generator.generate(texts, max_new_tokens=2)]
 
 
 def test_jsonl_gives_one_object_per_input_line(cli_bundle):  # noqa: F811
