@@ -134,11 +134,15 @@ def _get(url: str, timeout: float = 10.0) -> tuple[int, str]:
 
 def check_loopback(url: str) -> str:
     """``url`` without a trailing slash, if its host is loopback; InputError otherwise."""
-    parts = urlsplit(url)
+    try:  # a port out of range or not a number, an unclosed "[": ValueError from urlsplit or .port
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InputError(f"URL must look like http://127.0.0.1:8000, got {url!r} ({exc}).") from None
     if parts.scheme not in ("http",) or not parts.hostname:
         raise InputError(f"URL must look like http://127.0.0.1:8000, got {url!r}.")
     try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 80, proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(parts.hostname, port or 80, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise InputError(f"cannot resolve {parts.hostname!r}: {exc.strerror}.") from None
     addresses = {info[4][0] for info in infos}

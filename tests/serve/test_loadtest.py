@@ -75,7 +75,9 @@ def test_a_wrong_answer_is_counted(setup):
 def test_only_loopback_is_a_target(tmp_path):
     assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
     assert check_loopback("http://localhost:8000") == "http://localhost:8000"
-    for url in ("http://10.1.2.3:8000", "http://192.168.0.1", "https://127.0.0.1:8000", "ftp://127.0.0.1"):
+    for url in ("http://10.1.2.3:8000", "http://192.168.0.1", "https://127.0.0.1:8000", "ftp://127.0.0.1",
+                # ValueError tracebacks from urlsplit and .port before
+                "http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://[::1:8000"):
         with pytest.raises(InputError):
             check_loopback(url)
     assert main(["loadtest", "http://10.1.2.3:8000", "--bundle", str(tmp_path)]) == 2
