@@ -328,6 +328,9 @@ def test_each_precision_is_exact_against_its_own_greedy():
     (["--threads", "0"], "--threads must be at least 1"),
     (["--limit", "0"], "--limit must be at least 1"),
     (["--tf32"], "--tf32 applies to --device cuda only"),
+    # before any worker: 0 ran at the bundle's limit, and a limit past the bundle's failed every worker
+    (["--max-new-tokens", "0", "--limit", "2"], "max_new_tokens must be an integer of at least 1, got 0"),
+    (["--max-new-tokens", "100000", "--limit", "2"], "max_new_tokens 100000 exceeds this bundle's limit"),
 ])
 def test_bad_bench_arguments_are_one_clean_error(reference_bundle, tmp_path, args, needle):
     result = aggdec("bench", str(reference_bundle), *args, "--out", str(tmp_path / "out"), "--no-progress")

@@ -129,6 +129,7 @@ def run_bench(options: BenchOptions) -> int:
     """Run the benchmark and write bench.json, bench.md and the plots under ``options.out``.
     Returns 1 when an output that is promised to equal greedy does not (a bug), else 0."""
     from aggdec import Generator
+    from aggdec.runtime.continuous import RowDecoder
     from aggdec.bench.analysis import not_lossless, not_transformers_beam, summarize
     from aggdec.bench.report import environment, headline, markdown, plots, write_json
     from aggdec.sentences import load_examples
@@ -157,7 +158,9 @@ def run_bench(options: BenchOptions) -> int:
         notes.append(f"{bundle} is an {generator.manifest.precision} bundle: the aggdec systems without a precision "
                      "in their name run it, and it cannot be converted for the int8 and fp16 ones; give the fp32 "
                      "bundle it was made from to compare the two")
-    max_new_tokens = options.max_new_tokens or generator.manifest.max_target_len - 1
+    # checked here, before any worker starts: 0 meant the bundle's limit, and a value the bundle cannot
+    # honour failed each worker after its load, with only "see the log"
+    max_new_tokens = RowDecoder(generator).limits(options.max_new_tokens).max_new_tokens
     devices = _usable_devices(options.devices, notes)
     if not devices:
         raise InputError("no usable device: " + "; ".join(notes))
