@@ -16,6 +16,7 @@ A new option (the beam-search issue's ``num_beams``, say) is a field here, an en
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -88,6 +89,16 @@ class OptionLimits:
     beam_family: str = "transformers"
     beam_length_penalty: float = 1.0
     beam_word_penalty: float = 0.0
+    # the longest output, counted as beam search counts a hypothesis's length (None: unbounded)
+    max_target_len: int | None = None
+
+
+# beam search scores a hypothesis ``score / length ** length_penalty`` in float32: ``length **
+# length_penalty`` must stay within 2**-100 .. 2**100 for every length a bundle can output, or
+# the power overflows (OverflowError from deep in the decode loop, past about 400 for a
+# 128-token bundle) or the score becomes -0.0 or -inf for every hypothesis (ties decided by
+# accident, and an -inf no JSON can hold); 2**100 leaves 2**28 of float32's range for the score
+PENALTY_RANGE_BITS = 100
 
 
 @dataclass(frozen=True)
@@ -225,7 +236,19 @@ class DecodeOptions:
             resolved = dataclasses.replace(resolved, length_penalty=rules.length_penalty,
                                            early_stopping=rules.early_stopping,
                                            num_return_sequences=rules.num_return_sequences)
+        self._check_length_penalty(resolved.length_penalty, limits)
         return resolved
+
+    @staticmethod
+    def _check_length_penalty(penalty: float | None, limits: OptionLimits) -> None:
+        if penalty is None or limits.max_target_len is None or limits.max_target_len < 2:
+            return
+        bound = PENALTY_RANGE_BITS / math.log2(limits.max_target_len)
+        if abs(penalty) > bound:
+            raise InputError(f"length_penalty must be between {-bound:.3g} and {bound:.3g} for {limits.bundle!r}, got "
+                             f"{penalty!r}: beam search divides a score by length ** length_penalty in float32, and "
+                             f"for outputs of up to {limits.max_target_len} tokens that leaves float32's range "
+                             "past these bounds.")
 
     def rules(self, limits: OptionLimits) -> BeamRules | None:
         """The beam search these resolved options ask for on a bundle with ``limits``: its rule

@@ -152,6 +152,7 @@ def test_stream_and_generate_ids_give_beam_results(bundle):
     (dict(num_beams=2, num_return_sequences=0), "num_return_sequences must be an integer of at least 1"),
     (dict(num_beams=2, early_stopping="sometimes"), "early_stopping must be True, False or 'never'"),
     (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number"),
+    (dict(num_beams=2, length_penalty=400.0), "length_penalty must be between"),  # was an OverflowError
     (dict(length_penalty=2.0), "length_penalty applies to beam search only"),
     (dict(num_beams=1, num_return_sequences=1), "num_return_sequences applies to beam search only"),
     (dict(num_beams=2, mode="gad++"), "num_beams applies to modes 'greedy', 'iad' and 'gad' only"),

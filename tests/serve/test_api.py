@@ -301,6 +301,9 @@ def test_beam_search_over_http_equals_the_generator_and_takes_num_beams_rows(ser
     (dict(num_beams=2, num_return_sequences=3), "num_return_sequences (3) must be at most num_beams (2)"),
     (dict(num_beams=2, early_stopping="sometimes"), "early_stopping"),
     (dict(length_penalty=2.0), "length_penalty applies to beam search only"),
+    # length ** 500 overflowed (an internal item error), ** -500 made every score -inf (a 500: no JSON holds it)
+    (dict(num_beams=2, length_penalty=500), "length_penalty must be between"),
+    (dict(num_beams=2, length_penalty=-500), "length_penalty must be between"),
 ])
 def test_bad_beam_options_over_http_get_422(server, options, needle):
     response = server.generate(["w1"], mode="greedy", **options)
