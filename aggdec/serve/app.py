@@ -213,6 +213,15 @@ def _output(result) -> dict[str, Any]:
     return output
 
 
+async def _until_gone(request: Request) -> None:
+    """Returns once the client has disconnected. The body is read by then, and the server's next
+    ASGI message is the disconnect (uvicorn's, and Ray Serve's proxy's, wait for it); the
+    framework does not cancel a handler whose client left, so without this its rows were decoded
+    to the end for nobody."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _failed(kind: str, message: str) -> dict[str, Any]:
     return {"text": None, "ids": None, "stats": None, "error": {"kind": kind, "message": message}}
 
@@ -389,7 +398,7 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
 
     @app.post(GENERATE_PATH, response_model=GenerateResponse, responses=error_responses,
               summary="Decode texts (batched with concurrent requests)")
-    async def generate(body: GenerateRequest) -> Response:
+    async def generate(body: GenerateRequest, request: Request) -> Response:
         engine = state.engine
         if engine is None:
             return _error(503, "unavailable", "the server is shutting down.", metrics, headers={"Retry-After": "1"})
@@ -408,16 +417,23 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
             return _error(422, "invalid", str(exc), metrics)
         futures = [handle.future for handle in handles if handle.future is not None]
         finished = False
+        gone = asyncio.ensure_future(_until_gone(request))
         try:
             if futures:
-                _, late = await asyncio.wait(futures, timeout=settings.timeout_s)
+                waiting = asyncio.ensure_future(asyncio.wait(futures, timeout=settings.timeout_s))
+                await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+                if not waiting.done():  # the client left: drop its rows (finally); nobody reads this answer
+                    waiting.cancel()
+                    return Response(status_code=499)  # nginx's "client closed request", for the latency metric
+                _, late = waiting.result()
                 if late:
                     engine.cancel(handles)
                     return _error(504, "timeout", f"not done within {settings.timeout_s:g} s; the request's "
                                   "work was dropped.", metrics)
             finished = True
         finally:
-            if not finished:  # cancelled (client gone, shutdown): drop the rows
+            gone.cancel()
+            if not finished:  # the client gone, or cancelled (shutdown): drop the rows
                 engine.cancel(handles)
         outputs = []
         for handle in handles:

@@ -239,6 +239,32 @@ def test_past_the_deadline_504_and_the_rows_are_dropped(generator):
         assert [item["ids"] for item in ok.json()["outputs"]] == greedy(generator, texts)
 
 
+def test_a_client_that_disconnects_has_its_rows_dropped_and_the_server_keeps_serving(generator):
+    """The request's rows are cancelled when its connection closes. They were decoded to the end
+    for nobody: the framework does not cancel a handler whose client left."""
+    import socket
+
+    texts = [f"w{i % 9 + 1} w{(i * 5) % 9 + 1} w{(i * 7) % 9 + 1}" for i in range(16)]
+    with Running(generator, max_batch=1, max_texts=16) as running:
+        engine, before = running.state.engine, metrics(running)["aggdec_texts_total{}"]
+        longest = generator.manifest.max_target_len - 1  # as much work as the bundle allows
+        body = json.dumps({"texts": texts, "mode": "greedy", "max_new_tokens": longest}).encode()
+        host, port = running.url.removeprefix("http://").split(":")
+        client = socket.create_connection((host, int(port)))
+        client.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        give_up = time.monotonic() + 60  # bounds on a hang, not performance checks
+        while engine.active == 0 and time.monotonic() < give_up:
+            time.sleep(0.005)
+        client.close()
+        while (engine.active or engine.queued or running.state.in_flight) and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert engine.active == 0 and engine.queued == 0 and running.state.in_flight == 0
+        assert metrics(running)["aggdec_texts_total{}"] - before < len(texts)  # not all decoded
+        ok = running.generate(texts[:2], mode="greedy", max_new_tokens=MAX_NEW)
+        assert [item["ids"] for item in ok.json()["outputs"]] == greedy(generator, texts[:2])
+
+
 @pytest.mark.parametrize("method, path, body, headers, status, kind, needle", [
     ("POST", "/v1/generate", b'{"texts": ["\xff\xfe"]}', {"content-type": "application/json"}, 422, "invalid",
      "send UTF-8 JSON with Content-Type: application/json"),  # FastAPI's own 400 {"detail": ...} before
