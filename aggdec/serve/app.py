@@ -13,6 +13,7 @@ Failure behaviour, in the order a request meets it:
 - a path the API does not serve: 404; a method a path does not take: 405 with ``Allow``;
 - more texts than the queue has room for: 429 with ``Retry-After`` (nothing is queued);
 - past ``timeout_s``: 504, and the request's unfinished rows are dropped from their batch;
+- the client disconnects: its unfinished rows are dropped at once (the answer, unread, is a 499);
 - a text that cannot be decoded (empty, too long, not a string): an error in its own output
   item; the request's other texts are decoded;
 - a fault of the server: 500.
