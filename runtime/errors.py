@@ -23,6 +23,12 @@ class InputError(AggdecError, ValueError):
     """A request cannot be decoded as given (empty text, source too long, bad option)."""
 
 
+class EmptyTextError(InputError):
+    """A text with nothing to decode (empty, or spaces only). An InputError like any other in the
+    API and over HTTP; ``aggdec generate`` answers such a line with an empty line and no message,
+    as Marian does: in a document a blank line is a paragraph break, not a mistake."""
+
+
 class ProviderError(AggdecError, RuntimeError):
     """The requested device or execution provider is not available."""
 

@@ -26,7 +26,7 @@ from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.fixed_calls import FixedCalls
 from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff, is_integer
 from .decoding.verifier import SLACK, Verifier
-from .errors import InputError
+from .errors import EmptyTextError, InputError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
@@ -179,7 +179,7 @@ def _as_text(item: object, index: int) -> str:
     if not isinstance(item, str):
         raise InputError(f"text {index} is a {type(item).__name__}, not a string.")
     if not item.strip():
-        raise InputError(f"text {index} is empty; give at least one non-space character.")
+        raise EmptyTextError(f"text {index} is empty; give at least one non-space character.")
     try:
         item.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer can take it

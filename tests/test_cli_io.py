@@ -95,15 +95,35 @@ def test_api_takes_any_iterable_and_refuses_what_no_tokenizer_can_take(cli_bundl
 def test_jsonl_gives_one_object_per_input_line(cli_bundle):  # noqa: F811
     import json
 
-    result = run(cli_bundle, b"w1 w2\n\nw3\n", "--format", "jsonl")
+    data = b"w1 w2\n\xff\nw3\n"
+    result = run(cli_bundle, data, "--format", "jsonl")
     assert result.returncode == 1
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
     assert [r["line"] for r in records] == [1, 2, 3]
     assert records[1]["error"] and records[1]["text"] is None and records[1]["ids"] is None
     for record in (records[0], records[2]):
         assert record["error"] is None and record["ids"] and record["stats"]["iterations"] >= 1
-    text = run(cli_bundle, b"w1 w2\n\nw3\n").stdout.decode().splitlines()
+    text = run(cli_bundle, data).stdout.decode().splitlines()
     assert [r["text"] or "" for r in records] == text
+
+
+def test_a_blank_line_is_answered_by_a_blank_line_without_an_error(cli_bundle):  # noqa: F811
+    """A document's paragraph break (an empty line, or spaces only) is passed through as Marian
+    does: nothing to decode, no message, exit status 0; the API still refuses an empty text."""
+    import json
+
+    data = b"w1 w2\n\n \t \r\nw3\n"
+    text = run(cli_bundle, data)
+    assert text.returncode == 0 and text.stderr == b""
+    lines = text.stdout.decode().split("\n")
+    assert len(lines) == 5 and lines[1] == lines[2] == lines[4] == "" and lines[0] and lines[3]
+    jsonl = run(cli_bundle, data, "--format", "jsonl")
+    assert jsonl.returncode == 0 and jsonl.stderr == b""
+    records = [json.loads(line) for line in jsonl.stdout.decode().splitlines()]
+    assert [(r["line"], r["text"], r["ids"], r["error"]) for r in records[1:3]] == [(2, "", [], None), (3, "", [], None)]
+    assert [r["text"] for r in (records[0], records[3])] == [lines[0], lines[3]]
+    with pytest.raises(InputError, match="text 1 is empty"):
+        Generator(cli_bundle).generate(["w1", " "])
 
 
 def test_output_file_is_written_whole_or_not_at_all(cli_bundle, tmp_path):  # noqa: F811

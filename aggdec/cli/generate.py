@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO, TextIO
 
-from aggdec.runtime.errors import InputError
+from aggdec.runtime.errors import EmptyTextError, InputError
 from aggdec.runtime.options import MODES, DecodeOptions
 
 from .arguments import add_gpu_arguments, early_stopping, finite_float, finite_non_negative, gpu_options, positive_int
@@ -137,13 +137,21 @@ def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
         yield line()
 
 
+# What a blank input line (empty, or spaces only) gets: a blank output line, without a message or
+# an exit status of 1. There is nothing to decode (the API and the server refuse such a text),
+# and in a document a blank line separates paragraphs: Marian and Bergamot pass it through so.
+BLANK = object()
+
+
 def _render(form: str, number: int, result, error: str | None) -> str:
     """One output line: the text (a refused input: empty), or a JSON object with ids, error, stats."""
     if form == "text":
-        return ("" if result is None else result.text.replace("\n", " ")) + "\n"
+        return ("" if result is None or result is BLANK else result.text.replace("\n", " ")) + "\n"
     import dataclasses
     import json
 
+    if result is BLANK:
+        return json.dumps({"line": number, "text": "", "ids": [], "error": None, "stats": None}) + "\n"
     record = {"line": number, "text": None if result is None else result.text,
               "ids": None if result is None else list(result.ids), "error": error,
               "stats": None if result is None else dataclasses.asdict(result.stats)}
@@ -312,7 +320,9 @@ def run(args: argparse.Namespace) -> int:
         written = 0  # input lines answered so far
         for index, result in generator.stream(_lines(source, name), options, max_new_tokens=args.max_new_tokens,
                                               batch_size=args.batch_size):
-            if isinstance(result, InputError):
+            if isinstance(result, EmptyTextError):  # a blank line: answered by a blank line (Marian's way)
+                done[index] = (BLANK, None)
+            elif isinstance(result, InputError):
                 refused += 1
                 reason = str(result).replace(f"text {index} ", "input ", 1)
                 print(f"aggdec: line {index + 1}: {reason}", file=sys.stderr, flush=True)
