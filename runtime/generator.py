@@ -24,7 +24,7 @@ from .decoding.gad import DrafterDraft, HypothesisDrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.fixed_calls import FixedCalls
-from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff, is_integer
+from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff, is_integer, positive_integer
 from .decoding.verifier import SLACK, Verifier
 from .errors import EmptyTextError, InputError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
@@ -103,11 +103,8 @@ def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool | None, device: 
 
 
 def _check_batch_size(batch_size: object) -> int:
-    """``batch_size`` as an int. Integer knobs take what ``is_integer`` takes (a numpy integer too,
-    as DecodeOptions' do); refusing one said "must be an integer, got np.int64(4)"."""
-    if not is_integer(batch_size) or batch_size < 1:  # type: ignore[operator]
-        raise InputError(f"batch_size must be an integer of at least 1, got {batch_size!r}.")
-    return int(batch_size)  # type: ignore[call-overload]
+    """``batch_size`` as an int (a numpy integer too, as every integer knob takes)."""
+    return positive_integer("batch_size", batch_size)
 
 
 @dataclass(frozen=True)
@@ -416,9 +413,7 @@ class Generator:
         ceiling = m.max_target_len - 1
         if max_new_tokens is None:
             max_new_tokens = ceiling
-        if not is_integer(max_new_tokens) or max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be an integer of at least 1, got {max_new_tokens!r}.")
-        max_new_tokens = int(max_new_tokens)
+        max_new_tokens = positive_integer("max_new_tokens", max_new_tokens)
         if max_new_tokens > ceiling:
             # the cache holds max_target_len positions, the decoder start token's included
             raise InputError(f"max_new_tokens {max_new_tokens} exceeds this bundle's limit of {ceiling} "
@@ -493,8 +488,8 @@ class Generator:
             length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
         batch_size = _check_batch_size(batch_size)
         rows = self._rows(batch_size, strategy)
-        if lookahead is not None and (not is_integer(lookahead) or lookahead < 1):
-            raise InputError(f"lookahead must be an integer of at least 1, got {lookahead!r}.")
+        if lookahead is not None:
+            lookahead = positive_integer("lookahead", lookahead)
         limits = self._limits(max_new_tokens)
         if isinstance(texts, (str, bytes)):
             raise InputError("texts must be an iterable of strings, not one string; wrap it: [text].")
@@ -502,7 +497,7 @@ class Generator:
             items = iter(texts)
         except TypeError:
             raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
-        return self._stream(items, limits, strategy, rows, int(lookahead or 4 * batch_size))
+        return self._stream(items, limits, strategy, rows, lookahead or 4 * batch_size)
 
     def _stream(self, items: Iterator, limits: DecodeLimits, strategy: Strategy, rows: int, window: int
                 ) -> Iterator[tuple[int, GenerationResult | InputError]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .decoding.beam import EARLY_STOPPING, BeamRules
-from .decoding.sizing import BlockOptions, is_finite_real, is_integer
+from .decoding.sizing import BlockOptions, is_finite_real, positive_integer
 from .errors import BundleError, InputError
 
 
@@ -144,17 +144,17 @@ class DecodeOptions:
         if self.block is not None and not isinstance(self.block, BlockOptions):
             raise InputError(f"block must be an aggdec.runtime.decoding.iad.BlockOptions, not "
                              f"{type(self.block).__name__}.")
-        if self.beta is not None and (not is_integer(self.beta) or self.beta < 1):
-            raise InputError(f"beta must be an integer of at least 1, got {self.beta!r}.")
+        if self.beta is not None:
+            positive_integer("beta", self.beta)
         if self.tau is not None and (not is_finite_real(self.tau) or self.tau < 0):
             raise InputError(f"tau must be a finite number >= 0, got {self.tau!r}.")
-        if self.draft_k is not None and (not is_integer(self.draft_k) or self.draft_k < 1):
-            raise InputError(f"draft_k must be an integer of at least 1, got {self.draft_k!r}.")
+        if self.draft_k is not None:
+            positive_integer("draft_k", self.draft_k)
         self._check_beams()
 
     def _check_beams(self) -> None:
-        if self.num_beams is not None and (not is_integer(self.num_beams) or self.num_beams < 1):
-            raise InputError(f"num_beams must be an integer of at least 1, got {self.num_beams!r}.")
+        if self.num_beams is not None:
+            positive_integer("num_beams", self.num_beams)
         if self.num_beams is not None and self.num_beams == 1:  # one beam is greedy search: one key for both
             object.__setattr__(self, "num_beams", None)
         if self.mode is Mode.GAD and self.block is not None and self.num_beams is None:
@@ -172,8 +172,8 @@ class DecodeOptions:
                 for value in EARLY_STOPPING):
             raise InputError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}.")
         count = self.num_return_sequences
-        if count is not None and (not is_integer(count) or count < 1):
-            raise InputError(f"num_return_sequences must be an integer of at least 1, got {count!r}.")
+        if count is not None:
+            positive_integer("num_return_sequences", count)
         if count is not None and count > self.num_beams:  # type: ignore[operator]
             raise InputError(f"num_return_sequences ({count}) must be at most num_beams ({self.num_beams}).")
 

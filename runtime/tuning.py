@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from .decoding.alignment import MIN_REPEAT
 from .decoding.gad import DECAY
 from .decoding.loop import WIDTH_QUANTILE
-from .decoding.sizing import MAX_REST, is_finite_real, is_integer
+from .decoding.sizing import MAX_REST, is_finite_real, is_integer, positive_integer
 from .decoding.verifier import ENCODER_CALL_TOKENS, KEPT_MATRIX_SLOTS
 from .errors import InputError
 
@@ -87,9 +87,7 @@ class Tuning:
 
     def __post_init__(self) -> None:
         for name in ("max_block", "encoder_call_tokens", "min_repeat", "max_rest"):
-            value = getattr(self, name)
-            if not is_integer(value) or value < 1:
-                raise InputError(f"tuning {name} must be an integer of at least 1, got {value!r}.")
+            positive_integer(f"tuning {name}", getattr(self, name))
         if not is_integer(self.kept_matrix_slots) or self.kept_matrix_slots < 0:
             raise InputError(f"tuning kept_matrix_slots must be an integer of at least 0, got {self.kept_matrix_slots!r}.")
         for name in ("cost_ratio", "beam_cost_ratio"):

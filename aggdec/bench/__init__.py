@@ -129,9 +129,9 @@ def run_bench(options: BenchOptions) -> int:
     """Run the benchmark and write bench.json, bench.md and the plots under ``options.out``.
     Returns 1 when an output that is promised to equal greedy does not (a bug), else 0."""
     from aggdec import Generator
-    from aggdec.runtime.continuous import RowDecoder
     from aggdec.bench.analysis import not_lossless, not_transformers_beam, summarize
     from aggdec.bench.report import environment, headline, markdown, plots, write_json
+    from aggdec.runtime.continuous import RowDecoder
     from aggdec.sentences import load_examples
     from aggdec.bench.runner import Bench, RunPlan
 

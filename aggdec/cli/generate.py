@@ -177,16 +177,14 @@ class _Written:
         return InputError(f"cannot write output {self.name}: {exc.strerror or exc}.")
 
     def write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise self._failed(exc) from None
+        self._guarded(self.stream.write, text)
 
     def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def _guarded(self, call, *args) -> None:
         try:
-            self.stream.flush()
+            call(*args)
         except BrokenPipeError:
             raise
         except OSError as exc:

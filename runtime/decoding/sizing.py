@@ -44,9 +44,7 @@ class BlockOptions:
         # NaN, a zero prior or a fractional block would otherwise fail deep in the loop or decode
         # with nonsense lengths
         for name in ("max_block", "max_rest", "min_repeat"):
-            value = getattr(self, name)
-            if not is_integer(value) or value < 1:
-                raise InputError(f"{name} must be an integer of at least 1, got {value!r}.")
+            positive_integer(name, getattr(self, name))
         if not isinstance(self.adaptive, bool):
             raise InputError(f"adaptive must be True or False, got {self.adaptive!r}.")
         for name in ("cost_ratio", "prior_accepted", "prior_rejected"):
@@ -63,6 +61,13 @@ class BlockOptions:
 def is_integer(value: object) -> bool:
     """An int-like option value (a bool is not one): what every integer knob is checked with."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def positive_integer(name: str, value: object) -> int:
+    """``value`` as an int if it is an integer of at least 1 (numpy's too); InputError naming ``name``."""
+    if not is_integer(value) or value < 1:  # type: ignore[operator]
+        raise InputError(f"{name} must be an integer of at least 1, got {value!r}.")
+    return int(value)  # type: ignore[call-overload]
 
 
 def is_finite_real(value: object) -> bool:
