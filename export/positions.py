@@ -203,14 +203,15 @@ class Case:
     new_ids: np.ndarray
 
 
-def validation_cases(manifest: Manifest, seed: int = 0) -> list[Case]:
+def validation_cases(manifest: Manifest, seed: int = 0, batches: tuple[int, ...] = BATCHES) -> list[Case]:
     """Random sources, prefixes and blocks at the export validation's shapes; rows after the
-    first keep only part of their prefix, as after a rejected draft."""
+    first keep only part of their prefix, as after a rejected draft. ``batches``: the batch
+    sizes (a graph with another path for wide calls adds one that takes it)."""
     rng = np.random.default_rng(seed)
     vocab, pad = manifest.vocab_size, manifest.pad_token_id
     low = min(3, vocab - 1)
     cases = []
-    for batch in BATCHES:
+    for batch in batches:
         lengths = [SOURCE_LEN] + [int(rng.integers(2, SOURCE_LEN + 1)) for _ in range(batch - 1)]
         ids = np.full((batch, SOURCE_LEN), pad, dtype=np.int64)
         mask = np.zeros((batch, SOURCE_LEN), dtype=np.int64)

@@ -67,7 +67,7 @@ import numpy as np
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
 from ..runtime.graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
-from .positions import (NEW_LENS, PAST_LENS, PER_POSITION, Case, Driver, check_verifier_graphs, cpu_session,
+from .positions import (BATCHES, NEW_LENS, PAST_LENS, PER_POSITION, Case, Driver, check_verifier_graphs, cpu_session,
                         isolate_positions, validation_cases)
 
 ROW_QMAX = 127.0  # activations: symmetric int8, [-127, 127], shifted to uint8 [1, 255]
@@ -99,6 +99,9 @@ ACTIVATION_SCHEMES = ("per-row", "two-pass")
 PASS_QMAX = 63.0
 PASS_ZERO_POINT = 64
 ID_ROWS_ZERO_POINT = 128  # a shortlist head's int8 output matrix, stored as uint8 (_Rewriter._shortlist_head)
+# a shortlist head's calls of at least this many rows multiply the union of their rows' ids once
+# (_Rewriter._id_sums); fewer, each row its own ids (decision 045)
+UNION_HEAD_ROWS = 8
 RESIDUAL_STEPS = 2 * PASS_QMAX  # a residual is at most half a first-pass step: 126 steps of its own
 
 
@@ -405,11 +408,9 @@ class _Rewriter:
             [helper.make_tensor_value_info(row_ids, types.INT64, None),
              helper.make_tensor_value_info(row_columns, types.INT8, None)],
             [helper.make_tensor_value_info(row_sums, types.INT32, None)])
-        stacked, by_position = name("int32"), name("int32_by_position")
-        nodes += [helper.make_node("Scan", [ids, columns[0]], [stacked], name=node_name("Rows"), body=body,
-                                   num_scan_inputs=2),  # [B, L, passes x T]
-                  helper.make_node("Transpose", [stacked], [by_position], perm=[0, 2, 1],
-                                   name=node_name("ByPosition"))]  # [B, passes x T, L]
+        by_position = name("int32_by_position")  # [B, passes x T, L]
+        vocab = int(self.inits[weight].dims[0])  # the output matrix [V, D]
+        nodes += self._id_sums(by_id, vocab, ids, columns[0], body, by_position, name, node_name)
         sums = [by_position]
         if len(passes) > 1:
             sums = [name("first_pass"), name("second_pass")]
@@ -433,6 +434,95 @@ class _Rewriter:
                   helper.make_node("Mul", [summed, scale_row], [by_id_scale], name=node_name("IdScaleMul")),
                   helper.make_node("Mul", [by_id_scale, row_scale], [node.output[0]], name=node_name("RowScaleMul"))]
         return nodes
+
+    def _id_sums(self, by_id: str, vocab: int, ids: str, columns: str, row_step, by_position: str, name,
+                 node_name) -> list:
+        """The int32 sums [B, P, L] of each row's ids (``ids`` [B, L]) against its positions
+        (``columns`` [B, D, P]), computed one of two ways by the call's rows (an If): under
+        :data:`UNION_HEAD_ROWS` rows, row by row (a Scan of ``row_step``: a row's matrix is
+        gathered and multiplied while it is in the cache); from it on, once for the batch over
+        the union of its rows' ids (decision 045): the union's rows of the matrix are gathered
+        once and multiplied by every position of every row in one product [U, D] x [D, B x P],
+        and each row then picks its own ids' sums. Integer sums are exact whatever the shapes,
+        so both ways give every row the same bits as it gets alone (the export's check runs a
+        batch this wide; tests/export/test_marian.py compares batch 8 with batch 1): the union
+        is a way to compute, never what a row's output depends on, as issue 28 requires of a
+        shortlist.
+
+        The union is found without sorting (onnxruntime's Unique takes milliseconds at batch
+        64): each id present marks its place in a vocabulary-wide mask, whose nonzero places are
+        the union (ascending) and whose cumulative sum minus 1 is each id's column in it. A -1
+        (a row's padding) is the last id for Gather, ScatterElements and the mask alike, as for
+        the row-by-row Gather."""
+        from onnx import helper
+
+        types = self.TensorProto
+        axis_0 = self._shared("axis_0", np.array([0], np.int64))
+        axis_1 = self._shared("axis_1", np.array([1], np.int64))
+        axis_2 = self._shared("axis_2", np.array([2], np.int64))
+        flat_shape = self._shared("flat_shape", np.array([-1], np.int64))
+        stacked, by_row_out, zeros = name("int32"), name("int32_row_by_row"), name("union_zeros")
+        row_by_row = helper.make_graph(
+            [helper.make_node("Scan", [ids, columns], [stacked], name=node_name("Rows"), body=row_step,
+                              num_scan_inputs=2),  # [B, L, P]
+             helper.make_node("Transpose", [stacked], [by_row_out], perm=[0, 2, 1],
+                              name=node_name("ByPosition"))],  # [B, P, L]
+            name("row_by_row"), [], [helper.make_tensor_value_info(by_row_out, types.INT32, None)])
+        u = {k: name(k) for k in ("flat", "marks", "ones", "mask", "nonzero", "union", "cumulative", "column_of",
+                                  "columns_of_ids", "union_matrix", "by_batch", "column_shape", "rows", "passes",
+                                  "as_columns", "union_sums", "sums_shape", "by_union", "by_row", "index_shape",
+                                  "ids_shape", "id_count", "index", "picked", "row_index")}
+        n = helper.make_node
+        once = helper.make_graph([
+            n("Reshape", [ids, flat_shape], [u["flat"]], name=node_name("UnionFlat")),
+            n("Shape", [u["flat"]], [u["marks"]], name=node_name("UnionMarksShape")),
+            n("ConstantOfShape", [u["marks"]], [u["ones"]], name=node_name("UnionOnes"),
+              value=self.numpy_helper.from_array(np.array([1], np.int64))),
+            n("ConstantOfShape", [self._shared("vocab_shape", np.array([vocab], np.int64))], [zeros],
+              value=self.numpy_helper.from_array(np.array([0], np.int64)), name=node_name("UnionZeros")),
+            n("ScatterElements", [zeros, u["flat"], u["ones"]], [u["mask"]], name=node_name("UnionMask")),
+            n("NonZero", [u["mask"]], [u["nonzero"]], name=node_name("UnionIds")),  # [1, U], ascending
+            n("Squeeze", [u["nonzero"], axis_0], [u["union"]], name=node_name("UnionIdsFlat")),
+            n("CumSum", [u["mask"], self._shared("scalar_0", np.array(0, np.int64))], [u["cumulative"]],
+              name=node_name("UnionPlaces")),
+            n("Sub", [u["cumulative"], self._shared("scalar_1", np.array(1, np.int64))], [u["column_of"]],
+              name=node_name("UnionColumnOf")),
+            n("Gather", [u["column_of"], ids], [u["columns_of_ids"]], name=node_name("UnionColumns")),  # [B, L]
+            n("Gather", [by_id, u["union"]], [u["union_matrix"]], name=node_name("UnionMatrix")),  # [U, D]
+            n("Transpose", [columns], [u["by_batch"]], perm=[1, 0, 2], name=node_name("UnionPositions")),  # [D, B, P]
+            n("Shape", [columns], [u["column_shape"]], name=node_name("UnionColumnShape")),
+            n("Slice", [u["column_shape"], axis_0, axis_1], [u["rows"]], name=node_name("UnionRows")),
+            n("Slice", [u["column_shape"], axis_2, self._shared("axis_3", np.array([3], np.int64))], [u["passes"]],
+              name=node_name("UnionPasses")),
+            n("Reshape", [u["by_batch"], self._shared("columns_flat_shape", np.array([0, -1], np.int64))],
+              [u["as_columns"]], name=node_name("UnionPositionsFlat")),  # [D, B x P]
+            n("MatMulInteger", [u["union_matrix"], u["as_columns"],
+                                self._shared("id_rows_zero_point", np.uint8(ID_ROWS_ZERO_POINT))],
+              [u["union_sums"]], name=node_name("UnionMatMul")),  # [U, B x P]
+            n("Concat", [flat_shape, u["rows"], u["passes"]], [u["sums_shape"]], axis=0,
+              name=node_name("UnionSumsShape")),
+            n("Reshape", [u["union_sums"], u["sums_shape"]], [u["by_union"]], name=node_name("UnionSums")),  # [U, B, P]
+            n("Transpose", [u["by_union"]], [u["by_row"]], perm=[1, 2, 0], name=node_name("UnionByRow")),  # [B, P, U]
+            n("Shape", [ids], [u["ids_shape"]], name=node_name("UnionIdsShape")),
+            n("Slice", [u["ids_shape"], axis_1, axis_2], [u["id_count"]], name=node_name("UnionIdCount")),
+            n("Concat", [u["rows"], u["passes"], u["id_count"]], [u["index_shape"]], axis=0,
+              name=node_name("UnionIndexShape")),
+            n("Unsqueeze", [u["columns_of_ids"], axis_1], [u["row_index"]],
+              name=node_name("UnionRowIndex")),  # [B, 1, L]
+            n("Expand", [u["row_index"], u["index_shape"]], [u["index"]], name=node_name("UnionIndex")),  # [B, P, L]
+            n("GatherElements", [u["by_row"], u["index"]], [u["picked"]], axis=2, name=node_name("UnionPick")),
+        ], name("union_of_rows"), [], [helper.make_tensor_value_info(u["picked"], types.INT32, None)])
+        ids_shape, row_count, wide = name("ids_shape"), name("ids_rows"), name("wide_call")
+        return [
+            helper.make_node("Shape", [ids], [ids_shape], name=node_name("CallShape")),
+            helper.make_node("Gather", [ids_shape, self._shared("scalar_0", np.array(0, np.int64))], [row_count],
+                             name=node_name("CallRows")),
+            helper.make_node("GreaterOrEqual", [row_count, self._shared("union_head_rows",
+                                                                        np.array(UNION_HEAD_ROWS, np.int64))],
+                             [wide], name=node_name("WideCall")),
+            helper.make_node("If", [wide], [by_position], then_branch=once, else_branch=row_by_row,
+                             name=node_name("IdSums")),
+        ]
 
     def run(self):
         from onnx import helper
@@ -838,7 +928,10 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
             shutil.copyfile(src / manifest.shortlist["file"], tmp / manifest.shortlist["file"])
 
         say(f"[2/3] checking the {precision} verifier: each position alone == the same position in a block")
-        cases = validation_cases(manifest)
+        # an int8 shortlist head multiplies the union of its rows' ids from UNION_HEAD_ROWS rows
+        # on (_Rewriter._id_sums): a batch that wide is checked too
+        union_head = precision == "int8" and manifest.shortlist is not None and options.output_projection
+        cases = validation_cases(manifest, batches=BATCHES + (UNION_HEAD_ROWS,) if union_head else BATCHES)
         reference = {name: cpu_session(ort, src / spec.file) for name, spec in graphs.items()}
         converted = {name: cpu_session(ort, tmp / spec.file) for name, spec in graphs.items()}
         if manifest.shortlist is not None:

@@ -670,10 +670,11 @@ def test_two_pass_int8_keeps_marians_int8_weights_and_decodes_exactly_against_it
 def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny, tmp_path, flags, bounds):
     """Decision 041: an int8 shortlist bundle's heads (both verifier graphs) are a Scan of
     MatMulInteger over each row's uint8 rows of the output matrix, within the bounds that keep
-    AVX2's pair sums exact (7-bit weights shifted by 128; two-pass's 8-bit ones); no float head
-    is left, so the verifier takes no kept float rows and the encoder makes none; the bundle
-    equals its own greedy at batch 1 and 8 (IO binding on and off). --fp32-output-projection
-    keeps the float head, and with it the kept rows."""
+    AVX2's pair sums exact (7-bit weights shifted by 128; two-pass's 8-bit ones), and from 8
+    rows on one MatMulInteger over the union of the rows' ids (decision 045); no float head is
+    left, so the verifier takes no kept float rows and the encoder makes none; the bundle equals
+    its own greedy at batch 1 (row by row) and 8 (the union), IO binding on and off.
+    --fp32-output-projection keeps the float head, and with it the kept rows."""
     import onnx
 
     from aggdec.export.quantize import shortlist_head_parts
@@ -690,10 +691,14 @@ def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny,
     for graph in ("verifier", "verifier_argmax"):
         model = onnx.load(str(out / manifest.graphs[graph].file)).graph
         assert not any(shortlist_head_parts(node) for node in model.node), graph
-        scans = [node for node in model.node if node.op_type == "Scan" and node.name.endswith("_int8/Rows")]
-        assert len(scans) == 1, graph
+        (head,) = [node for node in model.node if node.op_type == "If" and node.name.endswith("_int8/IdSums")]
+        branches = {attr.name: attr.g for attr in head.attribute}
+        scans = [node for node in branches["else_branch"].node if node.op_type == "Scan"]  # under 8 rows
+        assert len(scans) == 1 and scans[0].name.endswith("_int8/Rows"), graph
         body = next(attr.g for attr in scans[0].attribute if attr.name == "body")
         assert [node.op_type for node in body.node] == ["Gather", "MatMulInteger"]
+        union = [node.op_type for node in branches["then_branch"].node]  # decision 045: 8 rows or more
+        assert union.count("MatMulInteger") == 1 and "Scan" not in union and "NonZero" in union, graph
         (rows,) = [i for i in model.initializer if i.name.endswith("_uint8_by_id")]
         values = onnx.numpy_helper.to_array(rows)
         assert values.dtype == np.uint8 and bounds[0] <= values.min() and values.max() <= bounds[1], graph
