@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 from .decoding.arrivals import Arrivals
 from .decoding.common import DecodeLimits
 from .decoding.loop import DraftSource, Finished
+from .decoding.sizing import positive_integer
 from .errors import InputError
-from .generator import GenerationResult, Generator, _check_batch_size
+from .generator import GenerationResult, Generator
 from .options import DecodeOptions, Mode
 
 
@@ -44,7 +45,7 @@ class RowDecoder:
         source. ``on_call(rows)``: called before each verifier call with its number of rows."""
         generator = self.generator
         strategy = generator._strategy(generator.resolve_options(options))
-        batch_size = _check_batch_size(batch_size)
+        batch_size = positive_integer("batch_size", batch_size)
         if strategy.rows_per_text > batch_size:
             raise InputError(f"num_beams {strategy.rows_per_text} takes more rows than the {batch_size} of this "
                              "decode loop; lower num_beams or raise the batch size.")

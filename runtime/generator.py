@@ -102,11 +102,6 @@ def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool | None, device: 
                          "on the device.")
 
 
-def _check_batch_size(batch_size: object) -> int:
-    """``batch_size`` as an int (a numpy integer too, as every integer knob takes)."""
-    return positive_integer("batch_size", batch_size)
-
-
 @dataclass(frozen=True)
 class DecodeStats:
     """How one output was produced.
@@ -451,7 +446,7 @@ class Generator:
         strategy = self._strategy(self.resolve_options(
             options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
             length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
-        batch_size = _check_batch_size(batch_size)
+        batch_size = positive_integer("batch_size", batch_size)
         limits = self._limits(max_new_tokens)
         if not isinstance(texts, (str, bytes)):
             try:
@@ -486,7 +481,7 @@ class Generator:
         strategy = self._strategy(self.resolve_options(
             options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
             length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
-        batch_size = _check_batch_size(batch_size)
+        batch_size = positive_integer("batch_size", batch_size)
         rows = self._rows(batch_size, strategy)
         if lookahead is not None:
             lookahead = positive_integer("lookahead", lookahead)
