@@ -19,6 +19,7 @@ from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .checkpoint_limits import check_parameters, check_sizes
 from .families import ARCHITECTURES, family_for
+from .piece_tokenizer import PieceTokenizerFiles, convert, is_piece_tokenizer
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import check_verifier_graphs, cpu_session, validation_cases
 from .safety import check_destination, check_options, guarded, make_temp, one_line, publish, remove_temp
@@ -142,7 +143,7 @@ def _read_config(src: Path):
 
 def _load(src: Path, config):
     import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     check_parameters(src, config)
     try:
@@ -156,26 +157,27 @@ def _load(src: Path, config):
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same advice
         raise ExportError(f"could not load the tokenizer from {str(src)!r} ({exc}).") from exc
-    if not getattr(tokenizer, "is_fast", False) and type(tokenizer).__name__ == "MarianTokenizer":
+    if is_piece_tokenizer(tokenizer):
         # Hub OPUS-MT checkpoints: source.spm/target.spm and vocab.json, for which transformers has no
-        # fast tokenizer, so the advice below would not work
-        raise ExportError(
-            f"the tokenizer in {str(src)!r} is a MarianTokenizer (source.spm, target.spm, vocab.json), which "
-            "transformers cannot convert to tokenizer.json, and aggdec's runtime reads tokenizer.json; "
-            "Hugging Face OPUS-MT checkpoints cannot be exported yet (a Marian model folder with a "
-            "tokenizer.json can: docs/marian.md)."
-        )
+        # fast tokenizer; the bundle gets the runtime's own copy of it, checked against it
+        return model, convert(tokenizer, int(model.get_output_embeddings().weight.shape[0]), str(src)), \
+            _generation_config(src, config)
     if not getattr(tokenizer, "is_fast", False):
         raise ExportError(
             f"the tokenizer in {str(src)!r} is a slow ({type(tokenizer).__name__}) tokenizer; aggdec's runtime needs "
             "tokenizer.json. Convert it with transformers (AutoTokenizer.from_pretrained(..., use_fast=True)."
             "save_pretrained) first."
         )
+    return model, tokenizer, _generation_config(src, config)
+
+
+def _generation_config(src: Path, config):
+    from transformers import GenerationConfig
+
     try:
-        generation_config = GenerationConfig.from_pretrained(src)
+        return GenerationConfig.from_pretrained(src)
     except OSError:
-        generation_config = GenerationConfig.from_model_config(config)
-    return model, tokenizer, generation_config
+        return GenerationConfig.from_model_config(config)
 
 
 @guarded
@@ -339,7 +341,10 @@ def export_bundle(
             check_drafter(ort, tmp, graphs, draft_cases, family.atol, family.rtol, int8_drafter, progress)
 
         say(progress, "[5/5] writing tokenizer and manifest")
-        tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
+        if isinstance(tokenizer, PieceTokenizerFiles):
+            tokenizer.save(tmp, TOKENIZER_FILE)
+        else:
+            tokenizer.backend_tokenizer.save(str(tmp / TOKENIZER_FILE))
         files = hash_files(tmp)  # every file written, external data included
         manifest = Manifest(
             family=family.name,
@@ -358,6 +363,7 @@ def export_bundle(
             suppressed_token_ids=suppressed,
             suppression="after_log_softmax",  # VerifierGraph's order
             cross_key_layout=cross_key_layout,
+            segmentation=tokenizer.segmentation if isinstance(tokenizer, PieceTokenizerFiles) else None,
             max_source_len=int(max_source),
             max_target_len=int(max_target),
             top_k=top_k,

@@ -66,6 +66,7 @@ import numpy as np
 
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
+from ..runtime.segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
 from ..runtime.graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
 from .positions import (BATCHES, NEW_LENS, PAST_LENS, PER_POSITION, Case, Driver, check_verifier_graphs, cpu_session,
                         isolate_positions, validation_cases)
@@ -923,6 +924,8 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
             _drop_kept_rows_output(tmp / graphs["encoder"].file)
             new_graphs = _without_kept_rows(new_graphs)
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        if manifest.segmentation == SENTENCEPIECE:  # the tokenizer's other half (runtime/sentencepiece.py)
+            shutil.copyfile(src / SENTENCEPIECE_FILE, tmp / SENTENCEPIECE_FILE)
         if manifest.shortlist is not None:  # the table the runtime builds each row's output ids from
             shutil.copyfile(src / manifest.shortlist["file"], tmp / manifest.shortlist["file"])
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import BundleError
-from .segmentation import SEGMENTATIONS
+from .segmentation import SEGMENTATIONS, SENTENCEPIECE, SENTENCEPIECE_FILE
 
 MAX_SEQUENCE_LEN = 65536  # refused above: no position table is that long, and buffers are sized from it
 # ONNX element types a bundle graph may use; the onnxruntime spelling of each, for the load-time check
@@ -355,6 +355,8 @@ def _cross_field(data: dict) -> None:
         if graph["file"] not in files:
             # an unlisted file would be loaded without a hash check
             raise Invalid(f"graphs.{name}.file {show(graph['file'])} is not listed in files")
+    if data.get("segmentation") == SENTENCEPIECE and SENTENCEPIECE_FILE not in files:
+        raise Invalid(f"segmentation {SENTENCEPIECE!r} needs {SENTENCEPIECE_FILE!r} listed in files")
     shortlist = data.get("shortlist")
     if shortlist is not None and shortlist["file"] not in files:
         raise Invalid(f"shortlist.file {show(shortlist['file'])} is not listed in files")

@@ -20,6 +20,7 @@ from .devices import SessionRequest, session_factory
 from .errors import BundleError, InputError, ProviderError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on, drafter_takes_output_ids
 from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
+from .segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
 from .session import Session
 from .tokenizer import TextCodec
 
@@ -118,7 +119,9 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
                             f"{' and '.join(precisions)} bundles only.")
     chosen = drafter_graph(manifest, device, int8_drafter, root)
     files = BundleFiles(root, manifest, verify)  # what is read is what was hashed
-    codec = TextCodec(root / TOKENIZER_FILE, files.read(TOKENIZER_FILE), manifest.segmentation, manifest.vocab_size)
+    pieces = files.read(SENTENCEPIECE_FILE) if manifest.segmentation == SENTENCEPIECE else None
+    codec = TextCodec(root / TOKENIZER_FILE, files.read(TOKENIZER_FILE), manifest.segmentation, manifest.vocab_size,
+                      pieces)
     codec.encode(["a"])  # a post-processor adds its tokens to every text: an id past the vocabulary fails here
     unused = () if argmax_graph_runs_on(manifest, device) else ("verifier_argmax",)
     graphs = [name for name in ("encoder", *VERIFIER_GRAPHS, chosen, "drafter_source")

@@ -43,6 +43,7 @@ from typing import Any
 
 from .bundle_schema import show, validate_manifest
 from .errors import BundleError, BundleNotFoundError
+from .segmentation import SENTENCEPIECE_FILE
 
 # 2: fixed-capacity self-attention buffers written in place, per-layer cross K/V
 # 3: the drafter reads a window of the output at an offset (position_offset, draft_window)
@@ -164,7 +165,9 @@ class Manifest:
     cross_key_layout: str | None = None
     # how text becomes source ids (segmentation.py): "marian_sentencepiece", a bundle made from a
     # Marian model segments as Marian's SentencePiece does where the tokenizer's own Unigram model
-    # would round a near-tie the other way. None: as the tokenizer does (every other bundle)
+    # would round a near-tie the other way; "sentencepiece", as a slow transformers SentencePiece
+    # tokenizer (OPUS-MT's MarianTokenizer) does, from sentencepiece.json (sentencepiece.py).
+    # None: as the tokenizer does (every other bundle)
     segmentation: str | None = None
     format_version: int = FORMAT_VERSION
 
@@ -380,7 +383,7 @@ class BundleFiles:
         """Every listed file that is neither a graph, the tokenizer nor the shortlist, by name: the
         only files a graph may keep external data in (read once, for every graph that needs them)."""
         if self._data is None:
-            own = {spec.file for spec in self.manifest.graphs.values()} | {TOKENIZER_FILE}
+            own = {spec.file for spec in self.manifest.graphs.values()} | {TOKENIZER_FILE, SENTENCEPIECE_FILE}
             if self.manifest.shortlist is not None:  # read by the loader as the shortlist, not by graphs
                 own.add(self.manifest.shortlist["file"])
             self._data = {name: self.read(name) for name in self.manifest.files if name not in own}

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import json
 import struct
-from array import array
 from typing import Any
 
 from .errors import BundleError
+from .sentencepiece import best_path
 
 MARIAN_SENTENCEPIECE = "marian_sentencepiece"
-SEGMENTATIONS = (MARIAN_SENTENCEPIECE,)
+# a slow transformers SentencePiece tokenizer (OPUS-MT's MarianTokenizer), from the bundle's
+# SENTENCEPIECE_FILE: sentencepiece.py
+SENTENCEPIECE = "sentencepiece"
+SENTENCEPIECE_FILE = "sentencepiece.json"
+SEGMENTATIONS = (MARIAN_SENTENCEPIECE, SENTENCEPIECE)
 
 # SentencePiece's unigram model: an unknown character scores this far below the lowest piece
 UNK_PENALTY = 10.0
@@ -103,41 +107,9 @@ class MarianSentencePiece:
         return [*self._before, *self._segment(normalized), *self._after]
 
     def _segment(self, text: str) -> list[int]:
-        size = len(text)
-        trie, unk, unk_score = self._trie, self._unk, self._unk_score
-        # the best path score ending at each position, stored in float32 (the array rounds each
-        # value written to it, as Marian's SentencePiece stores a float)
-        best = array("f", bytes(4 * (size + 1)))
-        begins = [-1] * (size + 1)  # where that path's last piece begins (-1: no path yet)
-        ids = [0] * (size + 1)
-        for start in range(size):
-            reached = best[start]
-            single = False
-            node = trie
-            for end in range(start + 1, size + 1):
-                node = node.get(text[end - 1])
-                if node is None:
-                    break
-                found = node.get(None)
-                if found is None:
-                    continue
-                score = found[1] + reached  # in double, as Marian's SentencePiece adds
-                if begins[end] < 0 or score > best[end]:
-                    best[end], begins[end], ids[end] = score, start, found[0]
-                if end == start + 1:
-                    single = True
-            if not single:  # a character no piece covers is an unknown of its own
-                score = unk_score + reached
-                if begins[start + 1] < 0 or score > best[start + 1]:
-                    best[start + 1], begins[start + 1], ids[start + 1] = score, start, unk
-        path: list[int] = []
-        end = size
-        while end > 0:
-            path.append(ids[end])
-            end = begins[end]
-        path.reverse()
         merged: list[int] = []
-        for token in path:
-            if not (token == unk and merged and merged[-1] == unk):  # SentencePiece merges a run of unknowns
+        for _, _, found in best_path(text, self._trie, self._unk_score, round_sums=False):
+            token = self._unk if found is None else found
+            if not (token == self._unk and merged and merged[-1] == self._unk):  # a run of unknowns is one
                 merged.append(token)
         return merged

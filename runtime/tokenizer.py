@@ -8,7 +8,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from .errors import AggdecError, BundleError, InputError
-from .segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
+from .segmentation import MARIAN_SENTENCEPIECE, SENTENCEPIECE, SENTENCEPIECE_FILE, MarianSentencePiece
+from .sentencepiece import PieceTokenizer
 
 
 # How many times longer the tokenizer's normalizer (or decoder) may make a text: the product of
@@ -52,11 +53,13 @@ def _panicked(exc: BaseException) -> bool:
 
 class TextCodec:
     def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, pieces: bytes | None = None) -> None:
         """``contents``: the tokenizer file's bytes, as read and hashed (manifest.BundleFiles);
         without them it is read from ``path``. ``segmentation`` (Manifest.segmentation): None
         segments as the tokenizer does; "marian_sentencepiece" as Marian's SentencePiece does
-        (segmentation.py), for a bundle made from a Marian model. ``vocab_size``: the manifest's;
+        (segmentation.py), for a bundle made from a Marian model; "sentencepiece" as a slow
+        transformers SentencePiece tokenizer does (sentencepiece.py), from ``pieces``, the bundle's
+        sentencepiece.json (read beside ``path`` when not given). ``vocab_size``: the manifest's;
         every id :meth:`encode` returns is checked to lie below it (a post-processor's special
         token is not counted in the tokenizer's own vocabulary size, and can name any id)."""
         self._vocab_limit = vocab_size
@@ -87,9 +90,17 @@ class TextCodec:
         marked = decoder is not None and decoder.decode(["a", "\u2581b"]) == "a b"
         self._word_marker = "\u2581" if marked else None
         self._special_ids = [i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special]
-        self._segmenter = None
+        self._segmenter: MarianSentencePiece | PieceTokenizer | None = None
+        self._pieces: PieceTokenizer | None = None
         if segmentation == MARIAN_SENTENCEPIECE:
             self._segmenter = MarianSentencePiece.from_json(self._tokenizer, text, str(path))
+        elif segmentation == SENTENCEPIECE:
+            where = str(path.parent / SENTENCEPIECE_FILE)
+            try:
+                spec = json.loads((path.parent / SENTENCEPIECE_FILE).read_bytes() if pieces is None else pieces)
+            except (OSError, ValueError) as exc:
+                raise BundleError(f"could not read {where!r}: {exc}") from None
+            self._segmenter = self._pieces = PieceTokenizer(spec, self._tokenizer, where)
         elif segmentation is not None:  # the manifest's schema allows only the names above
             raise BundleError(f"{str(path)!r}: unknown segmentation {segmentation!r}.")
 
@@ -145,6 +156,10 @@ class TextCodec:
                               "its model's own tokenizer.") from None
 
     def decode(self, ids: list[int]) -> str:
+        if self._pieces is not None:  # the slow tokenizer's own rules (sentencepiece.py)
+            special = set(self._special_ids)
+            tokens = (self._tokenizer.id_to_token(token) for token in ids if token not in special)
+            return self._pieces.decode([token for token in tokens if token is not None])
         try:
             return self._tokenizer.decode(ids, skip_special_tokens=True)
         except BaseException as exc:
@@ -166,7 +181,7 @@ class TextCodec:
         there begins one here.
         """
         unk = self._unk_id
-        if unk is None or unk not in ids:
+        if unk is None or unk not in ids or self._pieces is not None:  # no offsets into the source there
             return self.decode(ids)
         encoding = self._tokenizer.encode(source, add_special_tokens=False)
         spans = []

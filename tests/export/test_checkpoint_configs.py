@@ -115,34 +115,6 @@ def test_an_export_never_publishes_a_bundle_its_runtime_refuses(random_checkpoin
     _assert_nothing_written(tmp_path, "ckpt")
 
 
-def test_a_hub_opus_mt_tokenizer_is_refused_with_advice_that_holds(tmp_path):
-    """OPUS-MT checkpoints on the Hub ship MarianTokenizer (two .spm files and vocab.json), which
-    transformers cannot make fast: the refusal says so instead of advising a conversion."""
-    sentencepiece = pytest.importorskip("sentencepiece")
-    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
-
-    words = ["the", "cat", "dog", "sat", "on", "mat", "a", "big", "small", "house"]
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(" ".join(words[(i * 7 + j) % 10] for j in range(8)) for i in range(200)))
-    sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "spm"), vocab_size=30,
-                                             bos_id=-1, eos_id=0, unk_id=1, pad_id=-1, hard_vocab_limit=False,
-                                             minloglevel=2)
-    processor = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
-    vocab = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
-    vocab["<pad>"] = len(vocab)
-    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
-    src = tmp_path / "ckpt"
-    MarianTokenizer(source_spm=str(tmp_path / "spm.model"), target_spm=str(tmp_path / "spm.model"),
-                    vocab=str(tmp_path / "vocab.json")).save_pretrained(src)
-    MarianMTModel(MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
-                               encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
-                               decoder_ffn_dim=16, pad_token_id=len(vocab) - 1, eos_token_id=0,
-                               decoder_start_token_id=len(vocab) - 1)).save_pretrained(src)
-    with pytest.raises(ExportError, match="MarianTokenizer .* cannot be exported yet"):
-        export_bundle(src, tmp_path / "out", progress=None)
-    assert not (tmp_path / "out").exists()
-
-
 def test_the_generation_configs_decoder_start_is_the_one_decoded_from(random_checkpoint, tmp_path):
     """generate() starts from generation_config.json's decoder_start_token_id; the export took
     config.json's, and where the two differ every output differed (12 of 20 in the sweep)."""

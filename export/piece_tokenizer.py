@@ -1,0 +1,163 @@
+"""Exporting a slow transformers SentencePiece tokenizer with a piece vocabulary of its own:
+``MarianTokenizer``, which every OPUS-MT checkpoint on the Hub ships (``source.spm``,
+``target.spm``, ``vocab.json``) and which transformers cannot convert to tokenizer.json.
+
+The bundle gets two files (runtime/sentencepiece.py reads them): ``tokenizer.json``, the
+model's vocabulary as a ``tokenizers`` word-level model with the checkpoint's added tokens at
+their ids, and ``sentencepiece.json``, the source ``.spm``'s pieces, scores and normalizer
+(read here from its protobuf, which the runtime cannot read) and the tokenizer's rules. Before
+anything is written the runtime's copy is checked against the checkpoint's tokenizer on probe
+texts (encoding) and id sequences (decoding); any difference refuses the export, naming it.
+
+Refused, naming the setting: separate source and target vocabularies, SentencePiece sampling
+options, ``split_special_tokens``, single-word added tokens, SentencePiece models with
+user-defined or byte pieces, byte fallback or whitespace as a suffix, a vocabulary that gives
+two pieces one id or leaves an id of the model without a piece.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..runtime.errors import ExportError
+from ..runtime.segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
+from ..runtime.sentencepiece import CONTROL, NORMAL, UNKNOWN, UNUSED, PieceTokenizer
+from .safety import one_line
+
+# Texts whose tokenization exercises each rule the runtime reproduces (whitespace, the
+# normalizer, unknown characters, added tokens and language codes); random ones are added.
+PROBE_TEXTS = (
+    "", " ", "Hello world.", "  two  spaces  ", "tab\tand\nnewline", "\u00a0nbsp\u3000ideographic",
+    "ﬁ ligature, Ａ fullwidth, ① circled, ｶﾞ halfwidth", "e\u0301 combining", " \u0301 lone accent",
+    "emoji 😀 and \u200b zero width", "</s> inside", "a</s>b", "<unk><pad>", ">>fra<< Bonjour", ">>fra<<",
+    ">> not a code", "x >>deu<< later", "Hmmm ... wait!!!!", "1234567890", "\u2581 marker", "ß ü Ø ł ğ ş",
+)
+PROBE_RANDOM_TEXTS = 200
+PROBE_DECODES = 200
+
+
+@dataclass
+class PieceTokenizerFiles:
+    """What export writes for such a tokenizer, and the vocabulary as a ``tokenizers`` object
+    (the pipeline's special-id checks read it)."""
+
+    backend_tokenizer: Any
+    pieces: dict
+    segmentation: str = SENTENCEPIECE
+
+    def save(self, folder: Path, tokenizer_file: str) -> None:
+        self.backend_tokenizer.save(str(folder / tokenizer_file))
+        (folder / SENTENCEPIECE_FILE).write_text(json.dumps(self.pieces, ensure_ascii=False), encoding="utf-8")
+
+
+def is_piece_tokenizer(tokenizer: Any) -> bool:
+    return not getattr(tokenizer, "is_fast", False) and type(tokenizer).__name__ == "MarianTokenizer"
+
+
+def _model_spec(path: str, role: str) -> tuple[dict, Any]:
+    """The ``.spm`` at ``path`` as runtime/sentencepiece.py's JSON, and its protobuf."""
+    from transformers.convert_slow_tokenizer import import_protobuf
+
+    proto = import_protobuf().ModelProto()
+    try:
+        proto.ParseFromString(Path(path).read_bytes())
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, OSError
+        raise ExportError(f"could not read the {role} SentencePiece model {path!r} ({one_line(exc)}).") from None
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    kinds = {piece.type for piece in proto.pieces}
+    unsupported = kinds - {NORMAL, UNKNOWN, CONTROL, UNUSED}
+    if unsupported or trainer.byte_fallback or trainer.treat_whitespace_as_suffix or trainer.model_type != 1:
+        what = ("user-defined or byte pieces" if unsupported else "byte fallback" if trainer.byte_fallback
+                else "whitespace as a suffix" if trainer.treat_whitespace_as_suffix else "a model type other than unigram")
+        raise ExportError(f"the {role} SentencePiece model {path!r} has {what}, which aggdec's copy of SentencePiece "
+                          "does not reproduce.")
+    spec = {"pieces": [[piece.piece, piece.score, piece.type] for piece in proto.pieces], "unk_id": trainer.unk_id,
+            "precompiled_charsmap": base64.b64encode(normalizer.precompiled_charsmap).decode("ascii"),
+            "add_dummy_prefix": normalizer.add_dummy_prefix,
+            "remove_extra_whitespaces": normalizer.remove_extra_whitespaces,
+            "escape_whitespaces": normalizer.escape_whitespaces}
+    return spec, proto
+
+
+def convert(tokenizer: Any, vocab_size: int, where: str, seed: int = 0) -> PieceTokenizerFiles:
+    """``tokenizer`` (a slow MarianTokenizer) as the bundle's two files, checked against it."""
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import WordLevel
+
+    def refuse(what: str) -> ExportError:
+        return ExportError(f"the tokenizer in {where!r} (MarianTokenizer) {what}; aggdec cannot export it.")
+
+    if getattr(tokenizer, "separate_vocabs", False):
+        raise refuse("has separate source and target vocabularies (separate_vocabs)")
+    if getattr(tokenizer, "sp_model_kwargs", None):
+        raise refuse(f"passes SentencePiece options {sorted(tokenizer.sp_model_kwargs)} (sp_model_kwargs)")
+    if getattr(tokenizer, "split_special_tokens", False):
+        raise refuse("sets split_special_tokens")
+    encoder = dict(tokenizer.encoder)
+    ids = list(encoder.values())
+    if len(set(ids)) != len(ids):
+        raise refuse("gives two pieces of vocab.json one id")
+    missing = sorted(set(range(vocab_size)) - set(ids))
+    if missing:
+        raise refuse(f"has no piece for {len(missing)} of the model's {vocab_size} ids (first: {missing[0]})")
+    # decode() reads pieces with the source model too unless the vocabularies are separate (refused above)
+    source_spec, decoding = _model_spec(tokenizer.spm_files[0], "source")
+    added = tokenizer.added_tokens_decoder
+    if any(token.single_word for token in added.values()):
+        raise refuse("has a single-word added token")
+
+    backend = Tokenizer(WordLevel(vocab=encoder, unk_token=str(tokenizer.unk_token)))
+    for index, token in sorted(added.items()):
+        made = AddedToken(token.content, single_word=False, lstrip=token.lstrip, rstrip=token.rstrip,
+                          normalized=False, special=token.special)
+        (backend.add_special_tokens if token.special else backend.add_tokens)([made])
+        if backend.token_to_id(token.content) != index:
+            raise refuse(f"has the added token {token.content!r} at id {index}, outside vocab.json's ids")
+    special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+    if special != set(tokenizer.all_special_ids):
+        raise refuse(f"marks ids {sorted(set(tokenizer.all_special_ids))} special, not its added tokens' "
+                     f"{sorted(special)}")
+    pieces = {
+        "model": source_spec,
+        "added_tokens": [{"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip} for t in added.values()],
+        "language_codes": True,  # MarianTokenizer._tokenize keeps a leading >>code<< whole
+        "eos_token": str(tokenizer.eos_token),
+        "unk_token": str(tokenizer.unk_token),
+        "silent_pieces": [p.piece for p in decoding.pieces if p.type == CONTROL],
+        "unknown_piece": decoding.pieces[decoding.trainer_spec.unk_id].piece,
+        "clean_up_tokenization_spaces": bool(getattr(tokenizer, "clean_up_tokenization_spaces", False)),
+    }
+    files = PieceTokenizerFiles(backend, pieces)
+    _check(tokenizer, files, vocab_size, where, seed)
+    return files
+
+
+def _check(tokenizer: Any, files: PieceTokenizerFiles, vocab_size: int, where: str, seed: int) -> None:
+    """The runtime's copy against ``tokenizer`` itself: probe texts encoded, id sequences decoded."""
+    copy = PieceTokenizer(files.pieces, files.backend_tokenizer, where)
+    rng = random.Random(seed)
+    pieces = list(tokenizer.encoder)
+    texts = list(PROBE_TEXTS)
+    for _ in range(PROBE_RANDOM_TEXTS):  # the vocabulary's own pieces, glued and spaced at random
+        words = [rng.choice(pieces).replace("\u2581", rng.choice(["", " ", "  "])) for _ in range(rng.randint(1, 8))]
+        texts.append(rng.choice(["", " "]).join(words))
+    for text in texts:
+        expected = list(tokenizer(text).input_ids)
+        got = copy.encode(text)
+        if got != expected:
+            raise ExportError(f"aggdec's copy of the tokenizer in {where!r} encodes {text!r} as {got}, the tokenizer "
+                              f"as {expected}; refusing to export a bundle whose sources would differ.")
+    special = set(tokenizer.all_special_ids)
+    for _ in range(PROBE_DECODES):
+        ids = [rng.randrange(vocab_size) for _ in range(rng.randint(1, 12))]
+        expected = tokenizer.decode(ids, skip_special_tokens=True)
+        tokens = [files.backend_tokenizer.id_to_token(i) for i in ids if i not in special]
+        got = copy.decode([t for t in tokens if t is not None])
+        if got != expected:
+            raise ExportError(f"aggdec's copy of the tokenizer in {where!r} decodes {ids} as {got!r}, the tokenizer "
+                              f"as {expected!r}; refusing to export a bundle whose outputs would differ.")

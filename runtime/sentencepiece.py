@@ -1,0 +1,385 @@
+"""SentencePiece's unigram encoding, as the ``sentencepiece`` library computes it, in Python.
+
+For bundles whose tokenizer is a SentencePiece model that the ``tokenizers`` library cannot
+stand in for: OPUS-MT checkpoints (transformers' ``MarianTokenizer``, whose source ``.spm``
+segments a text and whose ``vocab.json`` gives the pieces the model's ids). The runtime may not
+depend on ``sentencepiece``, and a ``tokenizers`` Unigram model converted from the same ``.spm``
+segments differently (on 639 of 25,272 texts tried, natural and hostile): its ``Precompiled``
+normalizer works on grapheme clusters where SentencePiece matches its rules on bytes (a
+combining accent after a space is dropped), and it breaks ties between segmentations of equal
+score ("Hmmm" as "m" + "mm" or "mm" + "m") the other way.
+
+What is reproduced (SentencePiece 0.2, ``normalizer.cc`` and ``unigram_model.cc``):
+
+- the normalizer: at each position the longest rule of the model's precompiled character map
+  (a darts-clone double array over UTF-8 bytes, and the replacement strings after it), else one
+  character unchanged; with ``remove_extra_whitespaces`` leading spaces are dropped, a space
+  after a space is dropped, and trailing spaces are dropped; ``add_dummy_prefix`` puts one
+  space in front; ``escape_whitespaces`` writes spaces as U+2581;
+- the search (``EncodeOptimized``): the best path score ending at each position in float32,
+  a piece's score added in float32, a position's best replaced only by a strictly greater
+  candidate, start positions left to right and pieces shortest first; a character no piece
+  covers is an unknown scoring (lowest normal piece's score - 10), and a run of unknowns is one
+  piece whose text is the run's (normalized) text.
+
+The model's JSON form (written at export from the ``.spm``'s protobuf, which the runtime cannot
+read): ``{"pieces": [[piece, score, type], ...], "unk_id": int, "precompiled_charsmap": base64,
+"add_dummy_prefix": bool, "remove_extra_whitespaces": bool, "escape_whitespaces": bool}``;
+types as SentencePiece's (1 normal, 2 unknown, 3 control, 5 unused). User-defined and byte
+pieces are refused at export (their rules are not reproduced here).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from array import array
+from typing import Any
+
+from .errors import BundleError
+
+NORMAL, UNKNOWN, CONTROL, UNUSED = 1, 2, 3, 5
+PIECE_TYPES = (NORMAL, UNKNOWN, CONTROL, UNUSED)
+UNK_PENALTY = 10.0  # SentencePiece's kUnkPenalty
+LONGEST_PIECE = 512  # SentencePiece's trainer allows no longer piece (max_sentencepiece_length)
+SPACE_SYMBOL = "\u2581"
+# SentencePiece keeps the first 32 rules a position's bytes match (kMaxTrieResultsSize)
+MAX_RULES_PER_POSITION = 32
+_FLOAT32 = struct.Struct("<f")
+
+
+def _float32(value: float) -> float:
+    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+
+
+class CharacterMap:
+    """SentencePiece's precompiled normalization rules: a darts-clone double array whose leaves
+    hold offsets into a block of NUL-terminated replacement strings, matched on UTF-8 bytes."""
+
+    def __init__(self, blob: bytes, where: str) -> None:
+        if len(blob) < 4:
+            raise BundleError(f"{where}: the precompiled character map is {len(blob)} bytes, too short.")
+        (trie_bytes,) = struct.unpack_from("<I", blob)
+        if trie_bytes % 4 or 4 + trie_bytes > len(blob) or trie_bytes == 0:
+            raise BundleError(f"{where}: the precompiled character map's trie size {trie_bytes} does not fit its "
+                              f"{len(blob)} bytes.")
+        self._units = array("I", blob[4 : 4 + trie_bytes])
+        if array("I").itemsize != 4:  # pragma: no cover - every platform CPython runs on
+            raise BundleError("unsigned int is not 4 bytes here")
+        if struct.pack("=I", 1) != struct.pack("<I", 1):  # pragma: no cover - big-endian hosts
+            self._units.byteswap()
+        self._strings = blob[4 + trie_bytes :]
+
+    def _unit(self, position: int) -> int:
+        if not 0 <= position < len(self._units):
+            raise IndexError(position)
+        return self._units[position]
+
+    def longest_rule(self, data: bytes, start: int) -> tuple[int, bytes] | None:
+        """The longest rule matching ``data`` from ``start``: (bytes matched, replacement), or None."""
+        units = self._unit
+        try:
+            unit = units(0)
+            node = (unit >> 10) << ((unit & (1 << 9)) >> 6)
+            found, count = None, 0
+            for index in range(start, len(data)):
+                byte = data[index]
+                node ^= byte
+                unit = units(node)
+                if (unit & ((1 << 31) | 0xFF)) != byte:
+                    break
+                node ^= (unit >> 10) << ((unit & (1 << 9)) >> 6)
+                if (unit >> 8) & 1:
+                    if count < MAX_RULES_PER_POSITION:
+                        found = (index + 1 - start, units(node) & ((1 << 31) - 1))
+                    count += 1
+        except IndexError:
+            raise BundleError("the precompiled character map's trie points outside itself.") from None
+        if found is None:
+            return None
+        length, offset = found
+        end = self._strings.find(b"\0", offset)
+        if offset >= len(self._strings) or end < 0:
+            raise BundleError("the precompiled character map names a replacement outside its strings.")
+        return length, self._strings[offset:end]
+
+
+class SentencePieceModel:
+    """Text -> pieces (strings) as ``SentencePieceProcessor.encode(text, out_type=str)`` gives them."""
+
+    def __init__(self, spec: Any, where: str) -> None:
+        if not isinstance(spec, dict):
+            raise BundleError(f"{where}: not a SentencePiece model (a JSON object is expected).")
+        flags = {}
+        for name in ("add_dummy_prefix", "remove_extra_whitespaces", "escape_whitespaces"):
+            if not isinstance(spec.get(name), bool):
+                raise BundleError(f"{where}: {name} must be true or false.")
+            flags[name] = spec[name]
+        self.add_dummy_prefix = flags["add_dummy_prefix"]
+        self.remove_extra_whitespaces = flags["remove_extra_whitespaces"]
+        self.escape_whitespaces = flags["escape_whitespaces"]
+        charsmap = spec.get("precompiled_charsmap")
+        if not isinstance(charsmap, str):
+            raise BundleError(f"{where}: precompiled_charsmap must be a base64 string (empty for none).")
+        try:
+            blob = base64.b64decode(charsmap, validate=True)
+        except (binascii.Error, ValueError):
+            raise BundleError(f"{where}: precompiled_charsmap is not base64.") from None
+        self._rules = CharacterMap(blob, where) if blob else None
+        pieces = spec.get("pieces")
+        if not isinstance(pieces, list) or not pieces:
+            raise BundleError(f"{where}: pieces must be a non-empty list of [piece, score, type].")
+        unk = spec.get("unk_id")
+        if not isinstance(unk, int) or isinstance(unk, bool) or not 0 <= unk < len(pieces):
+            raise BundleError(f"{where}: unk_id must name one of the {len(pieces)} pieces.")
+        self._trie: dict = {}  # by character; a node's piece (id, float32 score) under the key None
+        lowest = None
+        for index, entry in enumerate(pieces):
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                    and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool)
+                    and entry[2] in PIECE_TYPES and not isinstance(entry[2], bool)):
+                raise BundleError(f"{where}: piece {index} is not [piece, score, type] with a type of "
+                                  f"{', '.join(map(str, PIECE_TYPES))}.")
+            piece, kind = entry[0], entry[2]
+            try:
+                score = _float32(float(entry[1]))
+            except OverflowError:
+                raise BundleError(f"{where}: piece {index}'s score is outside float32.") from None
+            if score != score or score in (float("inf"), float("-inf")):
+                raise BundleError(f"{where}: piece {index}'s score is not finite.")
+            if (index == unk) != (kind == UNKNOWN):
+                raise BundleError(f"{where}: piece {index} is {'not ' if index == unk else ''}the unknown piece but "
+                                  f"its type says {'so' if kind == UNKNOWN else 'otherwise'}.")
+            if kind != NORMAL:
+                continue  # unknown and control pieces are not searched; unused ones are skipped
+            if not piece or len(piece) > LONGEST_PIECE:
+                raise BundleError(f"{where}: piece {index} has {len(piece)} characters; a SentencePiece piece has 1 "
+                                  f"to {LONGEST_PIECE}.")
+            node = self._trie
+            for character in piece:
+                node = node.setdefault(character, {})
+            if None not in node:  # SentencePiece's trie keeps the first of two equal pieces
+                node[None] = (index, score)
+            lowest = score if lowest is None else min(lowest, score)
+        if lowest is None:
+            raise BundleError(f"{where}: the SentencePiece model has no normal pieces.")
+        self.unk_id = unk
+        self._unk_score = _float32(lowest - UNK_PENALTY)
+
+    def normalize(self, text: str) -> str:
+        """SentencePiece's ``Normalizer::Normalize`` of ``text``."""
+        data = text.encode("utf-8")  # the caller has refused lone surrogates (generator.py)
+        position, size = 0, len(data)
+        remove_extra = self.remove_extra_whitespaces
+
+        def prefix(at: int) -> tuple[bytes, int]:
+            rule = self._rules.longest_rule(data, at) if self._rules is not None else None
+            if rule is not None:
+                return rule[1], rule[0]
+            length = _utf8_length(data[at])
+            return data[at : at + length], length
+
+        if remove_extra:
+            while position < size:
+                replacement, consumed = prefix(position)
+                if replacement != b" ":
+                    break
+                position += consumed
+        if position >= size:
+            return ""
+        out = bytearray()
+        space = SPACE_SYMBOL.encode("utf-8") if self.escape_whitespaces else b" "
+        if self.add_dummy_prefix:
+            out += space
+        previous_space = remove_extra
+        while position < size:
+            replacement, consumed = prefix(position)
+            if previous_space:
+                replacement = replacement.lstrip(b" ")
+            if replacement:
+                out += replacement.replace(b" ", space) if self.escape_whitespaces else replacement
+                previous_space = replacement.endswith(b" ")
+            position += consumed
+            if not remove_extra:
+                previous_space = False
+        if remove_extra:
+            while out.endswith(space):
+                del out[-len(space) :]
+        return out.decode("utf-8")
+
+    def encode(self, text: str) -> list[str]:
+        """The pieces of ``text``: a known piece's string, or an unknown run's own text."""
+        return self.segment(self.normalize(text))
+
+    def segment(self, normalized: str) -> list[str]:
+        """SentencePiece's ``EncodeOptimized`` over a normalized text (see the module docstring)."""
+        pieces: list[str] = []
+        previous_unknown = False
+        for start, end, found in best_path(normalized, self._trie, self._unk_score, round_sums=True):
+            if found is None and previous_unknown:  # SentencePiece merges a run of unknowns into one piece
+                pieces[-1] += normalized[start:end]
+            else:
+                pieces.append(normalized[start:end])
+            previous_unknown = found is None
+        return pieces
+
+
+def best_path(text: str, trie: dict, unk_score: float, round_sums: bool) -> list[tuple[int, int, int | None]]:
+    """The best segmentation of ``text`` under SentencePiece's unigram search, as (start, end,
+    piece id or None for an unknown character) spans. ``trie``: by character, a node's piece
+    (id, float32 score) under the key None. The best path score ending at each position is
+    stored in float32; a candidate replaces it only when strictly greater (on a tie the path
+    whose last piece starts first wins), start positions left to right, pieces shortest first.
+    ``round_sums``: the candidate is rounded to float32 before the comparison (SentencePiece
+    0.2's float addition); without, it is compared unrounded (Marian's build adds in double:
+    segmentation.py). A character no piece covers is an unknown scoring ``unk_score``."""
+    size = len(text)
+    best = array("f", bytes(4 * (size + 1)))  # each value written is rounded to float32
+    begins = [-1] * (size + 1)  # where the best path's last piece begins (-1: no path yet)
+    ids: list[int | None] = [None] * (size + 1)
+    rounded = array("f", [0.0])
+    for start in range(size):
+        reached = best[start]
+        single = False
+        node = trie
+        for end in range(start + 1, size + 1):
+            node = node.get(text[end - 1])
+            if node is None:
+                break
+            found = node.get(None)
+            if found is None:
+                continue
+            score = found[1] + reached
+            if round_sums:
+                rounded[0] = score
+                score = rounded[0]
+            if begins[end] < 0 or score > best[end]:
+                best[end], begins[end], ids[end] = score, start, found[0]
+            if end == start + 1:
+                single = True
+        if not single:
+            score = unk_score + reached
+            if round_sums:
+                rounded[0] = score
+                score = rounded[0]
+            if begins[start + 1] < 0 or score > best[start + 1]:
+                best[start + 1], begins[start + 1], ids[start + 1] = score, start, None
+    spans: list[tuple[int, int, int | None]] = []
+    end = size
+    while end > 0:
+        spans.append((begins[end], end, ids[end]))
+        end = begins[end]
+    spans.reverse()
+    return spans
+
+
+def _utf8_length(lead: int) -> int:
+    """Bytes in the UTF-8 character starting with byte ``lead`` (valid UTF-8: Python's encoder)."""
+    return 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+
+
+class PieceTokenizer:
+    """Text <-> ids as a slow transformers SentencePiece tokenizer with a separate piece vocabulary
+    computes them (``MarianTokenizer``, OPUS-MT's), for the manifest's segmentation
+    "sentencepiece". The bundle's ``sentencepiece.json`` holds the source model (above) and
+    the tokenizer's rules; tokenizer.json holds the model's vocabulary (piece -> id, the special
+    tokens), which both directions look pieces up in.
+
+    Encoding (``PreTrainedTokenizer.tokenize`` and ``MarianTokenizer._tokenize``): the text is
+    split at its added tokens' strings (leftmost, longest first; a token marked ``lstrip`` or
+    ``rstrip`` takes the whitespace beside it); each other chunk loses a leading ``>>code<<``
+    language code (kept as a token of its own) and is encoded by the SentencePiece model; each
+    token is looked up among the added tokens, then in the vocabulary, else it is ``<unk>``; the
+    end-of-sentence id is appended. Decoding (``convert_tokens_to_string``, special tokens
+    skipped): the pieces' texts joined, U+2581 read as a space, the ends stripped, with the
+    decoding model's control pieces silent and its unknown piece as " \u2047 ".
+    """
+
+    def __init__(self, spec: Any, vocabulary: Any, where: str) -> None:
+        if not isinstance(spec, dict):
+            raise BundleError(f"{where}: not a JSON object.")
+        self.model = SentencePieceModel(spec.get("model"), f"{where} (model)")
+        self._vocabulary = vocabulary  # tokenizers.Tokenizer: token_to_id / id_to_token
+        added = spec.get("added_tokens")
+        if not isinstance(added, list):
+            raise BundleError(f"{where}: added_tokens must be a list.")
+        self._strip: dict[str, tuple[bool, bool]] = {}
+        for entry in added:
+            if not (isinstance(entry, dict) and isinstance(entry.get("content"), str) and entry["content"]
+                    and isinstance(entry.get("lstrip"), bool) and isinstance(entry.get("rstrip"), bool)):
+                raise BundleError(f"{where}: an added token is not {{content, lstrip, rstrip}}.")
+            if vocabulary.token_to_id(entry["content"]) is None:
+                raise BundleError(f"{where}: the added token {entry['content']!r} is not in tokenizer.json.")
+            self._strip[entry["content"]] = (entry["lstrip"], entry["rstrip"])
+        # longest first: at one position the longest added token wins, as transformers' Trie splits
+        self._added = sorted(self._strip, key=len, reverse=True)
+        for name in ("language_codes", "clean_up_tokenization_spaces"):
+            if not isinstance(spec.get(name), bool):
+                raise BundleError(f"{where}: {name} must be true or false.")
+        self._language_codes = spec["language_codes"]
+        self._clean_up = spec["clean_up_tokenization_spaces"]
+        eos = spec.get("eos_token")
+        unk = spec.get("unk_token")
+        for name, token in (("eos_token", eos), ("unk_token", unk)):
+            if not isinstance(token, str) or vocabulary.token_to_id(token) is None:
+                raise BundleError(f"{where}: {name} must name a token of tokenizer.json.")
+        self._eos_id = vocabulary.token_to_id(eos)
+        self._unk_id = vocabulary.token_to_id(unk)
+        silent, unknown = spec.get("silent_pieces"), spec.get("unknown_piece")
+        if not (isinstance(silent, list) and all(isinstance(p, str) for p in silent)) or not isinstance(unknown, str):
+            raise BundleError(f"{where}: silent_pieces must be a list of strings and unknown_piece a string.")
+        self._silent = frozenset(silent)
+        self._unknown_piece = unknown
+
+    def _split(self, text: str) -> list[tuple[str, bool]]:
+        """``text`` cut at its added tokens: (chunk, is an added token), in order."""
+        chunks: list[tuple[str, bool]] = []
+        start = position = 0
+        while position < len(text):
+            token = next((t for t in self._added if text.startswith(t, position)), None)
+            if token is None:
+                position += 1
+                continue
+            chunks.append((text[start:position], False))
+            chunks.append((token, True))
+            position += len(token)
+            start = position
+        chunks.append((text[start:], False))
+        for index, (chunk, is_added) in enumerate(chunks):
+            if not is_added:
+                continue
+            lstrip, rstrip = self._strip[chunk]
+            if rstrip and index + 1 < len(chunks) and chunks[index + 1][0]:
+                chunks[index + 1] = (chunks[index + 1][0].lstrip(), False)
+            if lstrip and index > 0 and chunks[index - 1][0]:
+                chunks[index - 1] = (chunks[index - 1][0].rstrip(), chunks[index - 1][1])
+        return [(chunk, is_added) for chunk, is_added in chunks if chunk]
+
+    def encode(self, text: str) -> list[int]:
+        tokens: list[str] = []
+        for chunk, is_added in self._split(text):
+            if is_added:
+                tokens.append(chunk)
+                continue
+            if self._language_codes and chunk.startswith(">>") and (end := chunk.find("<<")) != -1:
+                tokens.append(chunk[: end + 2])
+                chunk = chunk[end + 2 :]
+            tokens.extend(self.model.encode(chunk))
+        lookup, unk = self._vocabulary.token_to_id, self._unk_id
+        ids = []
+        for token in tokens:
+            found = lookup(token)
+            ids.append(unk if found is None else found)
+        ids.append(self._eos_id)
+        return ids
+
+    def decode(self, tokens: list[str]) -> str:
+        """The text of ``tokens`` (the ids' tokens, special ones already left out)."""
+        text = "".join("" if token in self._silent else " \u2047 " if token == self._unknown_piece else token
+                       for token in tokens).replace(SPACE_SYMBOL, " ").strip()
+        if self._clean_up:  # transformers' clean_up_tokenization
+            for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                                  (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+                text = text.replace(before, after)
+        return text
