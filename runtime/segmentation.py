@@ -23,11 +23,10 @@ unknown characters is one ``<unk>``, as SentencePiece merges it.
 from __future__ import annotations
 
 import json
-import struct
 from typing import Any
 
 from .errors import BundleError
-from .sentencepiece import best_path
+from .sentencepiece import UNK_PENALTY, add_piece, best_path, float32
 
 MARIAN_SENTENCEPIECE = "marian_sentencepiece"
 # a slow transformers SentencePiece tokenizer (OPUS-MT's MarianTokenizer), from the bundle's
@@ -35,18 +34,6 @@ MARIAN_SENTENCEPIECE = "marian_sentencepiece"
 SENTENCEPIECE = "sentencepiece"
 SENTENCEPIECE_FILE = "sentencepiece.json"
 SEGMENTATIONS = (MARIAN_SENTENCEPIECE, SENTENCEPIECE)
-
-# SentencePiece's unigram model: an unknown character scores this far below the lowest piece
-UNK_PENALTY = 10.0
-# the longest piece SentencePiece's trainer allows (max_sentencepiece_length); a longer one is not
-# a SentencePiece vocabulary, and would make every start position's walk that long
-LONGEST_PIECE = 512
-_FLOAT32 = struct.Struct("<f")
-
-
-def _float32(value: float) -> float:
-    """``value`` rounded to float32 (as a Python float, which holds it exactly)."""
-    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
 
 
 class MarianSentencePiece:
@@ -68,21 +55,15 @@ class MarianSentencePiece:
             if index == self._unk or index in special:
                 continue  # control and unknown pieces are not in SentencePiece's trie
             try:
-                piece, score = str(entry[0]), _float32(float(entry[1]))
+                piece, score = str(entry[0]), float32(float(entry[1]))
             except (TypeError, ValueError, IndexError, OverflowError):
                 raise BundleError(f"{where}: the Unigram vocabulary's entry {index} is not a [piece, score] pair.") \
                     from None
-            if not piece or len(piece) > LONGEST_PIECE:
-                raise BundleError(f"{where}: the Unigram vocabulary's piece {index} has {len(piece)} characters; a "
-                                  f"SentencePiece piece has 1 to {LONGEST_PIECE}.")
-            node = self._trie
-            for character in piece:
-                node = node.setdefault(character, {})
-            node[None] = (index, score)
+            add_piece(self._trie, piece, index, score, f"{where}: the Unigram vocabulary")
             lowest = score if lowest is None else min(lowest, score)
         if lowest is None or self._unk is None:
             raise BundleError(f"{where}: the tokenizer's Unigram model has no pieces or no unk_id.")
-        self._unk_score = _float32(lowest - UNK_PENALTY)
+        self._unk_score = float32(lowest - UNK_PENALTY)
         self._tokenizer = tokenizer
         probe, plain = tokenizer.encode("a").ids, tokenizer.encode("a", add_special_tokens=False).ids
         at = next((i for i in range(len(probe) - len(plain) + 1) if probe[i : i + len(plain)] == plain), None)

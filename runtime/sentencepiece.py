@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import struct
 from array import array
 from typing import Any
@@ -42,15 +43,31 @@ from .errors import BundleError
 NORMAL, UNKNOWN, CONTROL, UNUSED = 1, 2, 3, 5
 PIECE_TYPES = (NORMAL, UNKNOWN, CONTROL, UNUSED)
 UNK_PENALTY = 10.0  # SentencePiece's kUnkPenalty
-LONGEST_PIECE = 512  # SentencePiece's trainer allows no longer piece (max_sentencepiece_length)
+# SentencePiece's trainer allows no longer piece (max_sentencepiece_length); a longer one is not a
+# SentencePiece vocabulary, and would make every start position's walk that long
+LONGEST_PIECE = 512
 SPACE_SYMBOL = "\u2581"
+LONGEST_REPLACEMENT = 256  # bytes a normalization rule may write (see CharacterMap)
 # SentencePiece keeps the first 32 rules a position's bytes match (kMaxTrieResultsSize)
 MAX_RULES_PER_POSITION = 32
 _FLOAT32 = struct.Struct("<f")
 
 
-def _float32(value: float) -> float:
+def float32(value: float) -> float:
+    """``value`` rounded to float32 (as a Python float, which holds it exactly)."""
     return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+
+
+def add_piece(trie: dict, piece: str, index: int, score: float, where: str) -> None:
+    """``piece`` into ``trie``: by character, the piece's (id, float32 score) under the key None
+    at its last character's node (SentencePiece's trie keeps the first of two equal pieces)."""
+    if not piece or len(piece) > LONGEST_PIECE:
+        raise BundleError(f"{where}: piece {index} has {len(piece)} characters; a SentencePiece piece has 1 to "
+                          f"{LONGEST_PIECE}.")
+    node = trie
+    for character in piece:
+        node = node.setdefault(character, {})
+    node.setdefault(None, (index, score))
 
 
 class CharacterMap:
@@ -70,6 +87,17 @@ class CharacterMap:
         if struct.pack("=I", 1) != struct.pack("<I", 1):  # pragma: no cover - big-endian hosts
             self._units.byteswap()
         self._strings = blob[4 + trie_bytes :]
+        # a replacement is what one matched sequence becomes: NFKC's longest is 18 characters. A
+        # bundle is untrusted, and one rule of a megabyte would make every text that long
+        for replacement in self._strings.split(b"\0"):
+            if len(replacement) > LONGEST_REPLACEMENT:
+                raise BundleError(f"{where}: a rule of the precompiled character map replaces with "
+                                  f"{len(replacement)} bytes, more than the {LONGEST_REPLACEMENT} allowed.")
+            try:
+                replacement.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BundleError(f"{where}: a rule of the precompiled character map replaces with bytes that "
+                                  "are not UTF-8.") from None
 
     def _unit(self, position: int) -> int:
         if not 0 <= position < len(self._units):
@@ -143,7 +171,7 @@ class SentencePieceModel:
                                   f"{', '.join(map(str, PIECE_TYPES))}.")
             piece, kind = entry[0], entry[2]
             try:
-                score = _float32(float(entry[1]))
+                score = float32(float(entry[1]))
             except OverflowError:
                 raise BundleError(f"{where}: piece {index}'s score is outside float32.") from None
             if score != score or score in (float("inf"), float("-inf")):
@@ -153,19 +181,12 @@ class SentencePieceModel:
                                   f"its type says {'so' if kind == UNKNOWN else 'otherwise'}.")
             if kind != NORMAL:
                 continue  # unknown and control pieces are not searched; unused ones are skipped
-            if not piece or len(piece) > LONGEST_PIECE:
-                raise BundleError(f"{where}: piece {index} has {len(piece)} characters; a SentencePiece piece has 1 "
-                                  f"to {LONGEST_PIECE}.")
-            node = self._trie
-            for character in piece:
-                node = node.setdefault(character, {})
-            if None not in node:  # SentencePiece's trie keeps the first of two equal pieces
-                node[None] = (index, score)
+            add_piece(self._trie, piece, index, score, where)
             lowest = score if lowest is None else min(lowest, score)
         if lowest is None:
             raise BundleError(f"{where}: the SentencePiece model has no normal pieces.")
         self.unk_id = unk
-        self._unk_score = _float32(lowest - UNK_PENALTY)
+        self._unk_score = float32(lowest - UNK_PENALTY)
 
     def normalize(self, text: str) -> str:
         """SentencePiece's ``Normalizer::Normalize`` of ``text``."""
@@ -312,8 +333,9 @@ class PieceTokenizer:
             if vocabulary.token_to_id(entry["content"]) is None:
                 raise BundleError(f"{where}: the added token {entry['content']!r} is not in tokenizer.json.")
             self._strip[entry["content"]] = (entry["lstrip"], entry["rstrip"])
-        # longest first: at one position the longest added token wins, as transformers' Trie splits
-        self._added = sorted(self._strip, key=len, reverse=True)
+        # the leftmost match, and there the longest token, as transformers' Trie splits
+        longest_first = sorted(self._strip, key=len, reverse=True)
+        self._added = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
         for name in ("language_codes", "clean_up_tokenization_spaces"):
             if not isinstance(spec.get(name), bool):
                 raise BundleError(f"{where}: {name} must be true or false.")
@@ -335,16 +357,10 @@ class PieceTokenizer:
     def _split(self, text: str) -> list[tuple[str, bool]]:
         """``text`` cut at its added tokens: (chunk, is an added token), in order."""
         chunks: list[tuple[str, bool]] = []
-        start = position = 0
-        while position < len(text):
-            token = next((t for t in self._added if text.startswith(t, position)), None)
-            if token is None:
-                position += 1
-                continue
-            chunks.append((text[start:position], False))
-            chunks.append((token, True))
-            position += len(token)
-            start = position
+        start = 0
+        for match in self._added.finditer(text) if self._added is not None else ():
+            chunks += [(text[start : match.start()], False), (match.group(), True)]
+            start = match.end()
         chunks.append((text[start:], False))
         for index, (chunk, is_added) in enumerate(chunks):
             if not is_added:

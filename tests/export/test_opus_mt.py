@@ -4,9 +4,11 @@ export/piece_tokenizer.py), and decoded exactly as transformers decodes them, te
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import shutil
+import struct
 
 import pytest
 
@@ -167,7 +169,13 @@ def test_a_bundle_without_its_sentencepiece_file_or_with_a_bad_one_is_refused(op
     with pytest.raises(BundleError, match="sentencepiece.json"):
         load_manifest(copy)
     spec = json.loads((bundle / SENTENCEPIECE_FILE).read_text(encoding="utf-8"))
+    def charsmap(strings: bytes) -> str:  # an empty trie (one unit) and the replacement strings
+        return base64.b64encode(struct.pack("<II", 4, 0) + strings).decode("ascii")
+
     for damage, message in ((lambda s: s["model"].update(precompiled_charsmap="AAAA"), "character map"),
+                            (lambda s: s["model"].update(precompiled_charsmap=charsmap(b"\xff\xfe\0")), "not UTF-8"),
+                            (lambda s: s["model"].update(precompiled_charsmap=charsmap(b"w" * 300 + b"\0")),
+                             "300 bytes"),
                             (lambda s: s["model"].update(unk_id=10**6), "unk_id"),
                             (lambda s: s["model"]["pieces"].__setitem__(5, ["x", "nan", 1]), "piece 5"),
                             (lambda s: s.update(eos_token="<nowhere>"), "eos_token")):
