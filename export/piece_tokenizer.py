@@ -41,6 +41,15 @@ PROBE_RANDOM_TEXTS = 200
 PROBE_DECODES = 200
 
 
+def probe_texts(pieces: list[str], rng: random.Random) -> list[str]:
+    """:data:`PROBE_TEXTS` and texts of a vocabulary's own pieces, glued and spaced at random."""
+    texts = list(PROBE_TEXTS)
+    for _ in range(PROBE_RANDOM_TEXTS):
+        words = [rng.choice(pieces).replace("\u2581", rng.choice(["", " ", "  "])) for _ in range(rng.randint(1, 8))]
+        texts.append(rng.choice(["", " "]).join(words))
+    return texts
+
+
 @dataclass
 class PieceTokenizerFiles:
     """What export writes for such a tokenizer, and the vocabulary as a ``tokenizers`` object
@@ -141,12 +150,7 @@ def _check(tokenizer: Any, files: PieceTokenizerFiles, vocab_size: int, where: s
     """The runtime's copy against ``tokenizer`` itself: probe texts encoded, id sequences decoded."""
     copy = PieceTokenizer(files.pieces, files.backend_tokenizer, where)
     rng = random.Random(seed)
-    pieces = list(tokenizer.encoder)
-    texts = list(PROBE_TEXTS)
-    for _ in range(PROBE_RANDOM_TEXTS):  # the vocabulary's own pieces, glued and spaced at random
-        words = [rng.choice(pieces).replace("\u2581", rng.choice(["", " ", "  "])) for _ in range(rng.randint(1, 8))]
-        texts.append(rng.choice(["", " "]).join(words))
-    for text in texts:
+    for text in probe_texts(list(tokenizer.encoder), rng):
         expected = list(tokenizer(text).input_ids)
         got = copy.encode(text)
         if got != expected:
@@ -161,3 +165,43 @@ def _check(tokenizer: Any, files: PieceTokenizerFiles, vocab_size: int, where: s
         if got != expected:
             raise ExportError(f"aggdec's copy of the tokenizer in {where!r} decodes {ids} as {got!r}, the tokenizer "
                               f"as {expected!r}; refusing to export a bundle whose outputs would differ.")
+
+
+def marian_vocabulary_files(vocabulary: dict[str, int], source_spm: Path, where: str,
+                            seed: int = 0) -> PieceTokenizerFiles:
+    """An OPUS-MT folder in Marian's own format (a vocabulary .yml and ``source.spm``) as the
+    bundle's two files. Marian reads pieces, not text: OPUS-MT's ``preprocess.sh`` runs
+    ``spm_encode`` with ``source.spm`` (a target-language ``>>code<<`` before them for
+    multilingual models), Marian looks each piece up in the .yml (``<unk>`` if absent) and
+    appends ``</s>``; ``postprocess.sh`` joins the output pieces and reads U+2581 as a space.
+    Checked against SentencePiece itself on probe texts before anything is written."""
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import WordLevel
+
+    for token in ("</s>", "<unk>"):
+        if token not in vocabulary:
+            raise ExportError(f"{where} has no {token!r}; Marian's vocabularies hold </s> and <unk>.")
+    backend = Tokenizer(WordLevel(vocab=dict(vocabulary), unk_token="<unk>"))
+    backend.add_special_tokens([AddedToken("</s>", special=True, normalized=False),
+                                AddedToken("<unk>", special=True, normalized=False)])
+    spec, _ = _model_spec(str(source_spm), "source")
+    pieces = {"model": spec, "added_tokens": [], "language_codes": True, "eos_token": "</s>", "unk_token": "<unk>",
+              "silent_pieces": [], "unknown_piece": "<unk>", "clean_up_tokenization_spaces": False}
+    _check_against_sentencepiece(source_spm, spec, seed)
+    return PieceTokenizerFiles(backend, pieces)
+
+
+def _check_against_sentencepiece(path: Path, spec: dict, seed: int) -> None:
+    """aggdec's copy of SentencePiece against the library on probe texts and random ones."""
+    import sentencepiece
+
+    from ..runtime.sentencepiece import SentencePieceModel
+
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    copy = SentencePieceModel(spec, str(path))
+    pieces = [reference.id_to_piece(i) for i in range(reference.get_piece_size())]
+    for text in probe_texts(pieces, random.Random(seed)):
+        expected, got = reference.encode(text, out_type=str), copy.encode(text)
+        if got != expected:
+            raise ExportError(f"aggdec's copy of SentencePiece segments {text!r} with {str(path)!r} as {got}, "
+                              f"SentencePiece as {expected}; refusing to export a bundle whose sources would differ.")

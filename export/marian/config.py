@@ -112,9 +112,9 @@ def _refuse(where: str, option: str, value: Any, allowed: Any) -> ExportError:
                        f"(supported: {allowed}).")
 
 
-def _load_yaml(text: str, where: str) -> dict[str, Any]:
+def _load_yaml(text: str, where: str, loader: Any = yaml.SafeLoader) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         raise ExportError(f"{where} is not valid YAML ({' '.join(str(exc).split())}).") from None
     except RecursionError:  # PyYAML composes nested collections recursively
@@ -222,3 +222,19 @@ def max_length_factor(decoding: dict[str, Any], where: str) -> float:
         raise ExportError(f"{where}: option max-length-factor must be a number above 0 and at most "
                           f"{MAX_LENGTH_FACTOR}, got {_shown(value)}.")
     return float(value)
+
+
+def read_vocabulary(text: str, where: str, size: int) -> dict[str, int]:
+    """A Marian vocabulary .yml (piece: id, OPUS-MT's ``*.vocab.yml``) as piece -> id, refused
+    unless its ids are exactly 0 .. ``size`` - 1 (the model's ``dim-vocabs``), each piece a
+    string (a piece YAML reads as a number or a boolean is not the piece Marian wrote)."""
+    # libyaml's safe loader where PyYAML has it: an OPUS-MT vocabulary is 60,000 lines
+    data = _load_yaml(text, where, getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    for piece, index in data.items():
+        if not isinstance(piece, str) or isinstance(index, bool) or not isinstance(index, int):
+            raise ExportError(f"{where}: the entry {_shown(piece)}: {_shown(index)} is not a piece and its id.")
+    ids = sorted(data.values())
+    if ids != list(range(size)):
+        raise ExportError(f"{where} holds {len(data)} pieces with ids {_shown(ids[:3])}...{_shown(ids[-1:])}; the "
+                          f"model's vocabulary has {size}, ids 0 to {size - 1} once each.")
+    return data

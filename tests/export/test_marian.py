@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from aggdec.cli import main
 from aggdec.export import export_bundle
 from aggdec.export.marian.config import parse_model_config
+from aggdec.export.marian.export import find_files
 from aggdec.export.marian.model import MarianModel
 from aggdec.export.marian.weights import read_weights
 from aggdec.runtime.decoding.cache import self_cache_names, self_cache_out_names
@@ -36,7 +37,7 @@ from aggdec.runtime.errors import ExportError, InputError
 from aggdec.runtime.manifest import BundleFiles, Manifest, load_manifest
 from aggdec.runtime.tokenizer import TextCodec
 from tests.support.marian import (FLOAT32, WORDS, add_shortlist, bin_items, encode_bin, tiny_config, tiny_weights,
-                                  write_model)
+                                  write_model, write_opus_model)
 
 MAX_NEW = 20
 TEXTS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(1 + i % 9)) for i in range(14)] + [
@@ -63,8 +64,9 @@ def tiny(tmp_path_factory):
 
 
 def decoding_factor(folder: Path) -> float:
-    """The model folder's max-length-factor (write_model's yml), Marian's default 3 without it."""
-    return float(yaml.safe_load((folder / "config.tiny.yml").read_text(encoding="utf-8")).get("max-length-factor", 3))
+    """The model folder's max-length-factor (its decoding yml's), Marian's default 3 without it."""
+    decoding = find_files(folder).decoding_yml
+    return float(yaml.safe_load(decoding.read_text(encoding="utf-8")).get("max-length-factor", 3))
 
 
 def reference_greedy(folder: Path, bundle: Path, texts: list[str], shortlist: bool = False,
@@ -72,7 +74,7 @@ def reference_greedy(folder: Path, bundle: Path, texts: list[str], shortlist: bo
     """Greedy with the float torch reference, the whole prefix recomputed at every step; with
     ``shortlist``, each step's argmax over the sentence's shortlist only. ``length_factor``:
     stop as Marian does at ceil(max-length-factor x the sentence's own length, EOS included)."""
-    weights = read_weights(next(folder.glob("model.*")))
+    weights = read_weights(find_files(folder).weights)
     model = MarianModel(parse_model_config(weights.config_text), weights, 128)
     lists = load_shortlist(BundleFiles(bundle, load_manifest(bundle)), load_manifest(bundle)) if shortlist else None
     factor = decoding_factor(folder)
@@ -848,3 +850,56 @@ def test_bin_shapes_that_overflow_and_configs_that_are_not_utf8_are_refused(tmp_
 
     _rewrite_bin(folder, not_utf8)
     _refused(capsys, folder, tmp_path / "out", "'special:model.yml' is not UTF-8 text (byte 0xff at offset 0)")
+
+
+def test_an_opus_mt_folder_as_it_ships_decodes_as_marian_reads_spm_encode(tmp_path):
+    """OPUS-MT in Marian's format: no tokenizer.json, a vocabulary .yml and source.spm. Source ids
+    are SentencePiece's pieces (as preprocess.sh's spm_encode gives them, a leading >>code<<
+    kept whole) looked up in the .yml, </s> appended; greedy equals the float reference, IAD
+    equals greedy; an output reads as postprocess.sh joins its pieces."""
+    import sentencepiece
+
+    from aggdec.runtime.segmentation import SENTENCEPIECE
+
+    folder, vocabulary = write_opus_model(tmp_path / "opus")
+    bundle = tmp_path / "bundle"
+    export_bundle(folder, bundle, progress=None, max_source_len=64, max_target_len=64)
+    assert load_manifest(bundle).segmentation == SENTENCEPIECE
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "source.spm"))
+    texts = TEXTS + [">>fra<< the cat sat", "the  dog\u00a0ran!", "zebra ﬁ Ｘ 😀", "</s> <unk> is a big red sun"]
+
+    def expected_source(text: str) -> list[int]:
+        code = [text[: text.index("<<") + 2]] if text.startswith(">>") else []
+        pieces = code + processor.encode(text[len(code[0]) :] if code else text, out_type=str)
+        return [vocabulary.get(piece, vocabulary["<unk>"]) for piece in pieces] + [vocabulary["</s>"]]
+
+    generator = Generator(bundle)
+    assert generator.codec.encode(texts) == [expected_source(text) for text in texts]
+    expected = reference_greedy(folder, bundle, texts)
+    pieces = {index: piece for piece, index in vocabulary.items()}
+    for io_binding in (True, False):
+        generator = Generator(bundle, io_binding=io_binding)
+        for batch in (1, 8):
+            for mode in ("greedy", "iad"):
+                results = [r for start in range(0, len(texts), batch)
+                           for r in generator.generate(texts[start : start + batch], mode=mode, max_new_tokens=MAX_NEW)]
+                assert [tuple(r.ids) for r in results] == expected, (mode, batch, io_binding)
+                for result in results:
+                    shown = "".join(pieces[i] for i in result.ids if i != vocabulary["</s>"])
+                    assert result.text == shown.replace("\u2581", " ").strip()
+
+
+def test_an_opus_mt_vocabulary_that_does_not_fit_the_model_is_refused(tmp_path):
+    folder, vocabulary = write_opus_model(tmp_path / "opus")
+    name = "opus.spm60-spm60.vocab.yml"
+    del vocabulary[next(iter(vocabulary))]
+    (folder / name).write_text(yaml.safe_dump(vocabulary), encoding="utf-8")
+    with pytest.raises(ExportError, match="ids 0 to"):
+        export_bundle(folder, tmp_path / "bundle", progress=None)
+    (folder / name).write_text("true: 0\n", encoding="utf-8")
+    with pytest.raises(ExportError, match="is not a piece and its id"):
+        export_bundle(folder, tmp_path / "bundle", progress=None)
+    (folder / "source.spm").unlink()
+    with pytest.raises(ExportError, match="neither a tokenizer.json"):
+        export_bundle(folder, tmp_path / "bundle", progress=None)
+    assert not (tmp_path / "bundle").exists()

@@ -194,3 +194,43 @@ def add_shortlist(folder: Path, first: int = 3, best: int = 4, seed: int = 0) ->
     settings["shortlist"] = [path.name, False]
     (folder / "config.tiny.yml").write_text(yaml.safe_dump(settings), encoding="utf-8")
     return path
+
+
+def write_opus_model(folder: Path, seed: int = 0) -> tuple[Path, dict]:
+    """An OPUS-MT folder as it ships in Marian's format: a self-attention model in a float .npz
+    named as OPUS-MT names it, ``source.spm`` and ``target.spm`` (SentencePiece, trained here on
+    :data:`WORDS`), the joint vocabulary .yml (piece: id) the model's ids come from, and
+    ``decoder.yml``. Returns the folder and the vocabulary."""
+    import sentencepiece
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(WORDS, size=rng.integers(3, 10))) + rng.choice([".", "!", ""])
+                                for _ in range(300)), encoding="utf-8")
+    vocabulary: dict[str, int] = {}
+    for name, options in (("source", {}), ("target", {"normalization_rule_name": "identity"})):
+        sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / name), vocab_size=60,
+                                                 bos_id=-1, eos_id=0, unk_id=1, pad_id=-1, hard_vocab_limit=False,
+                                                 minloglevel=2, **options)
+        (folder / f"{name}.model").rename(folder / f"{name}.spm")
+        (folder / f"{name}.vocab").unlink()
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / f"{name}.spm"))
+        for index in range(processor.get_piece_size()):
+            vocabulary.setdefault(processor.id_to_piece(index), len(vocabulary))
+    corpus.unlink()
+    for code in (">>fra<<", ">>por<<"):
+        vocabulary[code] = len(vocabulary)
+    config = tiny_config("self-attention")
+    config["dim-vocabs"] = [len(vocabulary), len(vocabulary)]
+    tensors = tiny_weights(config, seed)
+    text_bytes = np.frombuffer(yaml.safe_dump(config).encode("utf-8") + b"\0", dtype=np.int8)
+    weights = "opus.spm60-spm60.transformer-align.model1.npz.best-perplexity.npz"
+    np.savez(folder / weights, **tensors, **{"special:model.yml": text_bytes})
+    (folder / "opus.spm60-spm60.vocab.yml").write_text(yaml.safe_dump(vocabulary, allow_unicode=True),
+                                                       encoding="utf-8")
+    settings = {"models": [weights], "vocabs": ["opus.spm60-spm60.vocab.yml"] * 2, "beam-size": 6, "normalize": 0.6,
+                "word-penalty": 0, "mini-batch": 16, "maxi-batch": 100, "maxi-batch-sort": "src",
+                "relative-paths": True}
+    (folder / "decoder.yml").write_text(yaml.safe_dump(settings), encoding="utf-8")
+    return folder, vocabulary
