@@ -196,7 +196,7 @@ def add_shortlist(folder: Path, first: int = 3, best: int = 4, seed: int = 0) ->
     return path
 
 
-def write_opus_model(folder: Path, seed: int = 0) -> tuple[Path, dict]:
+def write_opus_model(folder: Path, seed: int = 0, eos_bias: float = 6.5) -> tuple[Path, dict]:
     """An OPUS-MT folder as it ships in Marian's format: a self-attention model in a float .npz
     named as OPUS-MT names it, ``source.spm`` and ``target.spm`` (SentencePiece, trained here on
     :data:`WORDS`), the joint vocabulary .yml (piece: id) the model's ids come from, and
@@ -223,7 +223,7 @@ def write_opus_model(folder: Path, seed: int = 0) -> tuple[Path, dict]:
         vocabulary[code] = len(vocabulary)
     config = tiny_config("self-attention")
     config["dim-vocabs"] = [len(vocabulary), len(vocabulary)]
-    tensors = tiny_weights(config, seed)
+    tensors = tiny_weights(config, seed, eos_bias=eos_bias)
     text_bytes = np.frombuffer(yaml.safe_dump(config).encode("utf-8") + b"\0", dtype=np.int8)
     weights = "opus.spm60-spm60.transformer-align.model1.npz.best-perplexity.npz"
     np.savez(folder / weights, **tensors, **{"special:model.yml": text_bytes})
