@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import sentencepiece
     from transformers.convert_slow_tokenizer import SpmConverter
 
-    from aggdec.export.piece_tokenizer import _model_spec
+    from aggdec.export.piece_tokenizer import model_spec
     from aggdec.runtime.sentencepiece import SentencePieceModel
 
     texts = [line.rstrip("\n") for name in args.texts for line in open(name, encoding="utf-8", errors="replace")]
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"texts: {natural} from files, {len(texts) - natural} random")
     failed = False
     for path in args.models:
-        spec, proto = _model_spec(path, "checked")
+        spec, proto = model_spec(path, "checked")
         ours = SentencePieceModel(spec, path)
         converted = SpmConverter.build_tokenizer_from_spm_proto(proto, [(p.piece, p.score) for p in proto.pieces])
         reference = sentencepiece.SentencePieceProcessor(model_file=path)

@@ -68,8 +68,9 @@ def is_piece_tokenizer(tokenizer: Any) -> bool:
     return not getattr(tokenizer, "is_fast", False) and type(tokenizer).__name__ == "MarianTokenizer"
 
 
-def _model_spec(path: str, role: str) -> tuple[dict, Any]:
-    """The ``.spm`` at ``path`` as runtime/sentencepiece.py's JSON, and its protobuf."""
+def model_spec(path: str, role: str, arithmetic: str = "sentencepiece") -> tuple[dict, Any]:
+    """The ``.spm`` at ``path`` as runtime/sentencepiece.py's JSON (searched with ``arithmetic``:
+    runtime/sentencepiece.py ARITHMETIC), and its protobuf."""
     from transformers.convert_slow_tokenizer import import_protobuf
 
     proto = import_protobuf().ModelProto()
@@ -89,7 +90,7 @@ def _model_spec(path: str, role: str) -> tuple[dict, Any]:
             "precompiled_charsmap": base64.b64encode(normalizer.precompiled_charsmap).decode("ascii"),
             "add_dummy_prefix": normalizer.add_dummy_prefix,
             "remove_extra_whitespaces": normalizer.remove_extra_whitespaces,
-            "escape_whitespaces": normalizer.escape_whitespaces}
+            "escape_whitespaces": normalizer.escape_whitespaces, "arithmetic": arithmetic}
     return spec, proto
 
 
@@ -115,7 +116,7 @@ def convert(tokenizer: Any, vocab_size: int, where: str, seed: int = 0) -> Piece
     if missing:
         raise refuse(f"has no piece for {len(missing)} of the model's {vocab_size} ids (first: {missing[0]})")
     # decode() reads pieces with the source model too unless the vocabularies are separate (refused above)
-    source_spec, decoding = _model_spec(tokenizer.spm_files[0], "source")
+    source_spec, decoding = model_spec(tokenizer.spm_files[0], "source")
     added = tokenizer.added_tokens_decoder
     if any(token.single_word for token in added.values()):
         raise refuse("has a single-word added token")
@@ -140,6 +141,7 @@ def convert(tokenizer: Any, vocab_size: int, where: str, seed: int = 0) -> Piece
         "silent_pieces": [p.piece for p in decoding.pieces if p.type == CONTROL],
         "unknown_piece": decoding.pieces[decoding.trainer_spec.unk_id].piece,
         "clean_up_tokenization_spaces": bool(getattr(tokenizer, "clean_up_tokenization_spaces", False)),
+        "decode": "joined",
     }
     files = PieceTokenizerFiles(backend, pieces)
     _check(tokenizer, files, vocab_size, where, seed)
@@ -184,9 +186,9 @@ def marian_vocabulary_files(vocabulary: dict[str, int], source_spm: Path, where:
     backend = Tokenizer(WordLevel(vocab=dict(vocabulary), unk_token="<unk>"))
     backend.add_special_tokens([AddedToken("</s>", special=True, normalized=False),
                                 AddedToken("<unk>", special=True, normalized=False)])
-    spec, _ = _model_spec(str(source_spm), "source")
+    spec, _ = model_spec(str(source_spm), "source")
     pieces = {"model": spec, "added_tokens": [], "language_codes": True, "eos_token": "</s>", "unk_token": "<unk>",
-              "silent_pieces": [], "unknown_piece": "<unk>", "clean_up_tokenization_spaces": False}
+              "silent_pieces": [], "unknown_piece": "<unk>", "clean_up_tokenization_spaces": False, "decode": "joined"}
     _check_against_sentencepiece(source_spm, spec, seed)
     return PieceTokenizerFiles(backend, pieces)
 
@@ -205,3 +207,31 @@ def _check_against_sentencepiece(path: Path, spec: dict, seed: int) -> None:
         if got != expected:
             raise ExportError(f"aggdec's copy of SentencePiece segments {text!r} with {str(path)!r} as {got}, "
                               f"SentencePiece as {expected}; refusing to export a bundle whose sources would differ.")
+
+
+def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, seed: int = 0) -> PieceTokenizerFiles:
+    """A Marian folder whose vocabulary is a SentencePiece model (Bergamot's ``vocab.*.spm``, its
+    ids the model's) as the bundle's two files: ``tokenizer`` (the folder's tokenizer.json, the
+    same pieces at the same ids: export.py checks them) for the vocabulary, and the ``.spm``
+    searched with the arithmetic of the SentencePiece built into Marian (decision 035) after
+    SentencePiece's own normalizer, which the ``tokenizers`` library's differs from on combining
+    marks. Marian decodes with SentencePiece. The normalizer is checked against the library's
+    on probe texts before anything is written."""
+    import sentencepiece
+
+    from ..runtime.sentencepiece import SentencePieceModel
+
+    spec, proto = model_spec(str(source_spm), "source", arithmetic="marian")
+    pieces = {"model": spec, "added_tokens": [], "language_codes": False, "eos_token": "</s>", "unk_token": "<unk>",
+              "silent_pieces": [p.piece for p in proto.pieces if p.type == CONTROL],
+              "unknown_piece": proto.pieces[proto.trainer_spec.unk_id].piece, "clean_up_tokenization_spaces": False,
+              "decode": "sentencepiece"}
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(source_spm))
+    copy = SentencePieceModel(spec, str(source_spm))
+    names = [reference.id_to_piece(i) for i in range(reference.get_piece_size())]
+    for text in probe_texts(names, random.Random(seed)):
+        if copy.normalize(text) != reference.normalize(text):
+            raise ExportError(f"aggdec's copy of SentencePiece normalizes {text!r} with {str(source_spm)!r} as "
+                              f"{copy.normalize(text)!r}, SentencePiece as {reference.normalize(text)!r}; refusing to "
+                              "export a bundle whose sources would differ.")
+    return PieceTokenizerFiles(tokenizer, pieces)

