@@ -1,13 +1,19 @@
-"""Exporting a slow transformers SentencePiece tokenizer with a piece vocabulary of its own:
-``MarianTokenizer``, which every OPUS-MT checkpoint on the Hub ships (``source.spm``,
-``target.spm``, ``vocab.json``) and which transformers cannot convert to tokenizer.json.
+"""Bundles that segment with aggdec's own copy of SentencePiece (the manifest's segmentation
+"sentencepiece", runtime/sentencepiece.py, decision 046), from three sources:
 
-The bundle gets two files (runtime/sentencepiece.py reads them): ``tokenizer.json``, the
-model's vocabulary as a ``tokenizers`` word-level model with the checkpoint's added tokens at
-their ids, and ``sentencepiece.json``, the source ``.spm``'s pieces, scores and normalizer
-(read here from its protobuf, which the runtime cannot read) and the tokenizer's rules. Before
-anything is written the runtime's copy is checked against the checkpoint's tokenizer on probe
-texts (encoding) and id sequences (decoding); any difference refuses the export, naming it.
+- :func:`convert`: a slow transformers ``MarianTokenizer``, which every OPUS-MT checkpoint on
+  the Hub ships (``source.spm``, ``target.spm``, ``vocab.json``) and which transformers cannot
+  convert to tokenizer.json; checked against the checkpoint's tokenizer on probe texts
+  (encoding) and id sequences (decoding);
+- :func:`marian_vocabulary_files`: an OPUS-MT folder in Marian's format (a vocabulary .yml and
+  ``source.spm``); checked against SentencePiece's segmentation;
+- :func:`marian_spm_files`: a Marian folder with its ``.spm`` (Bergamot's), searched with
+  Marian's arithmetic; checked against SentencePiece's normalizer.
+
+The bundle gets two files: ``tokenizer.json``, the model's vocabulary (piece -> id, the special
+tokens), and ``sentencepiece.json``, the ``.spm``'s pieces, scores and normalizer (read here
+from its protobuf, which the runtime cannot read) and the tokenizer's rules. Any difference in
+the checks refuses the export, naming the text, before anything is written.
 
 Refused, naming the setting: separate source and target vocabularies, SentencePiece sampling
 options, ``split_special_tokens``, single-word added tokens, SentencePiece models with
@@ -189,12 +195,13 @@ def marian_vocabulary_files(vocabulary: dict[str, int], source_spm: Path, where:
     spec, _ = model_spec(str(source_spm), "source")
     pieces = {"model": spec, "added_tokens": [], "language_codes": True, "eos_token": "</s>", "unk_token": "<unk>",
               "silent_pieces": [], "unknown_piece": "<unk>", "clean_up_tokenization_spaces": False, "decode": "joined"}
-    _check_against_sentencepiece(source_spm, spec, seed)
+    _check_against_sentencepiece(source_spm, spec, seed, normalized_only=False)
     return PieceTokenizerFiles(backend, pieces)
 
 
-def _check_against_sentencepiece(path: Path, spec: dict, seed: int) -> None:
-    """aggdec's copy of SentencePiece against the library on probe texts and random ones."""
+def _check_against_sentencepiece(path: Path, spec: dict, seed: int, normalized_only: bool) -> None:
+    """aggdec's copy of SentencePiece against the library on probe texts: the pieces, or with
+    ``normalized_only`` the normalized text (where the search is Marian's, not the library's)."""
     import sentencepiece
 
     from ..runtime.sentencepiece import SentencePieceModel
@@ -203,10 +210,14 @@ def _check_against_sentencepiece(path: Path, spec: dict, seed: int) -> None:
     copy = SentencePieceModel(spec, str(path))
     pieces = [reference.id_to_piece(i) for i in range(reference.get_piece_size())]
     for text in probe_texts(pieces, random.Random(seed)):
-        expected, got = reference.encode(text, out_type=str), copy.encode(text)
+        if normalized_only:
+            what, expected, got = "normalizes", reference.normalize(text), copy.normalize(text)
+        else:
+            what, expected, got = "segments", reference.encode(text, out_type=str), copy.encode(text)
         if got != expected:
-            raise ExportError(f"aggdec's copy of SentencePiece segments {text!r} with {str(path)!r} as {got}, "
-                              f"SentencePiece as {expected}; refusing to export a bundle whose sources would differ.")
+            raise ExportError(f"aggdec's copy of SentencePiece {what} {text!r} with {str(path)!r} as {got!r}, "
+                              f"SentencePiece as {expected!r}; refusing to export a bundle whose sources would "
+                              "differ.")
 
 
 def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, seed: int = 0) -> PieceTokenizerFiles:
@@ -217,21 +228,10 @@ def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, seed: int = 0
     SentencePiece's own normalizer, which the ``tokenizers`` library's differs from on combining
     marks. Marian decodes with SentencePiece. The normalizer is checked against the library's
     on probe texts before anything is written."""
-    import sentencepiece
-
-    from ..runtime.sentencepiece import SentencePieceModel
-
     spec, proto = model_spec(str(source_spm), "source", arithmetic="marian")
     pieces = {"model": spec, "added_tokens": [], "language_codes": False, "eos_token": "</s>", "unk_token": "<unk>",
               "silent_pieces": [p.piece for p in proto.pieces if p.type == CONTROL],
               "unknown_piece": proto.pieces[proto.trainer_spec.unk_id].piece, "clean_up_tokenization_spaces": False,
               "decode": "sentencepiece"}
-    reference = sentencepiece.SentencePieceProcessor(model_file=str(source_spm))
-    copy = SentencePieceModel(spec, str(source_spm))
-    names = [reference.id_to_piece(i) for i in range(reference.get_piece_size())]
-    for text in probe_texts(names, random.Random(seed)):
-        if copy.normalize(text) != reference.normalize(text):
-            raise ExportError(f"aggdec's copy of SentencePiece normalizes {text!r} with {str(source_spm)!r} as "
-                              f"{copy.normalize(text)!r}, SentencePiece as {reference.normalize(text)!r}; refusing to "
-                              "export a bundle whose sources would differ.")
+    _check_against_sentencepiece(source_spm, spec, seed, normalized_only=True)
     return PieceTokenizerFiles(tokenizer, pieces)
