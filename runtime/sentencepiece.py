@@ -58,6 +58,7 @@ UNK_PENALTY = 10.0  # SentencePiece's kUnkPenalty
 # SentencePiece vocabulary, and would make every start position's walk that long
 LONGEST_PIECE = 512
 SPACE_SYMBOL = "\u2581"
+REPLACEMENT_CHARACTER = "\ufffd".encode("utf-8")
 LONGEST_REPLACEMENT = 256  # bytes a normalization rule may write (see CharacterMap)
 # SentencePiece keeps the first 32 rules a position's bytes match (kMaxTrieResultsSize)
 MAX_RULES_PER_POSITION = 32
@@ -214,7 +215,13 @@ class SentencePieceModel:
             if rule is not None:
                 return rule[1], rule[0]
             length = _utf8_length(data[at])
-            return data[at : at + length], length
+            chunk = data[at : at + length]
+            if length > 1:  # after a rule that ended inside a character (a hostile map): U+FFFD for
+                try:        # one byte, as SentencePiece reads malformed UTF-8
+                    chunk.decode("utf-8")
+                except UnicodeDecodeError:
+                    return REPLACEMENT_CHARACTER, 1
+            return chunk, length
 
         if remove_extra:
             while position < size:

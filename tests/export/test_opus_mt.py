@@ -198,3 +198,22 @@ def test_an_int8_opus_mt_bundle_keeps_the_tokenizer_and_iad_equals_its_greedy(op
     greedy = generator.generate(texts, max_new_tokens=16)
     assert [r.ids for r in generator.generate(texts, mode="iad", max_new_tokens=16)] == [r.ids for r in greedy]
     assert [r.text for r in greedy] == [Generator(bundle).codec.decode(list(r.ids)) for r in greedy]
+
+
+def test_a_rule_that_ends_inside_a_character_gives_a_replacement_character_not_a_crash(opus_checkpoint):
+    """A hostile bundle's normalization rule may match the first byte of a two-byte character;
+    the byte after it is then read as SentencePiece reads malformed UTF-8: U+FFFD for one byte."""
+    from aggdec.runtime.sentencepiece import SentencePieceModel
+
+    _, bundle, _ = opus_checkpoint
+    spec = json.loads((bundle / SENTENCEPIECE_FILE).read_text(encoding="utf-8"))["model"]
+    # a darts-clone double array with one rule: the byte 0xC3 (the lead of "é") -> "x"
+    units = [0] * 196
+    units[0] = 1 << 10  # the root, its children at 1 ^ byte
+    units[1 ^ 0xC3] = 0xC3 | (1 << 8) | (1 << 10)  # label 0xC3, a leaf below, children at node ^ 1
+    units[(1 ^ 0xC3) ^ 1] = (1 << 31) | 0  # the leaf: the rule's replacement at offset 0
+    blob = struct.pack("<I", 4 * len(units)) + struct.pack(f"<{len(units)}I", *units) + b"x\0"
+    spec["precompiled_charsmap"] = base64.b64encode(blob).decode("ascii")
+    model = SentencePieceModel(spec, "test")
+    assert model.normalize("é") == "\u2581x\ufffd"
+    assert model.encode("caf\u00e9 ok")  # pieces, not an exception
