@@ -235,3 +235,26 @@ def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, seed: int = 0
               "decode": "sentencepiece"}
     _check_against_sentencepiece(source_spm, spec, seed, normalized_only=True)
     return PieceTokenizerFiles(tokenizer, pieces)
+
+
+def spm_vocabulary(source_spm: Path, vocab_size: int) -> Any:
+    """A SentencePiece model's pieces as the model's vocabulary (a ``tokenizers`` word-level
+    model, piece -> its id in the ``.spm``, ``</s>`` and ``<unk>`` special), for a Marian folder
+    whose ``.spm`` is its vocabulary and that ships no tokenizer.json (Firefox Translations'
+    releases). Refused unless the ``.spm`` holds exactly the model's ``vocab_size`` distinct
+    pieces, ``</s>`` and ``<unk>`` among them."""
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import WordLevel
+
+    _, proto = model_spec(str(source_spm), "source", arithmetic="marian")
+    pieces = {piece.piece: index for index, piece in enumerate(proto.pieces)}
+    if len(proto.pieces) != vocab_size or len(pieces) != vocab_size:
+        raise ExportError(f"{str(source_spm)!r} holds {len(proto.pieces)} pieces ({len(pieces)} distinct); the "
+                          f"model's vocabulary has {vocab_size}: it is not this model's vocabulary.")
+    for token in ("</s>", "<unk>"):
+        if token not in pieces:
+            raise ExportError(f"{str(source_spm)!r} has no {token!r}; Marian's vocabularies hold </s> and <unk>.")
+    backend = Tokenizer(WordLevel(vocab=pieces, unk_token="<unk>"))
+    backend.add_special_tokens([AddedToken("</s>", special=True, normalized=False),
+                                AddedToken("<unk>", special=True, normalized=False)])
+    return backend

@@ -33,7 +33,7 @@ from ..shape_folding import constant_reshapes, fold_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
-from ..piece_tokenizer import PieceTokenizerFiles, marian_spm_files, marian_vocabulary_files
+from ..piece_tokenizer import PieceTokenizerFiles, marian_spm_files, marian_vocabulary_files, spm_vocabulary
 from .config import (MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config,
                      read_vocabulary)
 from .weights import MarianWeights, read_shortlist, read_weights
@@ -116,8 +116,12 @@ def find_files(src: Path) -> MarianFolder:
         return MarianFolder(weights, model_yml, decoding, tokenizer)
     if vocabulary is not None and (src / "source.spm").is_file():
         return MarianFolder(weights, model_yml, decoding, None, vocabulary, src / "source.spm")
-    raise ExportError(f"{str(src)!r} has neither a {TOKENIZER_FILE} (as Bergamot ships beside its .spm) nor a "
-                      "vocabulary .yml with source.spm (as OPUS-MT ships): aggdec cannot tell how text becomes ids.")
+    spms = [p for p in files if p.suffix == ".spm"]
+    if vocabulary is None and len(spms) == 1:  # Firefox Translations' release: the .spm is the vocabulary
+        return MarianFolder(weights, model_yml, decoding, None, None, spms[0])
+    raise ExportError(f"{str(src)!r} has neither a {TOKENIZER_FILE}, nor a vocabulary .yml with source.spm (as "
+                      "OPUS-MT ships), nor one .spm (as Firefox Translations ships): aggdec cannot tell how text "
+                      "becomes ids.")
 
 
 def shortlist_path(folder: MarianFolder, decoding: dict) -> Path | None:
@@ -286,6 +290,11 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     if folder.tokenizer is not None:
         tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
         tokenizer, segmentation = segmentation_for(folder, tokenizer, decoding, reference, progress)
+    elif folder.vocabulary_yml is None:  # the .spm alone: its pieces are the vocabulary, Marian segments
+        tokenizer = marian_spm_files(spm_vocabulary(folder.source_spm, vocab), folder.source_spm,
+                                     str(folder.source_spm))
+        eos, unk, segmentation = (tokenizer.backend_tokenizer.token_to_id(EOS_PIECE),
+                                  tokenizer.backend_tokenizer.token_to_id(UNK_PIECE), SENTENCEPIECE)
     else:  # OPUS-MT: spm_encode's pieces looked up in the vocabulary .yml (export/piece_tokenizer.py)
         named = decoding.get("vocabs")
         if isinstance(named, list) and named and folder.vocabulary_yml.name not in named:

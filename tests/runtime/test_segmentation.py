@@ -180,3 +180,29 @@ def test_a_bergamot_bundle_normalizes_as_sentencepiece_and_searches_as_marian(di
         assert old.encode(text) != ours.encode(text), text  # the tokenizers normalizer's way
     for ids in ([5, 100, 2000, 31000], [tokenizer.token_to_id("\u2581"), 300, 7]):
         assert ours.decode([tokenizer.id_to_token(i) for i in ids]) == reference.decode(ids), ids
+
+
+def test_a_marian_folder_whose_spm_is_its_only_vocabulary_exports_as_with_its_tokenizer(tmp_path):
+    """Firefox Translations' releases ship the .spm and no tokenizer.json: its pieces are the
+    vocabulary, and the bundle encodes and decodes as one made with tokenizer.json beside it;
+    an .spm that is not the model's vocabulary is refused, nothing written."""
+    import shutil
+
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    kinds = [3, 2] + [1] * (len(vocab) - 2)
+    write_spm(folder / "vocab.spm", [(p, s, k) for (p, s), k in zip(vocab, kinds)])
+    export_bundle(folder, tmp_path / "with", progress=None, max_source_len=64, max_target_len=64)
+    alone = tmp_path / "alone"
+    shutil.copytree(folder, alone)
+    (alone / "tokenizer.json").unlink()
+    export_bundle(alone, tmp_path / "without", progress=None, max_source_len=64, max_target_len=64)
+    texts = ["the cat sat on the mat", "a big red sun\u00a0and ﬁ", "zebra quux", "Ａ\u0301 dog"]
+    with_tokenizer, without = Generator(tmp_path / "with"), Generator(tmp_path / "without")
+    assert load_manifest(tmp_path / "without").segmentation == load_manifest(tmp_path / "with").segmentation
+    assert without.encode(texts) == with_tokenizer.encode(texts)
+    assert [r.text for r in without.generate(texts)] == [r.text for r in with_tokenizer.generate(texts)]
+    write_spm(alone / "vocab.spm", [(p, s, k) for (p, s), k in zip(vocab[:-1], kinds)])
+    with pytest.raises(ExportError, match="not this model's vocabulary"):
+        export_bundle(alone, tmp_path / "short", progress=None, max_source_len=64, max_target_len=64)
+    assert not (tmp_path / "short").exists()
