@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.errors import ExportError
+from ..runtime.manifest import TOKENIZER_FILE
 from ..runtime.segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
-from ..runtime.sentencepiece import CONTROL, NORMAL, UNKNOWN, UNUSED, PieceTokenizer
+from ..runtime.sentencepiece import CONTROL, NORMAL, UNKNOWN, UNUSED
 from .safety import one_line
 
 # Texts whose tokenization exercises each rule the runtime reproduces (whitespace, the
@@ -155,21 +156,23 @@ def convert(tokenizer: Any, vocab_size: int, where: str, seed: int = 0) -> Piece
 
 
 def _check(tokenizer: Any, files: PieceTokenizerFiles, vocab_size: int, where: str, seed: int) -> None:
-    """The runtime's copy against ``tokenizer`` itself: probe texts encoded, id sequences decoded."""
-    copy = PieceTokenizer(files.pieces, files.backend_tokenizer, where)
+    """The runtime's codec, made from the two files as the loader makes it, against ``tokenizer``
+    itself: probe texts encoded, id sequences decoded."""
+    from ..runtime.tokenizer import TextCodec
+
+    codec = TextCodec(Path(where) / TOKENIZER_FILE, files.backend_tokenizer.to_str().encode("utf-8"), SENTENCEPIECE,
+                      vocab_size, json.dumps(files.pieces).encode("utf-8"))
     rng = random.Random(seed)
     for text in probe_texts(list(tokenizer.encoder), rng):
         expected = list(tokenizer(text).input_ids)
-        got = copy.encode(text)
+        got = codec.encode([text])[0]
         if got != expected:
             raise ExportError(f"aggdec's copy of the tokenizer in {where!r} encodes {text!r} as {got}, the tokenizer "
                               f"as {expected}; refusing to export a bundle whose sources would differ.")
-    special = set(tokenizer.all_special_ids)
     for _ in range(PROBE_DECODES):
         ids = [rng.randrange(vocab_size) for _ in range(rng.randint(1, 12))]
         expected = tokenizer.decode(ids, skip_special_tokens=True)
-        tokens = [files.backend_tokenizer.id_to_token(i) for i in ids if i not in special]
-        got = copy.decode([t for t in tokens if t is not None])
+        got = codec.decode(ids)
         if got != expected:
             raise ExportError(f"aggdec's copy of the tokenizer in {where!r} decodes {ids} as {got!r}, the tokenizer "
                               f"as {expected!r}; refusing to export a bundle whose outputs would differ.")
@@ -183,15 +186,7 @@ def marian_vocabulary_files(vocabulary: dict[str, int], source_spm: Path, where:
     multilingual models), Marian looks each piece up in the .yml (``<unk>`` if absent) and
     appends ``</s>``; ``postprocess.sh`` joins the output pieces and reads U+2581 as a space.
     Checked against SentencePiece itself on probe texts before anything is written."""
-    from tokenizers import AddedToken, Tokenizer
-    from tokenizers.models import WordLevel
-
-    for token in ("</s>", "<unk>"):
-        if token not in vocabulary:
-            raise ExportError(f"{where} has no {token!r}; Marian's vocabularies hold </s> and <unk>.")
-    backend = Tokenizer(WordLevel(vocab=dict(vocabulary), unk_token="<unk>"))
-    backend.add_special_tokens([AddedToken("</s>", special=True, normalized=False),
-                                AddedToken("<unk>", special=True, normalized=False)])
+    backend = _marian_vocabulary(vocabulary, where)
     spec, _ = model_spec(str(source_spm), "source")
     pieces = {"model": spec, "added_tokens": [], "language_codes": True, "eos_token": "</s>", "unk_token": "<unk>",
               "silent_pieces": [], "unknown_piece": "<unk>", "clean_up_tokenization_spaces": False, "decode": "joined"}
@@ -220,15 +215,23 @@ def _check_against_sentencepiece(path: Path, spec: dict, seed: int, normalized_o
                               "differ.")
 
 
-def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, seed: int = 0) -> PieceTokenizerFiles:
+def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, vocab_size: int | None = None,
+                     seed: int = 0) -> PieceTokenizerFiles:
     """A Marian folder whose vocabulary is a SentencePiece model (Bergamot's ``vocab.*.spm``, its
     ids the model's) as the bundle's two files: ``tokenizer`` (the folder's tokenizer.json, the
-    same pieces at the same ids: export.py checks them) for the vocabulary, and the ``.spm``
-    searched with the arithmetic of the SentencePiece built into Marian (decision 035) after
-    SentencePiece's own normalizer, which the ``tokenizers`` library's differs from on combining
-    marks. Marian decodes with SentencePiece. The normalizer is checked against the library's
-    on probe texts before anything is written."""
+    same pieces at the same ids: export.py checks them; None for a folder that ships none,
+    Firefox Translations' releases: the ``.spm``'s pieces then) for the vocabulary, and the
+    ``.spm`` searched with the arithmetic of the SentencePiece built into Marian (decision 035)
+    after SentencePiece's own normalizer, which the ``tokenizers`` library's differs from on
+    combining marks. Marian decodes with SentencePiece. The normalizer is checked against the
+    library's on probe texts before anything is written."""
     spec, proto = model_spec(str(source_spm), "source", arithmetic="marian")
+    if tokenizer is None:
+        vocabulary = {piece.piece: index for index, piece in enumerate(proto.pieces)}
+        if len(proto.pieces) != vocab_size or len(vocabulary) != vocab_size:
+            raise ExportError(f"{where!r} holds {len(proto.pieces)} pieces ({len(vocabulary)} distinct); the model's "
+                              f"vocabulary has {vocab_size}: it is not this model's vocabulary.")
+        tokenizer = _marian_vocabulary(vocabulary, where)
     pieces = {"model": spec, "added_tokens": [], "language_codes": False, "eos_token": "</s>", "unk_token": "<unk>",
               "silent_pieces": [p.piece for p in proto.pieces if p.type == CONTROL],
               "unknown_piece": proto.pieces[proto.trainer_spec.unk_id].piece, "clean_up_tokenization_spaces": False,
@@ -237,24 +240,15 @@ def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, seed: int = 0
     return PieceTokenizerFiles(tokenizer, pieces)
 
 
-def spm_vocabulary(source_spm: Path, vocab_size: int) -> Any:
-    """A SentencePiece model's pieces as the model's vocabulary (a ``tokenizers`` word-level
-    model, piece -> its id in the ``.spm``, ``</s>`` and ``<unk>`` special), for a Marian folder
-    whose ``.spm`` is its vocabulary and that ships no tokenizer.json (Firefox Translations'
-    releases). Refused unless the ``.spm`` holds exactly the model's ``vocab_size`` distinct
-    pieces, ``</s>`` and ``<unk>`` among them."""
+def _marian_vocabulary(vocabulary: dict[str, int], where: str) -> Any:
+    """Marian's vocabulary (piece -> id) as a ``tokenizers`` word-level model, ``</s>`` and
+    ``<unk>`` special (decoding skips them); refused without them."""
     from tokenizers import AddedToken, Tokenizer
     from tokenizers.models import WordLevel
 
-    _, proto = model_spec(str(source_spm), "source", arithmetic="marian")
-    pieces = {piece.piece: index for index, piece in enumerate(proto.pieces)}
-    if len(proto.pieces) != vocab_size or len(pieces) != vocab_size:
-        raise ExportError(f"{str(source_spm)!r} holds {len(proto.pieces)} pieces ({len(pieces)} distinct); the "
-                          f"model's vocabulary has {vocab_size}: it is not this model's vocabulary.")
     for token in ("</s>", "<unk>"):
-        if token not in pieces:
-            raise ExportError(f"{str(source_spm)!r} has no {token!r}; Marian's vocabularies hold </s> and <unk>.")
-    backend = Tokenizer(WordLevel(vocab=pieces, unk_token="<unk>"))
-    backend.add_special_tokens([AddedToken("</s>", special=True, normalized=False),
-                                AddedToken("<unk>", special=True, normalized=False)])
+        if token not in vocabulary:
+            raise ExportError(f"{where} has no {token!r}; Marian's vocabularies hold </s> and <unk>.")
+    backend = Tokenizer(WordLevel(vocab=dict(vocabulary), unk_token="<unk>"))
+    backend.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in ("</s>", "<unk>")])
     return backend

