@@ -30,6 +30,7 @@ from .errors import EmptyTextError, InputError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
 from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_precision, drafter_graph, open_bundle
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
+from .tokenizer import SPLIT_OR_REEXPORT
 from .tuning import Tuning, tuning_for
 
 __all__ = ["DecodeOptions", "DecodeStats", "GAD_PLUS_BETA", "GAD_PLUS_TAU", "GenerationResult", "Generator",
@@ -382,7 +383,7 @@ class Generator:
             texts = [_as_text(text, index) for index, text in enumerate(texts)]
         except TypeError:
             raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
-        encoded = self.codec.encode(texts)
+        encoded = self.codec.encode(texts, most=self.manifest.max_source_len)
         for index, ids in enumerate(encoded):
             self._check_length(ids, index)
         return encoded
@@ -391,7 +392,7 @@ class Generator:
         limit = self.manifest.max_source_len
         if len(ids) > limit:
             raise InputError(f"text {index} is {len(ids)} tokens long; this bundle accepts at most {limit} "
-                             "(split the text, or re-export with a larger --max-source-len).")
+                             f"{SPLIT_OR_REEXPORT}")
 
     def check(self, text: str) -> str | None:
         """Why ``text`` would be refused, or None if it can be decoded."""
@@ -683,7 +684,7 @@ class Generator:
         """``item`` (a string, or UTF-8 bytes) as a text and its token ids, or the InputError that
         :meth:`stream` reports for it (naming ``index``)."""
         text = _as_text(item, index)
-        ids = self.codec.encode([text], first_index=index)[0]
+        ids = self.codec.encode([text], first_index=index, most=self.manifest.max_source_len)[0]
         self._check_length(ids, index)
         return text, ids
 

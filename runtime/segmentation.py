@@ -26,7 +26,7 @@ import json
 from typing import Any
 
 from .errors import BundleError
-from .sentencepiece import UNK_PENALTY, add_piece, best_path, float32
+from .sentencepiece import Pieces, best_path, float32
 
 MARIAN_SENTENCEPIECE = "marian_sentencepiece"
 # a slow transformers SentencePiece tokenizer (OPUS-MT's MarianTokenizer), from the bundle's
@@ -48,9 +48,7 @@ class MarianSentencePiece:
         unk = model.get("unk_id")
         special = {int(i) for i in tokenizer.get_added_tokens_decoder()}
         self._unk = unk if isinstance(unk, int) else None
-        # a trie by character: each node a dict, its piece (id, float32 score) under the key None
-        self._trie: dict = {}
-        lowest = None
+        self._pieces = Pieces()
         for index, entry in enumerate(model["vocab"]):
             if index == self._unk or index in special:
                 continue  # control and unknown pieces are not in SentencePiece's trie
@@ -59,11 +57,9 @@ class MarianSentencePiece:
             except (TypeError, ValueError, IndexError, OverflowError):
                 raise BundleError(f"{where}: the Unigram vocabulary's entry {index} is not a [piece, score] pair.") \
                     from None
-            add_piece(self._trie, piece, index, score, f"{where}: the Unigram vocabulary")
-            lowest = score if lowest is None else min(lowest, score)
-        if lowest is None or self._unk is None:
+            self._pieces.add(piece, index, score, f"{where}: the Unigram vocabulary")
+        if self._pieces.lowest is None or self._unk is None:
             raise BundleError(f"{where}: the tokenizer's Unigram model has no pieces or no unk_id.")
-        self._unk_score = float32(lowest - UNK_PENALTY)
         self._tokenizer = tokenizer
         probe, plain = tokenizer.encode("a").ids, tokenizer.encode("a", add_special_tokens=False).ids
         at = next((i for i in range(len(probe) - len(plain) + 1) if probe[i : i + len(plain)] == plain), None)
@@ -79,17 +75,21 @@ class MarianSentencePiece:
             raise BundleError(f"{where}: not JSON ({exc}).") from None
         return cls(tokenizer, spec if isinstance(spec, dict) else {}, where)
 
-    def encode(self, text: str) -> list[int]:
-        """``text``'s ids, with the special tokens the tokenizer's post-processor adds."""
+    def encode(self, text: str, most: int | None = None) -> list[int] | None:
+        """``text``'s ids, with the special tokens the tokenizer's post-processor adds. ``most``:
+        None, without searching, where the ids are certain to be more than that."""
         normalizer, pre_tokenizer = self._tokenizer.normalizer, self._tokenizer.pre_tokenizer
         normalized = text if normalizer is None else normalizer.normalize_str(text)
         if pre_tokenizer is not None:
             normalized = "".join(word for word, _ in pre_tokenizer.pre_tokenize_str(normalized))
+        extra = len(self._before) + len(self._after)
+        if most is not None and self._pieces.fewest(normalized) + extra > most:
+            return None
         return [*self._before, *self._segment(normalized), *self._after]
 
     def _segment(self, text: str) -> list[int]:
         merged: list[int] = []
-        for _, _, found in best_path(text, self._trie, self._unk_score, round_sums=False):
+        for _, _, found in best_path(text, self._pieces.trie, self._pieces.unk_score, round_sums=False):
             token = self._unk if found is None else found
             if not (token == self._unk and merged and merged[-1] == self._unk):  # a run of unknowns is one
                 merged.append(token)

@@ -23,6 +23,12 @@ What is reproduced (SentencePiece 0.2, ``normalizer.cc`` and ``unigram_model.cc`
   covers is an unknown scoring (lowest normal piece's score - 10), and a run of unknowns is one
   piece whose text is the run's (normalized) text.
 
+Two things are this module's own and change no result: the normalizer keeps its answer at a
+position by the bytes that answer depended on (mostly a character and the byte after it), and a
+caller that refuses texts of more than ``most`` pieces is told so (None) as soon as that is
+certain (``Pieces.fewest``), before the search and often before all of the text is normalized:
+a megabyte took seconds to be refused.
+
 The search can instead compare a candidate unrounded, as the SentencePiece built into Marian
 1.12 does (``arithmetic`` "marian", decision 035): Marian folders that carry their ``.spm``.
 
@@ -58,11 +64,19 @@ UNK_PENALTY = 10.0  # SentencePiece's kUnkPenalty
 # SentencePiece's trainer allows no longer piece (max_sentencepiece_length); a longer one is not a
 # SentencePiece vocabulary, and would make every start position's walk that long
 LONGEST_PIECE = 512
+# a node of the search's trie costs about 250 bytes of Python dictionary: this many are half a
+# gigabyte, where long hostile pieces of a small file could otherwise take all memory
+MAX_TRIE_NODES = 2_000_000
 SPACE_SYMBOL = "\u2581"
 REPLACEMENT_CHARACTER = "\ufffd".encode("utf-8")
 LONGEST_REPLACEMENT = 256  # bytes a normalization rule may write (see CharacterMap)
 # SentencePiece keeps the first 32 rules a position's bytes match (kMaxTrieResultsSize)
 MAX_RULES_PER_POSITION = 32
+# normalize's answers kept (a few bytes each; natural text has a few thousand distinct ones, a
+# hostile one may have a new one at every position), and how often (output bytes) a normalize
+# asked to stop counts its pieces-alone characters
+SEEN_PREFIXES = 1 << 16
+COUNT_EVERY = 1 << 12
 _FLOAT32 = struct.Struct("<f")
 
 
@@ -71,16 +85,54 @@ def float32(value: float) -> float:
     return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
 
 
-def add_piece(trie: dict, piece: str, index: int, score: float, where: str) -> None:
-    """``piece`` into ``trie``: by character, the piece's (id, float32 score) under the key None
-    at its last character's node (SentencePiece's trie keeps the first of two equal pieces)."""
-    if not piece or len(piece) > LONGEST_PIECE:
-        raise BundleError(f"{where}: piece {index} has {len(piece)} characters; a SentencePiece piece has 1 to "
-                          f"{LONGEST_PIECE}.")
-    node = trie
-    for character in piece:
-        node = node.setdefault(character, {})
-    node.setdefault(None, (index, score))
+class Pieces:
+    """The pieces a unigram search looks for: a trie by character (a node's piece, (id, float32
+    score), under the key None; SentencePiece's trie keeps the first of two equal pieces), with
+    what bounds a segmentation's length: the longest piece, and the characters that are pieces
+    alone."""
+
+    def __init__(self) -> None:
+        self.trie: dict = {}
+        self.nodes = 0  # below the root
+        self.lowest: float | None = None  # the lowest score
+        self.longest = 0
+        self._alone: set[str] = set()
+
+    def add(self, piece: str, index: int, score: float, where: str) -> None:
+        if not piece or len(piece) > LONGEST_PIECE:
+            raise BundleError(f"{where}: piece {index} has {len(piece)} characters; a SentencePiece piece has 1 to "
+                              f"{LONGEST_PIECE}.")
+        node = self.trie
+        for character in piece:
+            child = node.get(character)
+            if child is None:
+                child = node[character] = {}
+                self.nodes += 1
+            node = child
+        if self.nodes > MAX_TRIE_NODES:
+            raise BundleError(f"{where}: the pieces up to piece {index} make more than {MAX_TRIE_NODES:,} trie "
+                              "nodes; a real vocabulary makes far fewer (32,000 pieces: about 77,000).")
+        node.setdefault(None, (index, score))
+        self.lowest = score if self.lowest is None else min(self.lowest, score)
+        self.longest = max(self.longest, len(piece))
+        if len(piece) == 1:
+            self._alone.add(piece)
+
+    @property
+    def unk_score(self) -> float:
+        """What an unknown character scores: the lowest piece's score less SentencePiece's penalty."""
+        assert self.lowest is not None, "no pieces"
+        return float32(self.lowest - UNK_PENALTY)
+
+    def alone_in(self, text: str) -> int:
+        """The characters of ``text`` that are pieces alone."""
+        return sum(map(self._alone.__contains__, text))
+
+    def fewest(self, text: str) -> int:
+        """At least as many pieces as :func:`best_path` makes of ``text``: the search makes an
+        unknown only of a character that is no piece alone, so each one that is lies in a known
+        piece, of at most :attr:`longest` characters (a run of unknowns, one piece, is not counted)."""
+        return -(-self.alone_in(text) // self.longest) if self.longest else 0
 
 
 class CharacterMap:
@@ -117,9 +169,12 @@ class CharacterMap:
             raise IndexError(position)
         return self._units[position]
 
-    def longest_rule(self, data: bytes, start: int) -> tuple[int, bytes] | None:
-        """The longest rule matching ``data`` from ``start``: (bytes matched, replacement), or None."""
+    def longest_rule(self, data: bytes, start: int) -> tuple[tuple[int, bytes] | None, int]:
+        """The longest rule matching ``data`` from ``start`` ((bytes matched, replacement), or
+        None), and how many bytes from ``start`` the walk read to find it: the same bytes
+        anywhere give the same answer."""
         units = self._unit
+        read = len(data) - start
         try:
             unit = units(0)
             node = (unit >> 10) << ((unit & (1 << 9)) >> 6)
@@ -129,6 +184,7 @@ class CharacterMap:
                 node ^= byte
                 unit = units(node)
                 if (unit & ((1 << 31) | 0xFF)) != byte:
+                    read = index + 1 - start
                     break
                 node ^= (unit >> 10) << ((unit & (1 << 9)) >> 6)
                 if (unit >> 8) & 1:
@@ -138,12 +194,12 @@ class CharacterMap:
         except IndexError:
             raise BundleError("the precompiled character map's trie points outside itself.") from None
         if found is None:
-            return None
+            return None, read
         length, offset = found
         end = self._strings.find(b"\0", offset)
         if offset >= len(self._strings) or end < 0:
             raise BundleError("the precompiled character map names a replacement outside its strings.")
-        return length, self._strings[offset:end]
+        return (length, self._strings[offset:end]), read
 
 
 class SentencePieceModel:
@@ -175,8 +231,7 @@ class SentencePieceModel:
         unk = spec.get("unk_id")
         if not isinstance(unk, int) or isinstance(unk, bool) or not 0 <= unk < len(pieces):
             raise BundleError(f"{where}: unk_id must name one of the {len(pieces)} pieces.")
-        self._trie: dict = {}  # by character; a node's piece (id, float32 score) under the key None
-        lowest = None
+        self.pieces = Pieces()
         for index, entry in enumerate(pieces):
             if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
                     and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool)
@@ -195,31 +250,48 @@ class SentencePieceModel:
                                   f"its type says {'so' if kind == UNKNOWN else 'otherwise'}.")
             if kind != NORMAL:
                 continue  # unknown and control pieces are not searched; unused ones are skipped
-            add_piece(self._trie, piece, index, score, where)
-            lowest = score if lowest is None else min(lowest, score)
-        if lowest is None:
+            self.pieces.add(piece, index, score, where)
+        if self.pieces.lowest is None:
             raise BundleError(f"{where}: the SentencePiece model has no normal pieces.")
         self.unk_id = unk
-        self._unk_score = float32(lowest - UNK_PENALTY)
+        # normalize's answers by the bytes they depend on (see there), kept across texts
+        self._seen: dict[bytes, tuple[bytes, int]] = {}
 
-    def normalize(self, text: str) -> str:
-        """SentencePiece's ``Normalizer::Normalize`` of ``text``."""
+    def normalize(self, text: str, most_known: int | None = None) -> str | None:
+        """SentencePiece's ``Normalizer::Normalize`` of ``text``. ``most_known``: give up (None)
+        once the normalized text is certain to hold more characters that are pieces alone
+        (:attr:`pieces`) than that, which no segmentation of at most ``most_known / longest
+        piece`` pieces can cover."""
         data = text.encode("utf-8")  # the caller has refused lone surrogates (generator.py)
         position, size = 0, len(data)
         remove_extra = self.remove_extra_whitespaces
+        rules, seen = self._rules, self._seen
 
         def prefix(at: int) -> tuple[bytes, int]:
-            rule = self._rules.longest_rule(data, at) if self._rules is not None else None
+            # what the bytes from ``at`` begin with (a rule's replacement, else one character)
+            # depends only on the bytes the rule's walk read, and on the character: the same
+            # character and next byte give the same answer wherever the walk read no further
+            key = data[at : at + _utf8_length(data[at]) + 1]
+            answer = seen.get(key)
+            if answer is not None:
+                return answer
+            rule, read = rules.longest_rule(data, at) if rules is not None else (None, 1)
             if rule is not None:
-                return rule[1], rule[0]
-            length = _utf8_length(data[at])
-            chunk = data[at : at + length]
-            if length > 1:  # after a rule that ended inside a character (a hostile map): U+FFFD for
-                try:        # one byte, as SentencePiece reads malformed UTF-8
-                    chunk.decode("utf-8")
-                except UnicodeDecodeError:
-                    return REPLACEMENT_CHARACTER, 1
-            return chunk, length
+                answer = rule[1], rule[0]
+            else:
+                length = _utf8_length(data[at])
+                chunk = data[at : at + length]
+                answer = chunk, length
+                if length > 1:  # after a rule that ended inside a character (a hostile map): U+FFFD for
+                    try:        # one byte, as SentencePiece reads malformed UTF-8
+                        chunk.decode("utf-8")
+                    except UnicodeDecodeError:
+                        answer = REPLACEMENT_CHARACTER, 1
+            if read <= len(key):
+                if len(seen) >= SEEN_PREFIXES:
+                    seen.clear()
+                seen[key] = answer
+            return answer
 
         if remove_extra:
             while position < size:
@@ -234,6 +306,7 @@ class SentencePieceModel:
         if self.add_dummy_prefix:
             out += space
         previous_space = remove_extra
+        known, counted = 0, 0  # pieces-alone characters in out[:counted]
         while position < size:
             replacement, consumed = prefix(position)
             if previous_space:
@@ -244,20 +317,29 @@ class SentencePieceModel:
             position += consumed
             if not remove_extra:
                 previous_space = False
+            if most_known is not None and len(out) - counted >= COUNT_EVERY:
+                known += self.pieces.alone_in(out[counted:].decode("utf-8"))  # whole characters: every
+                counted = len(out)                                           # append is UTF-8
+                if known > most_known + 1:  # the end may lose one trailing space
+                    return None
         if remove_extra:
             while out.endswith(space):
                 del out[-len(space) :]
         return out.decode("utf-8")
 
-    def encode(self, text: str) -> list[str]:
-        """The pieces of ``text``: a known piece's string, or an unknown run's own text."""
-        return self.segment(self.normalize(text))
+    def encode(self, text: str, most: int | None = None) -> list[str] | None:
+        """The pieces of ``text``: a known piece's string, or an unknown run's own text.
+        ``most``: None, without segmenting, where ``text`` is certain to need more pieces."""
+        normalized = self.normalize(text, None if most is None else most * self.pieces.longest)
+        if normalized is None or (most is not None and self.pieces.fewest(normalized) > most):
+            return None
+        return self.segment(normalized)
 
     def segment(self, normalized: str) -> list[str]:
         """SentencePiece's ``EncodeOptimized`` over a normalized text (see the module docstring)."""
         pieces: list[str] = []
         previous_unknown = False
-        for start, end, found in best_path(normalized, self._trie, self._unk_score, self._round_sums):
+        for start, end, found in best_path(normalized, self.pieces.trie, self.pieces.unk_score, self._round_sums):
             if found is None and previous_unknown:  # SentencePiece merges a run of unknowns into one piece
                 pieces[-1] += normalized[start:end]
             else:
@@ -398,7 +480,9 @@ class PieceTokenizer:
                 chunks[index - 1] = (chunks[index - 1][0].rstrip(), chunks[index - 1][1])
         return [(chunk, is_added) for chunk, is_added in chunks if chunk]
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, most: int | None = None) -> list[int] | None:
+        """``text``'s ids, the end of sentence included. ``most``: None where they are certain to
+        be more than that (found before the search, often before normalizing all of ``text``)."""
         tokens: list[str] = []
         for chunk, is_added in self._split(text):
             if is_added:
@@ -407,7 +491,10 @@ class PieceTokenizer:
             if self._language_codes and chunk.startswith(">>") and (end := chunk.find("<<")) != -1:
                 tokens.append(chunk[: end + 2])
                 chunk = chunk[end + 2 :]
-            tokens.extend(self.model.encode(chunk))
+            pieces = self.model.encode(chunk, None if most is None else max(0, most - 1 - len(tokens)))
+            if pieces is None:
+                return None
+            tokens.extend(pieces)
         lookup = self._vocabulary.token_to_id
         return [self._unk_id if (found := lookup(token)) is None else found for token in tokens] + [self._eos_id]
 

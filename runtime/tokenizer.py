@@ -51,6 +51,9 @@ def _panicked(exc: BaseException) -> bool:
     return type(exc).__name__ == "PanicException"
 
 
+# how a text longer than the bundle takes is refused, after its length
+SPLIT_OR_REEXPORT = "(split the text, or re-export with a larger --max-source-len)."
+
 class TextCodec:
     def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None,
                  vocab_size: int | None = None, pieces: bytes | None = None) -> None:
@@ -117,17 +120,20 @@ class TextCodec:
         """Ids the tokenizer can produce, added tokens included (for bundle_checks.check_consistency)."""
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, texts: list[str], first_index: int = 0) -> list[list[int]]:
+    def encode(self, texts: list[str], first_index: int = 0, most: int | None = None) -> list[list[int]]:
         """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS).
-        ``first_index``: the index of ``texts[0]`` among the caller's, for messages."""
+        ``first_index``: the index of ``texts[0]`` among the caller's, for messages. ``most``:
+        the caller refuses texts of more tokens (the bundle's max_source_len); a segmenter in
+        Python stops as soon as a text is certain to exceed it, an ``InputError`` (its cost
+        then grows with ``most``, not with the text: a megabyte took seconds)."""
         try:
-            encoded = self._encode(texts)
+            encoded = self._encode(texts, first_index, most)
         except BaseException as exc:  # a panic is a BaseException; anything else goes on as it is
             if not _panicked(exc):
                 raise
             for index, text in enumerate(texts):  # which text: the others may be fine
                 try:
-                    self._encode([text])
+                    self._encode([text], first_index + index, most)
                 except BaseException as again:
                     if not _panicked(again):
                         raise
@@ -143,10 +149,15 @@ class TextCodec:
                                       "lack): the bundle's files do not belong together; re-run `aggdec export`.")
         return encoded
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
+    def _encode(self, texts: list[str], first_index: int, most: int | None) -> list[list[int]]:
         try:
             if self._segmenter is not None:
-                return [self._segmenter.encode(text) for text in texts]
+                encoded = [self._segmenter.encode(text, most) for text in texts]
+                for index, ids in enumerate(encoded):
+                    if ids is None:
+                        raise InputError(f"text {first_index + index} is more than {most} tokens long; this bundle "
+                                         f"accepts at most {most} {SPLIT_OR_REEXPORT}")
+                return encoded  # type: ignore[return-value]
             return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=True)]
         except Exception as exc:  # tokenizers raises a bare Exception (a WordLevel model without its [UNK] token)
             if isinstance(exc, AggdecError):

