@@ -67,6 +67,9 @@ LONGEST_PIECE = 512
 # a node of the search's trie costs about 250 bytes of Python dictionary: this many are half a
 # gigabyte, where long hostile pieces of a small file could otherwise take all memory
 MAX_TRIE_NODES = 2_000_000
+# a text is split at its added tokens by one regular expression that tries each of them at every
+# position: a hostile list of tens of thousands made a megabyte take a minute
+MAX_ADDED_TOKENS = 256
 SPACE_SYMBOL = "\u2581"
 REPLACEMENT_CHARACTER = "\ufffd".encode("utf-8")
 LONGEST_REPLACEMENT = 256  # bytes a normalization rule may write (see CharacterMap)
@@ -430,6 +433,9 @@ class PieceTokenizer:
         added = spec.get("added_tokens")
         if not isinstance(added, list):
             raise BundleError(f"{where}: added_tokens must be a list.")
+        if len(added) > MAX_ADDED_TOKENS:  # every text is searched for each of them
+            raise BundleError(f"{where}: {len(added):,} added tokens, more than the {MAX_ADDED_TOKENS} allowed (a "
+                              "MarianTokenizer has its special tokens: a handful).")
         self._strip: dict[str, tuple[bool, bool]] = {}
         for entry in added:
             if not (isinstance(entry, dict) and isinstance(entry.get("content"), str) and entry["content"]

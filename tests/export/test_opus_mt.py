@@ -216,7 +216,8 @@ def test_a_bundle_without_its_sentencepiece_file_or_with_a_bad_one_is_refused(op
                              "300 bytes"),
                             (lambda s: s["model"].update(unk_id=10**6), "unk_id"),
                             (lambda s: s["model"]["pieces"].__setitem__(5, ["x", "nan", 1]), "piece 5"),
-                            (lambda s: s.update(eos_token="<nowhere>"), "eos_token")):
+                            (lambda s: s.update(eos_token="<nowhere>"), "eos_token"),
+                            (lambda s: s.update(added_tokens=s["added_tokens"] * 300), "more than the 256 allowed")):
         broken = json.loads(json.dumps(spec))
         damage(broken)
         with pytest.raises(BundleError, match=message):
