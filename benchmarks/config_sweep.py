@@ -232,9 +232,17 @@ VARIANTS: list[Variant] = [
             refusal_words=("relative_attention_max_distance",)),
     Variant("mt5-small", "mt5", "mT5: gated-gelu, untied head, 32 buckets / 128",
             config=dict(relative_attention_num_buckets=32, relative_attention_max_distance=128)),
+    # ---------------------------------------------------------------- M2M100, NLLB
+    Variant("m2m100-418m", "m2m100", "m2m100_418M: relu, scale_embedding True, sinusoidal positions that skip "
+            "padding, no logits bias, decoder_start = eos, forced_bos_token_id = a language id",
+            config=dict(scale_embedding=True, init_std=0.2), extra_specials=("__de__",),
+            generation=dict(forced_bos_token_id="__de__")),
+    Variant("nllb-200", "m2m100", "nllb-200-distilled: as M2M100, with the target language given at export "
+            "by setting forced_bos_token_id", extra_specials=("fra_Latn",),
+            generation=dict(forced_bos_token_id="fra_Latn")),
+    Variant("m2m100-short-positions", "m2m100", "M2M100 with max_position_embeddings 24",
+            config=dict(max_position_embeddings=24), long_text=True),
     # ---------------------------------------------------------------- not supported
-    Variant("m2m100", "bart", "M2M100 / NLLB (M2M100Config)", expect=REFUSED, refusal_words=("M2M100Config",),
-            build=_save_other("M2M100ForConditionalGeneration", "M2M100Config", "bart", **BART_SMALL)),
     Variant("pegasus", "bart", "Pegasus", expect=REFUSED, refusal_words=("PegasusConfig",),
             build=_save_other("PegasusForConditionalGeneration", "PegasusConfig", "bart", **BART_SMALL)),
     Variant("led", "bart", "LED (Longformer encoder-decoder)", expect=REFUSED, refusal_words=("LEDConfig",),

@@ -44,7 +44,47 @@ def _bart_like_ffn(layer: nn.Module) -> Callable[[Tensor], Tensor]:
     return ffn
 
 
-def _bart_like_parts(model: nn.Module, *, position_offset: int, scale_tokens: bool, pre_norm: bool) -> DecoderParts:
+def _learned_positions(model: nn.Module, *, position_offset: int,
+                       scale_tokens: bool) -> Callable[[Tensor, Tensor], Tensor]:
+    """Marian, BART, mBART: a learned (Marian: fixed) position table read at position + offset,
+    and the embedding norm where the family has one."""
+    decoder = model.model.decoder
+    position_table = decoder.embed_positions.weight
+    embed_norm = getattr(decoder, "layernorm_embedding", None)
+    # Marian multiplies plain embeddings by embed_scale in the decoder; BART's embedding class
+    # applies its scale itself.
+    token_scale = decoder.embed_scale if scale_tokens else 1.0
+    last_position = position_table.shape[0] - 1
+
+    def embed(ids: Tensor, positions: Tensor) -> Tensor:
+        # Real tokens never pass the table (export caps max_target_len at it); a batch's padding
+        # after a row that is near its end may, and must not index past it.
+        index = torch.clamp(positions + position_offset, max=last_position)
+        hidden = decoder.embed_tokens(ids) * token_scale + position_table[index]
+        return embed_norm(hidden) if embed_norm is not None else hidden
+
+    return embed
+
+
+def _positions_skipping_padding(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
+    """M2M100 and NLLB: fixed sinusoidal positions that skip padding. transformers numbers a
+    decoder token ``cache length + 1 + pad id`` and a pad token ``pad id`` (whose row is zero),
+    token by token as greedy decoding runs; so a position here is the token's own, whatever
+    the block around it holds. The token embedding scales itself."""
+    decoder = model.model.decoder
+    table = decoder.embed_positions.weights  # transformers' own buffer: its bits
+    pad = int(decoder.embed_positions.padding_idx)
+    last_position = table.shape[0] - 1
+
+    def embed(ids: Tensor, positions: Tensor) -> Tensor:
+        index = torch.where(ids == pad, torch.full_like(positions, pad),
+                            torch.clamp(positions + pad + 1, max=last_position))
+        return decoder.embed_tokens(ids) + table[index]
+
+    return embed
+
+
+def _bart_like_parts(model: nn.Module, *, embed: Callable[[Tensor, Tensor], Tensor], pre_norm: bool) -> DecoderParts:
     decoder = model.model.decoder
     config = model.config
     layers = [
@@ -58,23 +98,10 @@ def _bart_like_parts(model: nn.Module, *, position_offset: int, scale_tokens: bo
         )
         for layer in decoder.layers
     ]
-    position_table = decoder.embed_positions.weight
-    embed_norm = getattr(decoder, "layernorm_embedding", None)
-    # Marian multiplies plain embeddings by embed_scale in the decoder; BART's embedding class
-    # applies its scale itself.
-    token_scale = decoder.embed_scale if scale_tokens else 1.0
-
-    last_position = position_table.shape[0] - 1
-
-    def embed(ids: Tensor, positions: Tensor) -> Tensor:
-        # Real tokens never pass the table (export caps max_target_len at it); a batch's padding
-        # after a row that is near its end may, and must not index past it.
-        index = torch.clamp(positions + position_offset, max=last_position)
-        hidden = decoder.embed_tokens(ids) * token_scale + position_table[index]
-        return embed_norm(hidden) if embed_norm is not None else hidden
+    bias = getattr(model, "final_logits_bias", None)  # BART's and Marian's; M2M100 has none
 
     def logits(hidden: Tensor) -> Tensor:
-        return model.lm_head(hidden) + model.final_logits_bias
+        return model.lm_head(hidden) + bias if bias is not None else model.lm_head(hidden)
 
     def cross_kv(index: int, encoder_hidden: Tensor) -> tuple[Tensor, Tensor]:
         attn = decoder.layers[index].encoder_attn
@@ -94,19 +121,34 @@ def _bart_like_parts(model: nn.Module, *, position_offset: int, scale_tokens: bo
     )
 
 
-def _bart_like_family(name: str, *, position_offset: int, scale_tokens: bool, pre_norm: bool) -> Family:
+def _table_positions(config: object) -> int:
+    return int(config.max_position_embeddings)
+
+
+def _sinusoid_positions_past_padding(config: object) -> int:
+    """M2M100's table has max_position_embeddings + 2 rows and its first position is the pad id
+    + 1 (transformers grows the table for longer texts; a bundle keeps the checkpoint's)."""
+    return int(config.max_position_embeddings) + 1 - int(getattr(config, "pad_token_id", None) or 0)
+
+
+def _bart_like_family(name: str, *, pre_norm: bool, embed: Callable[[nn.Module], Callable[[Tensor, Tensor], Tensor]],
+                      position_limit: Callable[[object], int | None] = _table_positions) -> Family:
     return Family(
         name=name,
-        position_limit=lambda config: int(config.max_position_embeddings),
-        decoder_parts=lambda m: _bart_like_parts(m, position_offset=position_offset, scale_tokens=scale_tokens,
-                                                 pre_norm=pre_norm),
+        position_limit=position_limit,
+        decoder_parts=lambda m: _bart_like_parts(m, embed=embed(m), pre_norm=pre_norm),
         encoder=lambda m: m.model.encoder,
     )
 
 
-MARIAN = _bart_like_family("marian", position_offset=0, scale_tokens=True, pre_norm=False)
-BART = _bart_like_family("bart", position_offset=2, scale_tokens=False, pre_norm=False)
-MBART = _bart_like_family("mbart", position_offset=2, scale_tokens=False, pre_norm=True)
+MARIAN = _bart_like_family("marian", pre_norm=False,
+                           embed=lambda m: _learned_positions(m, position_offset=0, scale_tokens=True))
+BART = _bart_like_family("bart", pre_norm=False,
+                         embed=lambda m: _learned_positions(m, position_offset=2, scale_tokens=False))
+MBART = _bart_like_family("mbart", pre_norm=True,
+                          embed=lambda m: _learned_positions(m, position_offset=2, scale_tokens=False))
+M2M100 = _bart_like_family("m2m100", pre_norm=True, embed=_positions_skipping_padding,  # NLLB's checkpoints too
+                           position_limit=_sinusoid_positions_past_padding)
 
 # ---------------------------------------------------------------- T5, mT5
 
@@ -199,6 +241,7 @@ REGISTRY: dict[str, Family] = {
     "MBartConfig": MBART,
     "T5Config": T5,
     "MT5Config": T5,
+    "M2M100Config": M2M100,  # NLLB's checkpoints too
 }
 ARCHITECTURES = {
     "MarianConfig": "MarianMTModel",
@@ -206,6 +249,7 @@ ARCHITECTURES = {
     "MBartConfig": "MBartForConditionalGeneration",
     "T5Config": "T5ForConditionalGeneration",
     "MT5Config": "MT5ForConditionalGeneration",
+    "M2M100Config": "M2M100ForConditionalGeneration",
 }
 
 

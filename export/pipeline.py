@@ -163,11 +163,16 @@ def _load(src: Path, config):
         return model, convert(tokenizer, int(model.get_output_embeddings().weight.shape[0]), str(src)), \
             _generation_config(src, config)
     if not getattr(tokenizer, "is_fast", False):
-        raise ExportError(
-            f"the tokenizer in {str(src)!r} is a slow ({type(tokenizer).__name__}) tokenizer; aggdec's runtime needs "
-            "tokenizer.json. Convert it with transformers (AutoTokenizer.from_pretrained(..., use_fast=True)."
-            "save_pretrained) first."
-        )
+        try:
+            convertible = getattr(AutoTokenizer.from_pretrained(src, use_fast=True), "is_fast", False)
+        except Exception:  # noqa: BLE001 - no fast version is all this asks
+            convertible = False
+        advice = ("Convert it with transformers (AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained) "
+                  "first." if convertible else
+                  "transformers has no fast version of it, and aggdec reproduces only MarianTokenizer's slow rules "
+                  "(M2M100Tokenizer, for one, is not supported yet; NLLB checkpoints ship tokenizer.json).")
+        raise ExportError(f"the tokenizer in {str(src)!r} is a slow ({type(tokenizer).__name__}) tokenizer; aggdec's "
+                          f"runtime needs tokenizer.json. {advice}")
     return model, tokenizer, _generation_config(src, config)
 
 

@@ -95,7 +95,7 @@ class GraphSpec:
 class Manifest:
     """Everything the runtime knows about a bundle. Field meanings are documented inline."""
 
-    family: str  # adapter name: "marian", "bart", "mbart", "t5"
+    family: str  # adapter name: "marian", "bart", "mbart", "t5", "m2m100"
     architecture: str  # the Hugging Face class the bundle was exported from
     vocab_size: int
     d_model: int

@@ -201,7 +201,8 @@ def test_validation_catches_a_wrong_graph(random_checkpoint, tmp_path, monkeypat
     """A family adapter with BART's position offset applied to Marian must fail validation."""
     wrong = dataclasses.replace(
         families.MARIAN,
-        decoder_parts=lambda m: families._bart_like_parts(m, position_offset=2, scale_tokens=True, pre_norm=False),
+        decoder_parts=lambda m: families._bart_like_parts(
+            m, embed=families._learned_positions(m, position_offset=2, scale_tokens=True), pre_norm=False),
     )
     monkeypatch.setitem(families.REGISTRY, "MarianConfig", wrong)
     with pytest.raises(ValidationError, match="verifier"):

@@ -170,7 +170,8 @@ def test_a_text_longer_than_the_bundle_takes_is_refused_before_all_of_it_is_segm
         if len(want) <= limit:
             assert generator.encode([text]) == [want]
         else:
-            with pytest.raises(InputError, match=f"is (more than )?[0-9]+ tokens long; this bundle accepts at most {limit}"):
+            refused = f"is (more than )?[0-9]+ tokens long; this bundle accepts at most {limit}"
+            with pytest.raises(InputError, match=refused):
                 generator.encode([text])
     huge = " ".join(words) * 2000
     with pytest.raises(InputError, match=f"text 0 is more than {limit} tokens long"):

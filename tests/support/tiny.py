@@ -32,6 +32,8 @@ from transformers import (
     BartConfig,
     BartForConditionalGeneration,
     GenerationConfig,
+    M2M100Config,
+    M2M100ForConditionalGeneration,
     MarianConfig,
     MarianMTModel,
     MBartConfig,
@@ -58,6 +60,8 @@ __all__ = [
 ]
 
 FAMILIES: tuple[str, ...] = ("marian", "bart", "mbart", "t5", "mt5")
+# built like the others, but not in every family-parametrized test (CI time): their own tests
+OTHER_FAMILIES: tuple[str, ...] = ("m2m100",)
 
 #: Special tokens (role -> token text) of every family.  Their ids are fixed by :func:`_vocab_layout`:
 #:   marian:     </s>=0, <unk>=1, words..., <pad>=last   (real opus-mt: pad is the last id, eos is 0)
@@ -67,6 +71,7 @@ SPECIAL_TOKENS: dict[str, dict[str, str]] = {
     "marian": {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "bart": {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "mbart": {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "m2m100": {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "t5": {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "mt5": {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
 }
@@ -80,8 +85,8 @@ _PAD_LOGIT_BIAS = -100.0
 
 
 def _check_family(family: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    if family not in FAMILIES + OTHER_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES + OTHER_FAMILIES}")
 
 
 def default_words(n: int = 120) -> list[str]:
@@ -98,7 +103,7 @@ def _vocab_layout(family: str, words: Sequence[str]) -> list[str]:
     """Token strings in id order for ``family``."""
     if family == "marian":
         return ["</s>", "<unk>", *words, "<pad>"]
-    if family in ("bart", "mbart"):
+    if family in ("bart", "mbart", "m2m100"):
         return ["<s>", "<pad>", "</s>", "<unk>", *words]
     return ["<pad>", "</s>", "<unk>", *words]  # t5 / mt5
 
@@ -188,6 +193,13 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
         relative_attention_num_buckets=8, relative_attention_max_distance=20,
         feed_forward_proj="relu", tie_word_embeddings=True, initializer_factor=3.0,
     ),
+    # unscaled token embeddings and a small init: the fixed sinusoids then weigh enough for
+    # outputs of varied lengths (scaled, greedy ends at once or never); NLLB's scaling has a test
+    "m2m100": dict(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="relu", scale_embedding=False,
+        max_position_embeddings=MODEL_MAX_LENGTH, init_std=0.1, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+    ),
     "mt5": dict(
         d_model=64, d_kv=8, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=20,
@@ -201,6 +213,7 @@ _MODEL_CLASSES: dict[str, tuple[type, type[PreTrainedModel]]] = {
     "mbart": (MBartConfig, MBartForConditionalGeneration),
     "t5": (T5Config, T5ForConditionalGeneration),
     "mt5": (MT5Config, MT5ForConditionalGeneration),
+    "m2m100": (M2M100Config, M2M100ForConditionalGeneration),
 }
 
 _NO_DROPOUT: dict[str, dict[str, float]] = {
@@ -214,7 +227,7 @@ def _special_ids(family: str, tokenizer: PreTrainedTokenizerFast) -> dict[str, i
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     bos = tokenizer.bos_token_id if "bos_token" in SPECIAL_TOKENS[family] else None
     # marian and t5 start decoding from <pad>; bart/mbart from </s>.
-    decoder_start = eos if family in ("bart", "mbart") else pad
+    decoder_start = eos if family in ("bart", "mbart", "m2m100") else pad
     return dict(pad_token_id=pad, eos_token_id=eos, bos_token_id=bos, decoder_start_token_id=decoder_start)
 
 

@@ -1,0 +1,108 @@
+"""M2M100 and NLLB checkpoints (``M2M100Config``): mBART's layers with sinusoidal positions that
+skip padding. Exported and decoded exactly as transformers decodes them: greedy, IAD, beams,
+IO binding on and off; the position rule against transformers' own module."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggdec.export import export_bundle
+from aggdec.runtime.generator import Generator
+from tests.runtime.test_beam import assert_same, beam_outputs, transformers_beam
+from tests.runtime.test_lossless import random_texts, transformers_greedy
+from tests.support import tiny
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module", params=["unscaled", "scaled"])
+def m2m100(request, tmp_path_factory):
+    """A tiny random M2M100, with unscaled token embeddings (outputs of varied lengths) and with
+    NLLB's and m2m100_418M's scaled ones; and its bundle."""
+    folder = tmp_path_factory.mktemp(f"m2m100-{request.param}")
+    overrides = {"scale_embedding": True, "init_std": 0.2} if request.param == "scaled" else {}
+    checkpoint = tiny.build_random_checkpoint("m2m100", folder / "checkpoint", seed=1, **overrides)
+    export_bundle(checkpoint, folder / "bundle", progress=None)
+    return checkpoint, folder / "bundle"
+
+
+def test_greedy_and_iad_equal_transformers_greedy(m2m100):
+    checkpoint, bundle = m2m100
+    texts = random_texts(seed=31, count=16)
+    expected = transformers_greedy(checkpoint, texts, MAX_NEW)
+    if bundle.parent.name.startswith("m2m100-unscaled"):
+        assert len({len(ids) for ids in expected}) > 3  # EOS at several steps, not only at the limit
+    for io_binding in (True, False):
+        generator = Generator(bundle, io_binding=io_binding)
+        for batch_size in (1, 5):
+            for mode in ("greedy", "iad"):
+                got = generator.generate(texts, mode=mode, max_new_tokens=MAX_NEW, batch_size=batch_size)
+                assert [r.ids for r in got] == expected, (mode, batch_size, io_binding)
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_beams_equal_transformers_beams(m2m100, num_beams):
+    checkpoint, bundle = m2m100
+    texts = random_texts(seed=37, count=8)
+    expected = transformers_beam(checkpoint, texts, MAX_NEW, num_beams, num_return_sequences=num_beams)
+    generator = Generator(bundle)
+    for batch_size in (1, 8):
+        got = generator.generate(texts, max_new_tokens=MAX_NEW, batch_size=batch_size, num_beams=num_beams,
+                                 num_return_sequences=num_beams)
+        assert_same(beam_outputs(got), expected, (num_beams, batch_size), 1e-4)
+
+
+def test_a_decoder_position_is_the_tokens_own_and_a_pad_token_takes_the_pad_row(m2m100):
+    """transformers numbers decoder tokens as they are fed one at a time: cache length + 1 + pad
+    id, and a pad token the pad id (a zero row). The export's embedding gives each position of a
+    block what that token gets alone, pad tokens included."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from aggdec.export.families import family_for
+
+    checkpoint, _ = m2m100
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    decoder = model.model.decoder
+    pad = model.config.pad_token_id
+    ids = torch.tensor([[model.config.decoder_start_token_id, 7, pad, 9, pad, 11]])
+    embed = family_for(model.config).decoder_parts(model).embed
+    with torch.no_grad():
+        ours = embed(ids, torch.arange(ids.shape[1]).unsqueeze(0))
+        for step in range(ids.shape[1]):
+            token = ids[:, step : step + 1]
+            theirs = decoder.embed_tokens(token) + decoder.embed_positions(token, None, step)
+            assert torch.equal(ours[:, step : step + 1], theirs), step
+
+
+def test_a_checkpoint_with_the_slow_m2m100_tokenizer_is_refused_saying_why(tmp_path):
+    """The Hub's M2M100 checkpoints ship the slow M2M100Tokenizer (sentencepiece.bpe.model and
+    vocab.json), of which transformers has no fast version: refused, and the message does not
+    advise a conversion that cannot be made."""
+    import json
+
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    from aggdec.runtime.errors import ExportError
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(tiny.default_words(30)[i : i + 8]) for i in range(20)), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sentencepiece.bpe"),
+                                             vocab_size=60, model_type="bpe", hard_vocab_limit=False, minloglevel=2)
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "sentencepiece.bpe.model"))
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for index in range(processor.get_piece_size()):
+        vocab.setdefault(processor.id_to_piece(index), len(vocab))
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    checkpoint = tmp_path / "checkpoint"
+    M2M100Tokenizer(vocab_file=str(tmp_path / "vocab.json"), spm_file=str(tmp_path / "sentencepiece.bpe.model"),
+                    src_lang="en", tgt_lang="de").save_pretrained(checkpoint)
+    M2M100ForConditionalGeneration(M2M100Config(vocab_size=len(vocab) + 110, d_model=16, encoder_layers=1,
+                                                decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                                                encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64)
+                                   ).save_pretrained(checkpoint)
+    with pytest.raises(ExportError, match="slow \\(M2M100Tokenizer\\).*no fast version") as refused:
+        export_bundle(checkpoint, tmp_path / "bundle", progress=None)
+    assert "use_fast=True" not in str(refused.value)
+    assert not (tmp_path / "bundle").exists()
