@@ -136,8 +136,6 @@ def _save_other(model_cls_name: str, config_cls_name: str, tokenizer_family: str
     return build
 
 
-BART_SMALL = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                  decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64)
 
 # bart-large-cnn's generation config (generation_config.json on the Hub)
 CNN_GENERATION = dict(forced_bos_token_id=0, forced_eos_token_id=2, no_repeat_ngram_size=3, min_length=56,
@@ -242,9 +240,15 @@ VARIANTS: list[Variant] = [
             generation=dict(forced_bos_token_id="fra_Latn")),
     Variant("m2m100-short-positions", "m2m100", "M2M100 with max_position_embeddings 24",
             config=dict(max_position_embeddings=24), long_text=True),
+    # ---------------------------------------------------------------- Pegasus
+    Variant("pegasus-xsum", "pegasus", "pegasus-xsum: pre-norm, relu, scale_embedding True, fixed sinusoids at "
+            "offset 0, decoder start = pad, num_beams 8 and length_penalty 0.6 in its generation config",
+            config=dict(scale_embedding=True, init_std=0.2), generation=dict(num_beams=8, length_penalty=0.6)),
+    Variant("pegasus-gelu-noscale", "pegasus", "Pegasus with gelu and scale_embedding False",
+            config=dict(activation_function="gelu")),
+    Variant("pegasus-short-positions", "pegasus", "Pegasus with max_position_embeddings 24",
+            config=dict(max_position_embeddings=24), long_text=True),
     # ---------------------------------------------------------------- not supported
-    Variant("pegasus", "bart", "Pegasus", expect=REFUSED, refusal_words=("PegasusConfig",),
-            build=_save_other("PegasusForConditionalGeneration", "PegasusConfig", "bart", **BART_SMALL)),
     Variant("led", "bart", "LED (Longformer encoder-decoder)", expect=REFUSED, refusal_words=("LEDConfig",),
             build=_save_other("LEDForConditionalGeneration", "LEDConfig", "bart", d_model=16, encoder_layers=1,
                               decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,

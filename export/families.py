@@ -46,13 +46,13 @@ def _bart_like_ffn(layer: nn.Module) -> Callable[[Tensor], Tensor]:
 
 def _learned_positions(model: nn.Module, *, position_offset: int,
                        scale_tokens: bool) -> Callable[[Tensor, Tensor], Tensor]:
-    """Marian, BART, mBART: a learned (Marian: fixed) position table read at position + offset,
-    and the embedding norm where the family has one."""
+    """Marian, BART, mBART, Pegasus: a learned (Marian, Pegasus: fixed) position table read at
+    position + offset, and the embedding norm where the family has one."""
     decoder = model.model.decoder
     position_table = decoder.embed_positions.weight
     embed_norm = getattr(decoder, "layernorm_embedding", None)
-    # Marian multiplies plain embeddings by embed_scale in the decoder; BART's embedding class
-    # applies its scale itself.
+    # Marian and Pegasus multiply plain embeddings by embed_scale in the decoder; BART's
+    # embedding class applies its scale itself.
     token_scale = decoder.embed_scale if scale_tokens else 1.0
     last_position = position_table.shape[0] - 1
 
@@ -147,6 +147,9 @@ BART = _bart_like_family("bart", pre_norm=False,
                          embed=lambda m: _learned_positions(m, position_offset=2, scale_tokens=False))
 MBART = _bart_like_family("mbart", pre_norm=True,
                           embed=lambda m: _learned_positions(m, position_offset=2, scale_tokens=False))
+# Pegasus: mBART's layers with Marian's fixed sinusoids (offset 0) and embedding scale
+PEGASUS = _bart_like_family("pegasus", pre_norm=True,
+                            embed=lambda m: _learned_positions(m, position_offset=0, scale_tokens=True))
 M2M100 = _bart_like_family("m2m100", pre_norm=True, embed=_positions_skipping_padding,  # NLLB's checkpoints too
                            position_limit=_sinusoid_positions_past_padding)
 
@@ -242,6 +245,7 @@ REGISTRY: dict[str, Family] = {
     "T5Config": T5,
     "MT5Config": T5,
     "M2M100Config": M2M100,  # NLLB's checkpoints too
+    "PegasusConfig": PEGASUS,
 }
 ARCHITECTURES = {
     "MarianConfig": "MarianMTModel",
@@ -250,6 +254,7 @@ ARCHITECTURES = {
     "T5Config": "T5ForConditionalGeneration",
     "MT5Config": "MT5ForConditionalGeneration",
     "M2M100Config": "M2M100ForConditionalGeneration",
+    "PegasusConfig": "PegasusForConditionalGeneration",
 }
 
 

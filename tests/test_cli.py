@@ -75,9 +75,10 @@ def test_cuda_without_gpu_is_one_error_line(cli_bundle):
 
 
 def test_unknown_family_is_one_error_line(tmp_path):
-    from transformers import PegasusConfig
+    from transformers import FSMTConfig
 
-    PegasusConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1).save_pretrained(tmp_path / "ckpt")
+    FSMTConfig(langs=["en", "de"], src_vocab_size=50, tgt_vocab_size=50, d_model=16, encoder_layers=1,
+               decoder_layers=1).save_pretrained(tmp_path / "ckpt")
     assert_one_clean_error(aggdec("export", str(tmp_path / "ckpt"), str(tmp_path / "out")), "supported")
 
 

@@ -227,15 +227,17 @@ def test_refuses_to_overwrite_without_force(random_checkpoint, tmp_path):
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
-    from transformers import PegasusConfig
+    from transformers import FSMTConfig
 
-    PegasusConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1).save_pretrained(tmp_path / "ckpt")
+    FSMTConfig(langs=["en", "de"], src_vocab_size=50, tgt_vocab_size=50, d_model=16, encoder_layers=1,
+               decoder_layers=1).save_pretrained(tmp_path / "ckpt")
     with pytest.raises(UnsupportedModelError) as error:
         export_bundle(tmp_path / "ckpt", tmp_path / "out", progress=None)
     message = str(error.value)
-    assert "PegasusConfig" in message
+    assert "FSMTConfig" in message
     for name in ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration",
-                 "T5ForConditionalGeneration", "MT5ForConditionalGeneration"):
+                 "T5ForConditionalGeneration", "MT5ForConditionalGeneration", "M2M100ForConditionalGeneration",
+                 "PegasusForConditionalGeneration"):
         assert name in message
 
 

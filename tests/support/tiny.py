@@ -36,6 +36,8 @@ from transformers import (
     M2M100ForConditionalGeneration,
     MarianConfig,
     MarianMTModel,
+    PegasusConfig,
+    PegasusForConditionalGeneration,
     MBartConfig,
     MBartForConditionalGeneration,
     MT5Config,
@@ -61,7 +63,7 @@ __all__ = [
 
 FAMILIES: tuple[str, ...] = ("marian", "bart", "mbart", "t5", "mt5")
 # built like the others, but not in every family-parametrized test (CI time): their own tests
-OTHER_FAMILIES: tuple[str, ...] = ("m2m100",)
+OTHER_FAMILIES: tuple[str, ...] = ("m2m100", "pegasus")
 
 #: Special tokens (role -> token text) of every family.  Their ids are fixed by :func:`_vocab_layout`:
 #:   marian:     </s>=0, <unk>=1, words..., <pad>=last   (real opus-mt: pad is the last id, eos is 0)
@@ -72,6 +74,7 @@ SPECIAL_TOKENS: dict[str, dict[str, str]] = {
     "bart": {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "mbart": {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "m2m100": {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "pegasus": {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "t5": {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
     "mt5": {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
 }
@@ -200,6 +203,11 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
         encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="relu", scale_embedding=False,
         max_position_embeddings=MODEL_MAX_LENGTH, init_std=0.1, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
     ),
+    "pegasus": dict(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="relu", scale_embedding=False,
+        max_position_embeddings=MODEL_MAX_LENGTH, init_std=0.1,
+    ),
     "mt5": dict(
         d_model=64, d_kv=8, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=20,
@@ -214,6 +222,7 @@ _MODEL_CLASSES: dict[str, tuple[type, type[PreTrainedModel]]] = {
     "t5": (T5Config, T5ForConditionalGeneration),
     "mt5": (MT5Config, MT5ForConditionalGeneration),
     "m2m100": (M2M100Config, M2M100ForConditionalGeneration),
+    "pegasus": (PegasusConfig, PegasusForConditionalGeneration),
 }
 
 _NO_DROPOUT: dict[str, dict[str, float]] = {

@@ -1,6 +1,7 @@
-"""M2M100 and NLLB checkpoints (``M2M100Config``): mBART's layers with sinusoidal positions that
-skip padding. Exported and decoded exactly as transformers decodes them: greedy, IAD, beams,
-IO binding on and off; the position rule against transformers' own module."""
+"""M2M100/NLLB (``M2M100Config``: mBART's layers with sinusoidal positions that skip padding)
+and Pegasus (``PegasusConfig``: mBART's layers with Marian's fixed sinusoids and embedding
+scale) checkpoints, exported and decoded exactly as transformers decodes them: greedy, IAD,
+beams, IO binding on and off; M2M100's position rule against transformers' own module."""
 
 from __future__ import annotations
 
@@ -13,24 +14,35 @@ from tests.runtime.test_lossless import random_texts, transformers_greedy
 from tests.support import tiny
 
 MAX_NEW = 24
+pytestmark = pytest.mark.xdist_group("nllb_pegasus")  # one worker builds the module's fixtures once
 
 
-@pytest.fixture(scope="module", params=["unscaled", "scaled"])
-def m2m100(request, tmp_path_factory):
-    """A tiny random M2M100, with unscaled token embeddings (outputs of varied lengths) and with
-    NLLB's and m2m100_418M's scaled ones; and its bundle."""
-    folder = tmp_path_factory.mktemp(f"m2m100-{request.param}")
-    overrides = {"scale_embedding": True, "init_std": 0.2} if request.param == "scaled" else {}
-    checkpoint = tiny.build_random_checkpoint("m2m100", folder / "checkpoint", seed=1, **overrides)
+def _build(tmp_path_factory, family: str, embeddings: str):
+    folder = tmp_path_factory.mktemp(f"{family}-{embeddings}")
+    overrides = {"scale_embedding": True, "init_std": 0.2} if embeddings == "scaled" else {}
+    checkpoint = tiny.build_random_checkpoint(family, folder / "checkpoint", seed=1, **overrides)
     export_bundle(checkpoint, folder / "bundle", progress=None)
     return checkpoint, folder / "bundle"
 
 
-def test_greedy_and_iad_equal_transformers_greedy(m2m100):
-    checkpoint, bundle = m2m100
+@pytest.fixture(scope="module", params=[("m2m100", "unscaled"), ("m2m100", "scaled"), ("pegasus", "unscaled"),
+                                        ("pegasus", "scaled")], ids=lambda p: "-".join(p))
+def checkpoint_and_bundle(request, tmp_path_factory):
+    """A tiny random model with unscaled token embeddings (outputs of varied lengths) and with
+    the real checkpoints' scaled ones (NLLB, m2m100_418M, pegasus-xsum); and its bundle."""
+    return _build(tmp_path_factory, *request.param)
+
+
+@pytest.fixture(scope="module")
+def m2m100(tmp_path_factory):
+    return _build(tmp_path_factory, "m2m100", "unscaled")
+
+
+def test_greedy_and_iad_equal_transformers_greedy(checkpoint_and_bundle):
+    checkpoint, bundle = checkpoint_and_bundle
     texts = random_texts(seed=31, count=16)
     expected = transformers_greedy(checkpoint, texts, MAX_NEW)
-    if bundle.parent.name.startswith("m2m100-unscaled"):
+    if "-unscaled" in bundle.parent.name:
         assert len({len(ids) for ids in expected}) > 3  # EOS at several steps, not only at the limit
     for io_binding in (True, False):
         generator = Generator(bundle, io_binding=io_binding)
@@ -40,9 +52,9 @@ def test_greedy_and_iad_equal_transformers_greedy(m2m100):
                 assert [r.ids for r in got] == expected, (mode, batch_size, io_binding)
 
 
-@pytest.mark.parametrize("num_beams", [2, 4])
-def test_beams_equal_transformers_beams(m2m100, num_beams):
-    checkpoint, bundle = m2m100
+def test_beams_equal_transformers_beams(checkpoint_and_bundle):
+    checkpoint, bundle = checkpoint_and_bundle
+    num_beams = 4
     texts = random_texts(seed=37, count=8)
     expected = transformers_beam(checkpoint, texts, MAX_NEW, num_beams, num_return_sequences=num_beams)
     generator = Generator(bundle)
