@@ -31,24 +31,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tree_import import PREAMBLE
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# The child: imports ``aggdec`` from the tree named by AGGDEC_TREE (its ``aggdec/`` with
-# ``runtime/`` and ``export/`` laid under it as the installed package maps them).
-CHILD = r"""
-import hashlib, json, os, sys, tempfile, time
-tree = os.environ["AGGDEC_TREE"]
-top = tempfile.mkdtemp()
-pkg = os.path.join(top, "aggdec")
-os.mkdir(pkg)
-for name in os.listdir(os.path.join(tree, "aggdec")):
-    os.symlink(os.path.join(tree, "aggdec", name), os.path.join(pkg, name))
-for name in ("runtime", "export"):
-    if not os.path.exists(os.path.join(pkg, name)):
-        os.symlink(os.path.join(tree, name), os.path.join(pkg, name))
+# The child: this tree's aggdec (tree_import.PREAMBLE), and host_share's clock
+CHILD = PREAMBLE + r"""
+import hashlib, json, time
 sys.path.insert(0, os.environ["AGGDEC_BENCHMARKS"])  # host_share's clock (it imports aggdec only in main)
 from host_share import OrtClock
-sys.path.insert(0, top)  # before host_share's own root: this tree's aggdec
+sys.path.insert(0, top)  # again: host_share put its own root first, and this tree's aggdec goes before it
 clock = OrtClock()
 import aggdec
 import aggdec.runtime.decoding.loop as loop

@@ -20,20 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHILD = r"""
-import hashlib, json, os, sys, tempfile, time
-tree = os.environ["AGGDEC_TREE"]
-top = tempfile.mkdtemp()
-pkg = os.path.join(top, "aggdec")
-os.mkdir(pkg)
-for name in os.listdir(os.path.join(tree, "aggdec")):
-    os.symlink(os.path.join(tree, "aggdec", name), os.path.join(pkg, name))
-for name in ("runtime", "export"):
-    if not os.path.exists(os.path.join(pkg, name)):
-        os.symlink(os.path.join(tree, name), os.path.join(pkg, name))
-sys.path.insert(0, top)
-import aggdec.runtime.generator as generator_module
-assert os.path.realpath(generator_module.__file__).startswith(os.path.realpath(tree) + os.sep)
+from tree_import import PREAMBLE, check_from_tree
+
+CHILD = PREAMBLE + check_from_tree("aggdec.runtime.generator") + r"""
+import hashlib, json, time
 from aggdec.runtime.errors import InputError
 from aggdec.runtime.generator import Generator
 bundle, path = sys.argv[1], sys.argv[2]
