@@ -124,6 +124,38 @@ def _check_special_ids(tokenizer, ids: dict[str, int | None]) -> None:
                               "save_pretrained, or set the right id in the config.")
 
 
+def _language_id(tokenizer, code: str, option: str) -> int:
+    """The id of the language code ``code``: a special token of the tokenizer, or ExportError."""
+    if not isinstance(code, str) or not code:
+        raise ExportError(f"{option} must be a language code, got {code!r}.")
+    special = [(index, token.content) for index, token in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
+               if token.special]
+    found = next((index for index, content in special if content == code), None)
+    if found is None:
+        codes = sorted(content for _, content in special if "_" in content)  # NLLB's eng_Latn, mBART's en_XX
+        shown = ", ".join(codes[:8]) + (", ..." if len(codes) > 8 else "")
+        raise ExportError(f"{option} {code!r} is not one of the tokenizer's special tokens"
+                          + (f" (its language codes include {shown})." if codes else "; it has no language codes."))
+    return int(found)
+
+
+def _set_source_language(tokenizer, code: str) -> None:
+    """Make ``tokenizer`` put ``code`` before each text, as ``src_lang`` does for NLLB's and
+    mBART-50's tokenizers; checked on a text, so the bundle's tokenizer.json is known to do it."""
+    language = _language_id(tokenizer, code, "--source-language")
+    if not hasattr(type(tokenizer), "src_lang"):
+        raise ExportError(f"--source-language: the tokenizer ({type(tokenizer).__name__}) has no source language "
+                          "(src_lang); its texts are encoded as it saved them.")
+    try:
+        tokenizer.src_lang = code
+        ids = tokenizer("a").input_ids
+    except Exception as exc:  # noqa: BLE001 - the tokenizer's own refusal, said in one line
+        raise ExportError(f"--source-language {code!r}: the tokenizer refused it ({one_line(exc)}).") from exc
+    if language not in ids:
+        raise ExportError(f"--source-language {code!r}: the tokenizer ({type(tokenizer).__name__}) does not put it "
+                          "before a text after setting src_lang.")
+
+
 def _read_config(src: Path):
     """The checkpoint's config and family adapter: refuses a bad source before any heavy work."""
     from transformers import AutoConfig
@@ -202,6 +234,8 @@ def export_bundle(
     argmax_graph: bool = True,
     cross_key_layout: str = KEYS_TRANSPOSED,
     ignore_generation_settings: bool = False,
+    source_language: str | None = None,
+    target_language: str | None = None,
     progress: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export ``src_dir`` (a save_pretrained directory) to the bundle directory ``out_dir``.
@@ -224,12 +258,20 @@ def export_bundle(
     greedy output and aggdec does not apply (:data:`IGNORED_GENERATION_SETTINGS`: n-gram
     blocking, repetition penalties, minimum lengths, ...) is refused unless this is True; the
     bundle then decodes as transformers' ``generate`` does with those settings neutral.
+    ``source_language``, ``target_language``: for a multilingual checkpoint (NLLB, mBART-50),
+    the language code its tokenizer puts before each text (the tokenizer's ``src_lang``) and the
+    one decoding starts with (``forced_bos_token_id``), in place of what the folder saved: a
+    bundle translates one pair.
     """
     from .marian.export import export_marian, is_marian_folder
 
     if cross_key_layout not in CROSS_KEY_LAYOUTS:
         raise ExportError(f"cross_key_layout must be one of {', '.join(CROSS_KEY_LAYOUTS)}, got {cross_key_layout!r}.")
 
+    if (source_language is not None or target_language is not None) and is_marian_folder(Path(src_dir)):
+        raise ExportError("--source-language and --target-language apply to Hugging Face checkpoints; a Marian "
+                          "folder's languages are its model's (OPUS-MT's multilingual ones take a >>code<< at the "
+                          "start of each text).")
     if precision == "fp32" and is_marian_folder(Path(src_dir)):  # Marian's own format (export/marian/)
         return export_marian(src_dir, out_dir, force=force, top_k=top_k, opset=opset, max_source_len=max_source_len,
                              max_target_len=max_target_len, drafter_dir=drafter_dir, int8_drafter=int8_drafter,
@@ -240,7 +282,8 @@ def export_bundle(
                                  argmax_graph=argmax_graph, cross_key_layout=cross_key_layout,
                                  max_source_len=max_source_len, max_target_len=max_target_len,
                                  drafter_dir=drafter_dir, precision=precision, progress=progress,
-                                 ignore_generation_settings=ignore_generation_settings)
+                                 ignore_generation_settings=ignore_generation_settings,
+                                 source_language=source_language, target_language=target_language)
     if reference != "marian":
         raise ExportError(f"--reference {reference} applies to Marian model folders; "
                           f"{str(src_dir)!r} is not one.")
@@ -263,6 +306,8 @@ def export_bundle(
     config, family = _read_config(src)
     say(progress, f"[1/5] loading {src} ({family.name})")
     model, tokenizer, generation_config = _load(src, config)
+    if source_language is not None:
+        _set_source_language(tokenizer, source_language)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     if top_k > vocab:
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
@@ -282,6 +327,9 @@ def export_bundle(
         say(progress, f"      note: generation config sets {', '.join(defaults)}; aggdec takes the search and the "
                       "length limit from each generate call (greedy, the bundle's max_target_len), not from it")
     forced_bos = getattr(generation_config, "forced_bos_token_id", None)
+    if target_language is not None:
+        forced_bos = _language_id(tokenizer, target_language, "--target-language")
+        say(progress, f"      decoding starts with {target_language} (forced_bos_token_id {forced_bos})")
     forced_eos = getattr(generation_config, "forced_eos_token_id", None)
     if isinstance(forced_eos, list):
         if len(set(forced_eos)) > 1:

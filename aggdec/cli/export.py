@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="export a checkpoint whose generation config sets what aggdec does not apply "
                              "(no_repeat_ngram_size, repetition_penalty, min_length, ...; refused without this): "
                              "the bundle decodes as transformers' generate does with them neutral")
+    parser.add_argument("--source-language", metavar="CODE",
+                        help="multilingual checkpoints (NLLB, mBART-50): the language code the tokenizer puts "
+                             "before each text (its src_lang; default: as the folder saved it)")
+    parser.add_argument("--target-language", metavar="CODE",
+                        help="multilingual checkpoints: the language code decoding starts with "
+                             "(forced_bos_token_id; default: the generation config's)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,5 +67,6 @@ def run(args: argparse.Namespace) -> int:
                   drafter_dir=args.drafter, precision=args.precision, int8_drafter=not args.no_int8_drafter,
                   reference=args.reference, argmax_graph=not args.no_argmax_graph,
                   ignore_generation_settings=args.ignore_generation_settings,
+                  source_language=args.source_language, target_language=args.target_language,
                   progress=lambda message: print(message, file=sys.stderr, flush=True))
     return 0

@@ -118,3 +118,64 @@ def test_a_checkpoint_with_the_slow_m2m100_tokenizer_is_refused_saying_why(tmp_p
         export_bundle(checkpoint, tmp_path / "bundle", progress=None)
     assert "use_fast=True" not in str(refused.value)
     assert not (tmp_path / "bundle").exists()
+
+
+@pytest.fixture(scope="module")
+def nllb(tmp_path_factory):
+    """A tiny M2M100 with NLLB's own fast tokenizer (NllbTokenizerFast over a small vocabulary,
+    its 200 language codes added by the class), saved as the Hub's NLLB checkpoints are."""
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizerFast
+
+    folder = tmp_path_factory.mktemp("nllb") / "checkpoint"
+    pieces = ["\u2581"] + [f"\u2581{word}" for word in tiny.default_words(40)] + list("w0123456789")
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{piece: 4 + i for i, piece in enumerate(pieces)}}
+    tokenizer = NllbTokenizerFast(vocab=vocab, merges=[], src_lang="eng_Latn")
+    config = M2M100Config(vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          max_position_embeddings=64, scale_embedding=True, init_std=0.2, dropout=0.0,
+                          encoder_layerdrop=0.0, decoder_layerdrop=0.0, pad_token_id=1, eos_token_id=2, bos_token_id=0,
+                          decoder_start_token_id=2)
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_nllb_source_and_target_languages_chosen_at_export(nllb, tmp_path):
+    """--source-language / --target-language: the bundle encodes each text with the source code
+    in front and starts decoding with the target code, as transformers does with src_lang and
+    forced_bos_token_id; a code the tokenizer lacks, or a tokenizer without src_lang, is refused."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from aggdec.runtime.errors import ExportError
+
+    export_bundle(nllb, tmp_path / "bundle", source_language="deu_Latn", target_language="fra_Latn", progress=None)
+    tokenizer = AutoTokenizer.from_pretrained(nllb, src_lang="deu_Latn")
+    model = AutoModelForSeq2SeqLM.from_pretrained(nllb, dtype=torch.float32).eval()
+    french = tokenizer.convert_tokens_to_ids("fra_Latn")
+    texts = [" ".join(tiny.default_words(40)[i : i + n]) for i, n in ((0, 3), (5, 9), (12, 1), (20, 14))]
+    generator = Generator(tmp_path / "bundle")
+    assert generator.encode(texts) == [tokenizer(text).input_ids for text in texts]
+    assert generator.encode(texts)[0][0] == tokenizer.convert_tokens_to_ids("deu_Latn")
+    for text, result in zip(texts, generator.generate(texts, max_new_tokens=12)):
+        with torch.no_grad():
+            expected = model.generate(**tokenizer([text], return_tensors="pt"), do_sample=False, num_beams=1,
+                                      max_new_tokens=12, forced_bos_token_id=french)[0].tolist()
+        assert expected[1] == french
+        assert list(result.ids) == expected[1:], text  # the forced code included, as transformers gives it
+
+    unknown = r"'xyz_Abcd' is not one of the tokenizer's special tokens \(its language codes include ace_Arab"
+    with pytest.raises(ExportError, match=unknown):
+        export_bundle(nllb, tmp_path / "other", target_language="xyz_Abcd", progress=None)
+    with pytest.raises(ExportError, match="has no source language"):
+        export_bundle(tiny.build_random_checkpoint("bart", tmp_path / "bart"), tmp_path / "other",
+                      source_language="</s>", progress=None)
+    from tests.support.marian import write_model
+
+    folder, _, _ = write_model(tmp_path / "marian", "ssru")
+    with pytest.raises(ExportError, match="apply to Hugging Face checkpoints"):
+        export_bundle(folder, tmp_path / "other", target_language="fra_Latn", progress=None)
+    assert not (tmp_path / "other").exists()
