@@ -36,12 +36,12 @@ from transformers import (
     M2M100ForConditionalGeneration,
     MarianConfig,
     MarianMTModel,
-    PegasusConfig,
-    PegasusForConditionalGeneration,
     MBartConfig,
     MBartForConditionalGeneration,
     MT5Config,
     MT5ForConditionalGeneration,
+    PegasusConfig,
+    PegasusForConditionalGeneration,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     T5Config,
@@ -108,7 +108,7 @@ def _vocab_layout(family: str, words: Sequence[str]) -> list[str]:
         return ["</s>", "<unk>", *words, "<pad>"]
     if family in ("bart", "mbart", "m2m100"):
         return ["<s>", "<pad>", "</s>", "<unk>", *words]
-    return ["<pad>", "</s>", "<unk>", *words]  # t5 / mt5
+    return ["<pad>", "</s>", "<unk>", *words]  # t5 / mt5 / pegasus
 
 
 def _check_words(family: str, words: Sequence[str]) -> None:
