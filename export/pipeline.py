@@ -108,15 +108,20 @@ def generation_ids(config: object, generation_config: object) -> tuple[int, int]
     return int(start), int(eos if isinstance(eos, int) else config.eos_token_id)
 
 
+def _special_tokens(tokenizer) -> dict[int, str]:
+    """The tokenizer's special tokens: id -> text."""
+    return {index: token.content for index, token in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
+            if token.special}
+
+
 def _check_special_ids(tokenizer, ids: dict[str, int | None]) -> None:
     """The ids decoding starts, stops, pads with and forces must be special tokens of the
     tokenizer: the runtime refuses a bundle where they are not (runtime/bundle_checks.py, which
     takes that as a tokenizer from another model), so the export says so first, by name."""
-    backend = tokenizer.backend_tokenizer
-    special = {index for index, token in backend.get_added_tokens_decoder().items() if token.special}
+    special = _special_tokens(tokenizer)
     for field, value in ids.items():
         if value is not None and int(value) not in special:
-            token = backend.id_to_token(int(value))
+            token = tokenizer.backend_tokenizer.id_to_token(int(value))
             raise ExportError(f"the checkpoint's {field} is {value} ({token!r}), which its tokenizer does not mark "
                               "as a special token; aggdec requires the ids decoding starts, ends, pads with and "
                               "forces to be special tokens (the runtime drops them from the text). Add it with "
@@ -128,11 +133,10 @@ def _language_id(tokenizer, code: str, option: str) -> int:
     """The id of the language code ``code``: a special token of the tokenizer, or ExportError."""
     if not isinstance(code, str) or not code:
         raise ExportError(f"{option} must be a language code, got {code!r}.")
-    special = [(index, token.content) for index, token in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
-               if token.special]
-    found = next((index for index, content in special if content == code), None)
+    special = _special_tokens(tokenizer)
+    found = next((index for index, content in special.items() if content == code), None)
     if found is None:
-        codes = sorted(content for _, content in special if "_" in content)  # NLLB's eng_Latn, mBART's en_XX
+        codes = sorted(content for content in special.values() if "_" in content)  # NLLB's eng_Latn, mBART's en_XX
         shown = ", ".join(codes[:8]) + (", ..." if len(codes) > 8 else "")
         raise ExportError(f"{option} {code!r} is not one of the tokenizer's special tokens"
                           + (f" (its language codes include {shown})." if codes else "; it has no language codes."))

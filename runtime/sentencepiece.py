@@ -274,7 +274,8 @@ class SentencePieceModel:
             # what the bytes from ``at`` begin with (a rule's replacement, else one character)
             # depends only on the bytes the rule's walk read, and on the character: the same
             # character and next byte give the same answer wherever the walk read no further
-            key = data[at : at + _utf8_length(data[at]) + 1]
+            length = _utf8_length(data[at])
+            key = data[at : at + length + 1]
             answer = seen.get(key)
             if answer is not None:
                 return answer
@@ -282,7 +283,6 @@ class SentencePieceModel:
             if rule is not None:
                 answer = rule[1], rule[0]
             else:
-                length = _utf8_length(data[at])
                 chunk = data[at : at + length]
                 answer = chunk, length
                 if length > 1:  # after a rule that ended inside a character (a hostile map): U+FFFD for
