@@ -106,6 +106,14 @@ def cross_key_out(key: Tensor, cross_key_layout: str) -> Tensor:
     return key.transpose(-1, -2) if cross_key_layout == KEYS_TRANSPOSED else key
 
 
+def float32_logits(logits: Tensor) -> Tensor:
+    """``logits`` as float32, with no Cast traced where they are float32 already: the exporter
+    writes ``.to(float32)`` of a float32 tensor as a Cast, and where the argmax graph returns the
+    logits that Cast is a copy of every position's vocabulary-wide row that onnxruntime keeps (it
+    drops a Cast to the same type only inside a graph, not before an output)."""
+    return logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+
+
 def candidates(logits: Tensor, top_k: int, head: str, banned: Tensor | None = None) -> tuple[Tensor, ...]:
     """What a verifier graph returns of each position's logits [..., V], by ``head``
     (runtime/graph_specs.py VERIFIER_GRAPHS, ARGMAX_HEADS): "top_k", the top-K log-probs and
@@ -237,6 +245,6 @@ class VerifierGraph(nn.Module):
                 hidden = layer.ffn_norm(hidden)
         if parts.final_norm is not None:
             hidden = parts.final_norm(hidden)
-        logits = parts.logits(hidden).to(torch.float32)
+        logits = float32_logits(parts.logits(hidden))
         banned = self.suppress_bias if self.has_suppression else None
         return (*candidates(logits, self.top_k, self.head, banned), *presents)

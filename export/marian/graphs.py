@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
-                      candidates)
+                      candidates, float32_logits)
 from ...runtime.decoding.cache import KEYS_TRANSPOSED
 from ..positions import replace_placeholders
 from ..shortlist_head import ids_at, shortlist_logits
@@ -200,7 +200,7 @@ class RecurrentVerifierGraph(nn.Module):
             return (*self._shortlisted(hidden, buffers[3 * layers + 1], rows), *written)
         # <unk> masked after the log-softmax, as Marian's beam search does (suppressWords on the
         # path scores): log-probs normalized over every id, what Marian's beam scores sum
-        logits = model.logits(hidden).to(torch.float32)
+        logits = float32_logits(model.logits(hidden))
         return (*candidates(logits, self.top_k, self.head, self.suppress_bias), *written)
 
     def _shortlisted(self, hidden: Tensor, output_ids: Tensor, rows: Tensor | None) -> tuple[Tensor, ...]:

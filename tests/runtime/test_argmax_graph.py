@@ -247,3 +247,23 @@ def test_heads_choose_on_the_logits(tmp_path):
         chosen[head] = int((ids.argmax(-1) if head == "logits" else ids).reshape(-1)[0])
     assert chosen["top_k"] == chosen["argmax"] == chosen["logits"] == expected
     assert chosen["log-probs"] == 0  # the tie log-softmax made
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_graph_output_is_a_copy_by_a_cast_to_its_own_type(family, bundle, converted):
+    """A Cast to the type its input has already is a copy onnxruntime keeps where it makes a graph
+    output: the argmax graph's logits, every position's vocabulary-wide row (export/graphs.py
+    float32_logits). Neither the export nor the int8 conversion may write one."""
+    import onnx
+
+    fp32 = bundle(family)
+    for folder in (fp32, converted(fp32, "int8")):
+        for name in ("verifier", "verifier_argmax"):
+            model = onnx.shape_inference.infer_shapes(onnx.load(str(folder / f"{name}.onnx")))
+            graph = model.graph
+            types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
+            types.update({init.name: init.data_type for init in graph.initializer})
+            outputs = {o.name for o in graph.output}
+            copies = [node.name for node in graph.node if node.op_type == "Cast" and node.output[0] in outputs
+                      and types.get(node.input[0]) == node.attribute[0].i]
+            assert copies == [], (folder, name, copies)
