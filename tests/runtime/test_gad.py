@@ -130,9 +130,9 @@ def verifier_candidates(generator: Generator, text: str, output: tuple[int, ...]
     return top_logprobs[0, len(start) - 1 :], top_ids[0, len(start) - 1 :]
 
 
-def fixed_k_rate(generator: Generator, texts: list[str], verification: Verification, max_new: int = MAX_NEW
-                 ) -> float:
-    """Tokens per verifier call of GAD(++) with a fixed draft length (the drafter's k)."""
+def fixed_k_traces(generator: Generator, texts: list[str], verification: Verification, max_new: int = MAX_NEW
+                   ) -> list:
+    """Each text's RowTrace from GAD(++) with a fixed draft length (the drafter's k), in text order."""
     from aggdec.runtime.decoding.arrivals import Arrivals
     from aggdec.runtime.decoding.gad import DrafterDraft
     from aggdec.runtime.generator import Strategy
@@ -140,7 +140,14 @@ def fixed_k_rate(generator: Generator, texts: list[str], verification: Verificat
     drafts = DrafterDraft(generator.drafter, generator.manifest.pad_token_id, adaptive=False)
     done = list(generator._decode(Arrivals.of(generator.encode(texts)), generator._limits(max_new),
                                   Strategy(drafts, verification), len(texts)))
-    return sum(d.trace.generated for d in done) / sum(len(d.trace.accepted) for d in done)
+    return [d.trace for d in sorted(done, key=lambda d: d.index)]
+
+
+def fixed_k_rate(generator: Generator, texts: list[str], verification: Verification, max_new: int = MAX_NEW
+                 ) -> float:
+    """Tokens per verifier call of GAD(++) with a fixed draft length (the drafter's k)."""
+    traces = fixed_k_traces(generator, texts, verification, max_new)
+    return sum(t.generated for t in traces) / sum(len(t.accepted) for t in traces)
 
 
 @pytest.mark.parametrize("family", ["marian", "t5", "mt5"])
@@ -149,9 +156,15 @@ def test_gad_plus_plus_outputs_are_top_beta_within_tau(family, gad_bundle):
     generator = Generator(gad_bundle(family), tuning=ROWS_DECIDE)
     beta, tau = 3, 1.0
     relaxed = generator.generate(texts, mode="gad++", max_new_tokens=MAX_NEW, beta=beta, tau=tau)
-    # more tokens per verifier call than strict GAD, with every row drafting k each iteration:
-    # generate's draft lengths follow measured timings, which would make the figures vary by run
-    assert fixed_k_rate(generator, texts, Verification(beta=beta, tau=tau)) >= fixed_k_rate(generator, texts, GREEDY)
+    # relaxed verification keeps at least what strict verification keeps of the same draft on the
+    # same prefix (the best id is always among the top beta, 0 behind the best): each row's first
+    # call, with every row drafting k (generate's draft lengths follow measured timings). Later
+    # calls are not compared: once relaxed verification keeps another token, the two decode
+    # different prefixes, and tokens per call over a whole run can go either way (it did for t5
+    # on an Intel Xeon with AMX, whose int8 drafter drafts differently)
+    relaxed_first = [trace.accepted[0] for trace in fixed_k_traces(generator, texts, Verification(beta=beta, tau=tau))]
+    strict_first = [trace.accepted[0] for trace in fixed_k_traces(generator, texts, GREEDY)]
+    assert all(r >= s for r, s in zip(relaxed_first, strict_first)), (relaxed_first, strict_first)
     for text, result in zip(texts, relaxed):
         logprobs, ids = verifier_candidates(generator, text, result.ids)
         for position, token in enumerate(result.ids):
