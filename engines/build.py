@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from aggdec.runtime.errors import InputError
-from aggdec.runtime.loader import check_precision
+from aggdec.runtime.loader import check_precision, open_bundle
 from aggdec.runtime.manifest import Manifest, load_manifest, manifest_digest
 
 from .profiles import (
@@ -71,7 +71,13 @@ def plan(bundle: str | Path, out: str | Path | None, options: BuildOptions) -> P
     if target.exists() and not target.is_dir():
         raise InputError(f"--out {str(target)!r} exists and is not a directory.")
     read_engines_manifest(target, digest)  # refuse a directory holding another bundle's engines now
-    return Plan(bundle, target, manifest, digest, bundle_profiles(manifest, options.profile))
+    profiles = bundle_profiles(manifest, options.profile)
+    # TensorRT's parser reads each graph by its path, and its external data by the paths the
+    # graph names, wherever they lead (../.., an absolute path): the runtime's load reads
+    # external data only from the files the manifest lists and checks every graph against the
+    # manifest, so a bundle it refuses is refused here, before TensorRT reads anything
+    open_bundle(bundle, device="cpu", threads=1)
+    return Plan(bundle, target, manifest, digest, profiles)
 
 
 def build_engines(bundle: str | Path, out: str | Path | None = None, options: BuildOptions = BuildOptions(),

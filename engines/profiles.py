@@ -202,19 +202,61 @@ def default_engines_dir(bundle: Path) -> Path:
     return bundle.parent / f"{bundle.name}.engines"
 
 
+# the JSON type each engines.json entry field must have (EngineEntry's fields)
+_ENTRY_TYPES = {"graph": str, "file": str, "sha256": str, "key": str, "target": dict, "profile": dict,
+                "workspace_mib": int, "build_seconds": (int, float)}
+
+
+def _engines_from_json(data: Any) -> EnginesManifest:
+    """``engines.json``'s object as an EnginesManifest, or ValueError saying what is wrong.
+
+    The directory is as untrusted as a bundle: every file it names (each engine, the timing
+    cache) must be a plain name inside it, checked like a bundle's (bundle_schema.check_file_name).
+    A name such as ``/etc/passwd`` or ``../x`` would otherwise have had build-engines read the
+    timing cache from there and write it back there (``os.replace``), and the runtime load an
+    engine from there (its sha256 comes from the same file, so it proves nothing)."""
+    from aggdec.runtime.bundle_schema import Invalid, check_file_name
+
+    def plain(name: Any, where: str) -> str:
+        try:
+            return check_file_name(name)
+        except Invalid as exc:
+            raise ValueError(f"{where} {exc.message}") from None
+
+    if not isinstance(data, dict):
+        raise ValueError(f"it must hold a JSON object, not {type(data).__name__}")
+    if data.get("format") != ENGINES_FORMAT:
+        raise ValueError(f"it is engines format {str(data.get('format'))[:20]!r}; this aggdec reads {ENGINES_FORMAT}")
+    digest, entries = data.get("bundle_manifest_sha256"), data.get("engines")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise ValueError("bundle_manifest_sha256 must be a sha256 in hex")
+    if not isinstance(entries, list):
+        raise ValueError("engines must be a list")
+    engines = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not set(_ENTRY_TYPES) <= set(entry):
+            raise ValueError(f"engines[{index}] must be an object with {', '.join(_ENTRY_TYPES)}")
+        for name, kind in _ENTRY_TYPES.items():
+            if not isinstance(entry[name], kind) or isinstance(entry[name], bool):
+                raise ValueError(f"engines[{index}].{name} has the wrong type ({type(entry[name]).__name__})")
+        plain(entry["file"], f"engines[{index}].file")
+        engines.append(EngineEntry.from_json(entry))
+    return EnginesManifest(digest, engines, timing_cache=plain(data.get("timing_cache", TIMING_CACHE), "timing_cache"))
+
+
 def read_engines_manifest(directory: Path, manifest_sha256: str) -> EnginesManifest:
     """The engines manifest in ``directory`` for this bundle (an empty one if there is none)."""
+    from aggdec.runtime.manifest import MAX_MANIFEST_BYTES, read_capped
+
     path = Path(directory) / ENGINES_MANIFEST
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return EnginesManifest(manifest_sha256)
+    # a regular file of bounded size (not a link, not a FIFO that would block the read)
+    raw = read_capped(path, MAX_MANIFEST_BYTES, "an engines manifest")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("format") != ENGINES_FORMAT:
-            raise BundleError(f"{path} is engines format {data.get('format')!r}; this aggdec reads {ENGINES_FORMAT}.")
-        engines = EnginesManifest(data["bundle_manifest_sha256"], [EngineEntry.from_json(e) for e in data["engines"]],
-                                  timing_cache=data.get("timing_cache", TIMING_CACHE))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BundleError(f"{path} is not a readable engines manifest: {exc}") from None
+        engines = _engines_from_json(json.loads(raw.decode("utf-8")))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise BundleError(f"{path} is not a readable engines manifest: {str(exc)[:300]}") from None
     if engines.bundle_manifest_sha256 != manifest_sha256:
         raise BundleError(f"the engines in {directory} were built from another bundle (manifest sha256 "
                           f"{engines.bundle_manifest_sha256[:12]}..., this one {manifest_sha256[:12]}...); "

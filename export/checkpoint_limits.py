@@ -33,6 +33,14 @@ SIZE_LIMITS = {
     **dict.fromkeys(("vocab_size", "decoder_vocab_size"), 1 << 24),
     "max_position_embeddings": 1 << 20,
 }
+# The same for a GAD drafter (drafter.json, and `aggdec train-drafter`'s options): its modules
+# are built from these before a weight is read. k and the positions are bounded by the longest
+# sequence a bundle may declare (bundle_schema.MAX_SEQUENCE_LEN): a k of 10**9 made a position
+# table of 10**9 rows
+DRAFTER_SIZE_LIMITS = {
+    "layers": 512, "encoder_layers": 512, "num_heads": 1024, "d_model": 1 << 16, "head_dim": 1 << 16,
+    "ffn_dim": 1 << 20, "vocab_size": 1 << 24, "k": 1 << 16, "max_positions": (1 << 17) + 1,
+}
 PARAMETERS_PER_STORED_BYTE = 1.0
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import reprlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -84,11 +85,18 @@ class DrafterConfig:
         if data.get("positions", "output") not in POSITIONS:
             raise ExportError(f"{str(path)!r}: positions = {data['positions']!r} is not one of {list(POSITIONS)}; "
                               f"{advice}.")
+        from .checkpoint_limits import DRAFTER_SIZE_LIMITS
+
         for name, value in data.items():
             wanted = {"int": int, "str": str}[kinds[name].type]  # whole counts: ids and sizes
             if isinstance(value, bool) or not isinstance(value, wanted) or (
                     isinstance(value, int) and not 0 <= value < 2**31):
-                raise ExportError(f"{str(path)!r}: {name} = {value!r} is not a valid value; {advice}.")
+                raise ExportError(f"{str(path)!r}: {name} = {reprlib.repr(value)} is not a valid value; {advice}.")
+            # the modules are built from these sizes before a weight is read (layers 10**9 would
+            # build modules for hours; a width of 2**30 allocate gigabytes): real drafters stay far below
+            if name in DRAFTER_SIZE_LIMITS and value > DRAFTER_SIZE_LIMITS[name]:
+                raise ExportError(f"{str(path)!r}: {name} = {value} is above the largest a drafter may have "
+                                  f"({DRAFTER_SIZE_LIMITS[name]}); {advice}.")
         return cls(**data)
 
 
@@ -239,9 +247,44 @@ class Drafter(nn.Module):
 
             raise ExportError(f"{str(directory)!r} is not a drafter directory (needs {CONFIG_FILE} and "
                               f"{WEIGHTS_FILE}); create one with `aggdec train-drafter`.")
-        drafter = cls(DrafterConfig.load(directory))
-        drafter.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+        config = DrafterConfig.load(directory)
+        _check_weights_file(directory / WEIGHTS_FILE, config)  # before a real module is built
+        drafter = cls(config)
+        try:
+            drafter.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+        except Exception as exc:  # noqa: BLE001 - safetensors' and torch's own errors for a damaged file
+            from ..runtime.errors import ExportError
+            from .safety import one_line
+
+            raise ExportError(f"could not read the drafter weights {str(directory / WEIGHTS_FILE)!r} "
+                              f"({one_line(exc)}); retrain it with `aggdec train-drafter`.") from None
         return drafter.eval()
+
+
+def _check_weights_file(path: Path, config: DrafterConfig) -> None:
+    """ExportError unless the safetensors file at ``path`` holds exactly the tensors, by name
+    and shape, of the drafter ``config`` describes (built on the meta device: nothing is
+    allocated), read from its header alone. A config that does not match its weights (another
+    drafter's, or sizes edited up) is refused before a module is built, and a damaged file
+    before its tensors are read."""
+    from safetensors import safe_open
+
+    from ..runtime.errors import ExportError
+    from .safety import one_line
+
+    advice = "retrain it with `aggdec train-drafter`"
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            stored = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
+        raise ExportError(f"{str(path)!r} is not a readable safetensors file ({one_line(exc)}); {advice}.") from None
+    with torch.device("meta"):
+        expected = {name: list(tensor.shape) for name, tensor in Drafter(config).state_dict().items()}
+    for name in sorted(set(expected) | set(stored)):
+        if expected.get(name) != stored.get(name):
+            raise ExportError(f"{str(path)!r} does not hold the drafter its {CONFIG_FILE} describes: tensor "
+                              f"{name!r} is {stored.get(name, 'missing')} in the file, "
+                              f"{expected.get(name, 'not part of that drafter')} by the config; {advice}.")
 
 
 def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int, window: int = 0

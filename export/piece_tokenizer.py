@@ -201,8 +201,13 @@ def _check_against_sentencepiece(path: Path, spec: dict, seed: int, normalized_o
 
     from ..runtime.sentencepiece import SentencePieceModel
 
-    reference = sentencepiece.SentencePieceProcessor(model_file=str(path))
-    copy = SentencePieceModel(spec, str(path))
+    copy = SentencePieceModel(spec, str(path))  # the runtime's own refusals first (BundleError, naming the field)
+    try:
+        reference = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except Exception as exc:  # noqa: BLE001 - the library's RuntimeError ("INTERNAL: ...") for a malformed model
+        # a precompiled charsmap whose trie is cut short, a NaN score, an empty piece: tracebacks before
+        raise ExportError(f"SentencePiece refuses {str(path)!r} ({one_line(exc)}); it is not a usable "
+                          "SentencePiece model.") from None
     pieces = [reference.id_to_piece(i) for i in range(reference.get_piece_size())]
     for text in probe_texts(pieces, random.Random(seed)):
         if normalized_only:
@@ -232,6 +237,9 @@ def marian_spm_files(tokenizer: Any, source_spm: Path, where: str, vocab_size: i
             raise ExportError(f"{where!r} holds {len(proto.pieces)} pieces ({len(vocabulary)} distinct); the model's "
                               f"vocabulary has {vocab_size}: it is not this model's vocabulary.")
         tokenizer = _marian_vocabulary(vocabulary, where)
+    if not 0 <= proto.trainer_spec.unk_id < len(proto.pieces):  # an IndexError (or, below 0, another piece) before
+        raise ExportError(f"{where!r}: its unk_id {proto.trainer_spec.unk_id} names none of its {len(proto.pieces)} "
+                          "pieces; it is not a usable SentencePiece model.")
     pieces = {"model": spec, "added_tokens": [], "language_codes": False, "eos_token": "</s>", "unk_token": "<unk>",
               "silent_pieces": [p.piece for p in proto.pieces if p.type == CONTROL],
               "unknown_piece": proto.pieces[proto.trainer_spec.unk_id].piece, "clean_up_tokenization_spaces": False,

@@ -54,13 +54,27 @@ CALL_DEFAULT_SETTINGS = {"num_beams": 1, "length_penalty": 1.0, "early_stopping"
                          "max_new_tokens": None}
 
 
-def _suppressed_ids(generation_config: object) -> tuple[int, ...]:
+def _token_id(value: object, field: str, vocab: int) -> int:
+    """``value`` if it is a token id of a vocabulary of ``vocab``, else ExportError naming ``field``.
+    A checkpoint's config files are untrusted: a negative id was an OverflowError in tokenizers,
+    a string an int() ValueError, tracebacks both."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        raise ExportError(f"the checkpoint's {field} is {shown}, which is not a token id (0 to {vocab - 1}); set the "
+                          "right id in its config.json or generation_config.json.")
+    return value
+
+
+def _suppressed_ids(generation_config: object, vocab: int) -> tuple[int, ...]:
     ids: set[int] = set()
     for words in getattr(generation_config, "bad_words_ids", None) or []:
+        if not isinstance(words, (list, tuple)):
+            raise ExportError(f"the checkpoint's bad_words_ids holds {str(words)[:40]!r}, which is not a list of "
+                              "token ids; fix its generation_config.json.")
         if len(words) == 1:
-            ids.add(int(words[0]))
+            ids.add(_token_id(words[0], "bad_words_ids entry", vocab))
     for token in getattr(generation_config, "suppress_tokens", None) or []:
-        ids.add(int(token))
+        ids.add(_token_id(token, "suppress_tokens entry", vocab))
     return tuple(sorted(ids))
 
 
@@ -105,7 +119,11 @@ def generation_ids(config: object, generation_config: object) -> tuple[int, int]
     if not isinstance(start, int):
         raise ExportError("the checkpoint sets no decoder_start_token_id (nor bos_token_id) in config.json or "
                           "generation_config.json; set the id its decoder starts from.")
-    return int(start), int(eos if isinstance(eos, int) else config.eos_token_id)
+    eos = eos if isinstance(eos, int) else getattr(config, "eos_token_id", None)
+    if isinstance(eos, bool) or not isinstance(eos, int):  # int() of it was a ValueError or TypeError traceback
+        raise ExportError(f"the checkpoint's eos_token_id is {str(eos)[:40]!r}, which is not a token id; set the id "
+                          "its decoder ends with in config.json or generation_config.json.")
+    return int(start), int(eos)
 
 
 def _special_tokens(tokenizer) -> dict[int, str]:
@@ -181,6 +199,7 @@ def _load(src: Path, config):
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+    _generation_config(src, config)  # a damaged generation_config.json is named before the model loads it
     check_parameters(src, config)
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager")
@@ -217,8 +236,10 @@ def _generation_config(src: Path, config):
 
     try:
         return GenerationConfig.from_pretrained(src)
-    except OSError:
+    except OSError:  # none, or not JSON: transformers' generate then uses the model config's, and so does aggdec
         return GenerationConfig.from_model_config(config)
+    except Exception as exc:  # noqa: BLE001 - a list, nesting too deep, a field transformers refuses
+        raise ExportError(f"could not read {str(src / 'generation_config.json')!r}: {one_line(exc)}") from None
 
 
 @guarded
@@ -317,7 +338,7 @@ def export_bundle(
         raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
     parts = family.decoder_parts(model)
     layers, heads, head_dim = len(parts.layers), parts.num_heads, parts.head_dim
-    suppressed = _suppressed_ids(generation_config)
+    suppressed = _suppressed_ids(generation_config, vocab)
     ignored = _ignored_settings(generation_config)
     if ignored and not ignore_generation_settings:
         raise ExportError(f"the checkpoint's generation config sets {', '.join(ignored)}, which change greedy "
@@ -341,9 +362,12 @@ def export_bundle(
                               f"(forced_eos_token_id={forced_eos}); aggdec forces one.")
         forced_eos = forced_eos[0] if forced_eos else None
     start_id, eos_id = generation_ids(config, generation_config)
-    _check_special_ids(tokenizer, {"decoder_start_token_id": start_id, "eos_token_id": eos_id,
-                                   "pad_token_id": config.pad_token_id, "forced_bos_token_id": forced_bos,
-                                   "forced_eos_token_id": forced_eos})
+    decoding_ids = {"decoder_start_token_id": start_id, "eos_token_id": eos_id, "pad_token_id": config.pad_token_id,
+                    "forced_bos_token_id": forced_bos, "forced_eos_token_id": forced_eos}
+    for field, value in decoding_ids.items():  # token ids at all, before the tokenizer is asked about them
+        if value is not None:
+            _token_id(value, field, vocab)
+    _check_special_ids(tokenizer, decoding_ids)
     limit = family.position_limit(config)
     max_source = max_source_len or limit or DEFAULT_MAX_LEN
     max_target = max_target_len or limit or DEFAULT_MAX_LEN

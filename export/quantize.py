@@ -899,6 +899,13 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         raise ExportError(f"{str(src)!r} is already converted ({manifest.precision}); convert the fp32 bundle it was "
                           "made from.")
     check_destination(src, out, force)
+    # The bundle is untrusted: the converter reads its graphs with onnx and onnxruntime by path,
+    # whose own errors on a graph that is not what the manifest says (random bytes, another
+    # graph's IO, an operator of an unknown domain) were tracebacks, and whose reads follow
+    # external-data paths out of the bundle. The runtime's load refuses all of that as a
+    # BundleError (and reads external data only from the files the manifest lists): nothing
+    # is converted that aggdec itself would not decode with.
+    _opened_by_the_runtime(src)
     say = progress or (lambda message: None)
     scheme, described = SCHEMES[precision]
     if precision == "int8" and options.activations == "two-pass":
@@ -982,6 +989,14 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         raise
     say(f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
     return new
+
+
+def _opened_by_the_runtime(src: Path) -> None:
+    """BundleError unless the runtime opens the bundle at ``src`` on the CPU, with every check
+    it makes at load (manifest, hashes, the graphs' IO, the tokenizer, the probes)."""
+    from ..runtime.loader import open_bundle
+
+    open_bundle(src, device="cpu", threads=1)
 
 
 def _with_activation_type(graphs: dict, precision: str) -> dict:

@@ -38,7 +38,9 @@ from torch import Tensor, nn
 
 from ..runtime.errors import ExportError
 from ..runtime.decoding.alignment import source_position_offsets
+from .checkpoint_limits import DRAFTER_SIZE_LIMITS
 from .drafter import CONFIG_FILE, POSITIONS, WEIGHTS_FILE, Drafter, drafter_inputs, new_drafter_from_verifier
+from .safety import one_line
 from .marian.export import is_marian_folder
 
 DISTILL_FILE = "distill.jsonl"
@@ -198,9 +200,13 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
     total = plan.total_steps()
     position = _Position(step=0, epoch=0, index=0)
     if saved is not None:
-        drafter.load_state_dict(saved["drafter"])
-        optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["torch_rng"])
+        try:
+            drafter.load_state_dict(saved["drafter"])
+            optimizer.load_state_dict(saved["optimizer"])
+            torch.set_rng_state(saved["torch_rng"])
+        except Exception as exc:  # noqa: BLE001 - torch's own errors: shapes, missing keys, a bad RNG state
+            raise ExportError(f"the checkpoint in {str(out / CHECKPOINT_DIR)!r} does not fit this drafter "
+                              f"({one_line(exc)}); run without --resume into another --out directory.") from None
         position = _Position(**saved["position"])
 
     trained = _train_loop(drafter, model, optimizer, plan, layout, options, position, total, out, device, progress)
@@ -265,6 +271,16 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"positions must be one of {', '.join(POSITIONS)}, got {options.positions!r}.")
     if options.window < 0:
         raise ExportError(f"window must be 0 (the whole output) or a number of tokens, got {options.window}.")
+    # the drafter's modules are built from these before training starts: --k 1000000000 made a
+    # position table of a billion rows, --layers 10**9 built modules for hours (the limits a
+    # drafter.json is held to, export/checkpoint_limits.py)
+    for name in ("k", "layers", "ffn_dim", "encoder_layers"):
+        if getattr(options, name) > DRAFTER_SIZE_LIMITS[name]:
+            raise ExportError(f"{name} must be at most {DRAFTER_SIZE_LIMITS[name]}, got {getattr(options, name)}.")
+    # torch seeds from a 64-bit integer, and each step's glancing seed is seed * 1,000,003 + step:
+    # --seed 2**64 was an OverflowError traceback once the model had loaded
+    if isinstance(options.seed, bool) or not isinstance(options.seed, int) or not abs(options.seed) < 2**32:
+        raise ExportError(f"seed must be an integer of at most {2**32 - 1} either way, got {options.seed!r}.")
     if options.steps is not None and options.epochs is not None:
         raise ExportError("give either steps or epochs, not both.")
     for name in ("steps", "epochs"):
@@ -728,13 +744,30 @@ def _save_checkpoint(out: Path, drafter: Drafter, optimizer: torch.optim.Optimiz
 
 
 def _load_checkpoint(out: Path, options: TrainOptions) -> dict[str, Any]:
-    state = torch.load(out / CHECKPOINT_DIR / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+    path = out / CHECKPOINT_DIR / CHECKPOINT_FILE
+    damaged = f"{str(path)!r} is not a training checkpoint this aggdec wrote"
+    advice = "run without --resume into another --out directory."
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, ...
+        raise ExportError(f"{damaged} ({one_line(exc)}); {advice}") from None
+    # the structure _save_checkpoint writes: anything else (damaged, or another program's) is
+    # refused here, not as a KeyError or TypeError halfway through restoring it
+    parts = {"drafter": dict, "optimizer": dict, "position": dict, "torch_rng": torch.Tensor, "options": dict}
+    if not isinstance(state, dict) or any(not isinstance(state.get(key), kind) for key, kind in parts.items()):
+        raise ExportError(f"{damaged} (it lacks {', '.join(parts)}, or holds them as other types); {advice}")
+    if set(state["position"]) != {f.name for f in fields(_Position)} or not all(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            for value in state["position"].values()):
+        raise ExportError(f"{damaged} (its position is {str(state['position'])[:80]}); {advice}")
     saved = state["options"]
     defaults = asdict(TrainOptions())  # an option added since the checkpoint was saved had its default
     changed = sorted(name for name, value in asdict(options).items()
                      if name not in _RESUMABLE_CHANGES and saved.get(name, defaults[name]) != value)
     if changed:
-        details = ", ".join(f"{name} {saved.get(name)!r} -> {getattr(options, name)!r}" for name in changed)
+        import reprlib  # a checkpoint's values are shown cut short: it is a file like any other
+
+        details = ", ".join(f"{name} {reprlib.repr(saved.get(name))} -> {getattr(options, name)!r}" for name in changed)
         raise ExportError(f"cannot resume {str(out)!r} with different settings ({details}); use the original "
                           "settings or choose another --out directory.")
     return state

@@ -285,12 +285,19 @@ def _read_regular(path: Path) -> bytes:
         return handle.read()
 
 
-def _read_manifest_bytes(path: Path) -> bytes:
+def read_capped(path: Path, limit: int = MAX_MANIFEST_BYTES, what: str = "an aggdec manifest") -> bytes:
+    """The bytes of the regular file ``path`` (no symlink, no FIFO: BundleError), refused when it
+    holds more than ``limit`` bytes: for the small JSON files aggdec reads beside graphs (a
+    manifest, an engines manifest), whose size says nothing about a real model."""
     with os.fdopen(_open_regular(path), "rb") as handle:
-        raw = handle.read(MAX_MANIFEST_BYTES + 1)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise BundleError(f"{str(path)!r} is larger than {MAX_MANIFEST_BYTES} bytes: not an aggdec manifest.")
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise BundleError(f"{str(path)!r} is larger than {limit} bytes: not {what}.")
     return raw
+
+
+def _read_manifest_bytes(path: Path) -> bytes:
+    return read_capped(path)
 
 
 def manifest_digest(bundle_dir: str | Path) -> str:

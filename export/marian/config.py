@@ -101,14 +101,14 @@ _SHOWN = reprlib.Repr()  # attributes, not keywords: those came in Python 3.12
 _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 6, 6, 80, 80, 40
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """``value`` for a message, cut short: a YAML value is untrusted, and nested aliases (a
     "billion laughs") make a few hundred bytes of yml a list whose full repr takes gigabytes."""
     return _SHOWN.repr(value)
 
 
 def _refuse(where: str, option: str, value: Any, allowed: Any) -> ExportError:
-    return ExportError(f"{where}: option {option}: {_shown(value)} is not supported by aggdec's Marian importer "
+    return ExportError(f"{where}: option {option}: {shown(value)} is not supported by aggdec's Marian importer "
                        f"(supported: {allowed}).")
 
 
@@ -129,7 +129,7 @@ def _load_yaml(text: str, where: str, loader: Any = yaml.SafeLoader) -> dict[str
 def _int(data: dict[str, Any], key: str, where: str, low: int = 1, high: int = 1 << 20) -> int:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ExportError(f"{where}: option {key} must be an integer in {low}..{high}, got {_shown(value)}.")
+        raise ExportError(f"{where}: option {key} must be an integer in {low}..{high}, got {shown(value)}.")
     return value
 
 
@@ -164,7 +164,7 @@ def parse_model_config(text: str, where: str = "special:model.yml") -> MarianCon
     vocabs = data.get("dim-vocabs")
     if (not isinstance(vocabs, list) or len(vocabs) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 1 for v in vocabs)):
-        raise ExportError(f"{where}: option dim-vocabs must list two vocabulary sizes, got {_shown(vocabs)}.")
+        raise ExportError(f"{where}: option dim-vocabs must list two vocabulary sizes, got {shown(vocabs)}.")
     if data.get("tied-embeddings-all", False):
         embeddings = "all"
         if vocabs[0] != vocabs[1]:
@@ -207,7 +207,7 @@ def beam_rules(decoding: dict[str, Any], where: str) -> dict[str, Any]:
         value = decoding.get(option, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= BEAM_SCORING_BOUND:
             raise ExportError(f"{where}: option {option} must be a number from -{BEAM_SCORING_BOUND:g} to "
-                              f"{BEAM_SCORING_BOUND:g}, got {_shown(value)}.")
+                              f"{BEAM_SCORING_BOUND:g}, got {shown(value)}.")
         values[option] = float(value)
     return {"family": "marian", "normalize": values["normalize"], "word_penalty": values["word-penalty"]}
 
@@ -220,7 +220,7 @@ def max_length_factor(decoding: dict[str, Any], where: str) -> float:
     value = decoding.get("max-length-factor", MARIAN_MAX_LENGTH_FACTOR)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_LENGTH_FACTOR:
         raise ExportError(f"{where}: option max-length-factor must be a number above 0 and at most "
-                          f"{MAX_LENGTH_FACTOR}, got {_shown(value)}.")
+                          f"{MAX_LENGTH_FACTOR}, got {shown(value)}.")
     return float(value)
 
 
@@ -232,9 +232,9 @@ def read_vocabulary(text: str, where: str, size: int) -> dict[str, int]:
     data = _load_yaml(text, where, getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     for piece, index in data.items():
         if not isinstance(piece, str) or isinstance(index, bool) or not isinstance(index, int):
-            raise ExportError(f"{where}: the entry {_shown(piece)}: {_shown(index)} is not a piece and its id.")
+            raise ExportError(f"{where}: the entry {shown(piece)}: {shown(index)} is not a piece and its id.")
     ids = sorted(data.values())
     if ids != list(range(size)):
-        raise ExportError(f"{where} holds {len(data)} pieces with ids {_shown(ids[:3])}...{_shown(ids[-1:])}; the "
+        raise ExportError(f"{where} holds {len(data)} pieces with ids {shown(ids[:3])}...{shown(ids[-1:])}; the "
                           f"model's vocabulary has {size}, ids 0 to {size - 1} once each.")
     return data

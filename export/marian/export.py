@@ -35,7 +35,7 @@ from ..specs import encoder_spec, verifier_spec
 from ..validate import reference_cases, validate
 from ..piece_tokenizer import PieceTokenizerFiles, marian_spm_files, marian_vocabulary_files
 from .config import (MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config,
-                     read_vocabulary)
+                     read_vocabulary, shown)
 from .weights import MarianWeights, read_shortlist, read_weights
 
 FAMILY = "marian-native"
@@ -124,6 +124,27 @@ def find_files(src: Path) -> MarianFolder:
                       "becomes ids.")
 
 
+def decoding_vocabs(folder: MarianFolder, decoding: dict) -> list[str]:
+    """The vocabularies the decoding yml names (``vocabs``; [] without it): a list of file names
+    in the model folder, as ``shortlist``'s must be. It was read as it came: a list of lists (a
+    yml alias) was a TypeError, its message gigabytes, and an ``.spm`` named by an absolute path
+    or ``../`` was read from outside the folder (a FIFO there: a read that never returned)."""
+    vocabs = decoding.get("vocabs")
+    if vocabs is None:
+        return []
+    if isinstance(vocabs, str):  # one name for both sides
+        vocabs = [vocabs]
+    where = str(folder.decoding_yml)
+    if not isinstance(vocabs, list) or not all(isinstance(name, str) for name in vocabs):
+        raise ExportError(f"{where!r}: option vocabs must list file names, got {shown(vocabs)}.")
+    home = folder.weights.parent.resolve()
+    for name in vocabs:
+        if (folder.weights.parent / name).resolve().parent != home:
+            raise ExportError(f"{where!r}: option vocabs names {shown(name)}, which is not in the model folder; "
+                              "aggdec reads a Marian model from its folder alone (copy the vocabulary into it).")
+    return vocabs
+
+
 def shortlist_path(folder: MarianFolder, decoding: dict) -> Path | None:
     """The binary lexical shortlist the decoding yml names (``shortlist: [file, ...]``), if any."""
     setting = decoding.get("shortlist")
@@ -131,10 +152,10 @@ def shortlist_path(folder: MarianFolder, decoding: dict) -> Path | None:
         return None
     if not isinstance(setting, list) or not isinstance(setting[0], str):
         raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist must list the shortlist file first, "
-                          f"got {setting!r}.")
+                          f"got {shown(setting)}.")  # cut short: a yml alias can make it gigabytes
     path = folder.weights.parent / setting[0]
     if path.parent != folder.weights.parent or not path.is_file():
-        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist names {setting[0]!r}, which is not a "
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist names {shown(setting[0])}, which is not a "
                           "file in the model folder.")
     return path
 
@@ -152,10 +173,10 @@ def load(folder: MarianFolder) -> tuple[MarianWeights, MarianConfig, dict]:
     decoding: dict = {}
     if folder.decoding_yml is not None:
         decoding = check_decoding_config(folder.decoding_yml.read_text(encoding="utf-8"), str(folder.decoding_yml))
-        vocabs = decoding.get("vocabs")
-        if isinstance(vocabs, list) and len(set(vocabs)) > 1:
-            raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs lists two vocabularies ({vocabs}); an "
-                              "aggdec bundle has one tokenizer for source and output.")
+        vocabs = decoding_vocabs(folder, decoding)
+        if len(set(vocabs)) > 1:
+            raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs lists two vocabularies "
+                              f"({shown(vocabs)}); an aggdec bundle has one tokenizer for source and output.")
     return weights, config, decoding
 
 
@@ -190,9 +211,9 @@ def text_files(folder: MarianFolder, vocab: int, decoding: dict, reference: str,
         return segmentation_for(folder, bundle_tokenizer(folder.tokenizer, vocab)[0], decoding, reference, progress)
     if folder.vocabulary_yml is None:
         return marian_spm_files(None, folder.source_spm, str(folder.source_spm), vocab), SENTENCEPIECE
-    named = decoding.get("vocabs")
-    if isinstance(named, list) and named and folder.vocabulary_yml.name not in named:
-        raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs names {named}, not the folder's "
+    named = decoding_vocabs(folder, decoding)
+    if named and folder.vocabulary_yml.name not in named:
+        raise ExportError(f"{str(folder.decoding_yml)!r}: option vocabs names {shown(named)}, not the folder's "
                           f"{folder.vocabulary_yml.name}.")
     table = read_vocabulary(folder.vocabulary_yml.read_text(encoding="utf-8"), str(folder.vocabulary_yml), vocab)
     return marian_vocabulary_files(table, folder.source_spm, str(folder.vocabulary_yml)), SENTENCEPIECE
@@ -218,9 +239,10 @@ def segmentation_for(folder: MarianFolder, tokenizer: Any, decoding: dict, refer
     if spec.get("model", {}).get("type") != "Unigram":
         say(progress, f"      {folder.tokenizer.name} is not a SentencePiece unigram model: text is segmented as it says")
         return tokenizer, None
-    vocabs = decoding.get("vocabs")
-    named = [folder.weights.parent / v for v in vocabs if isinstance(v, str)] if isinstance(vocabs, list) else []
-    found = {p.resolve() for p in named if p.suffix == ".spm" and p.is_file()} or set(folder.weights.parent.glob("*.spm"))
+    named = [folder.weights.parent / v for v in decoding_vocabs(folder, decoding)]
+    # regular files only: a FIFO named *.spm would block the read forever
+    found = {p.resolve() for p in named if p.suffix == ".spm" and p.is_file()} or {
+        p for p in folder.weights.parent.glob("*.spm") if p.is_file()}
     if len(found) != 1:
         say(progress, f"      no single .spm beside {folder.tokenizer.name}: its pieces are taken as SentencePiece's "
                       "normal pieces")

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 import struct
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ...runtime.errors import ExportError
+from ...runtime.npz import DAMAGED, npz_size_problem
 
 FLOAT32 = 0x0404
 INT8_INTGEMM = 0x4101
@@ -152,36 +152,12 @@ def read_bin(path: Path) -> MarianWeights:
     return MarianWeights(tensors, config_text, int8)
 
 
-# A member may be deflated, but weights do not compress much (float32 values: about 1.1x); a member
-# expanding more than this is a zip bomb (2 MB of deflated zeros that allocate 2 GB)
-MAX_NPZ_EXPANSION = 64
-
-
 def _check_npz_sizes(path: Path) -> None:
     """Refuse a member whose ``.npy`` header declares more bytes than the member holds, before
-    numpy allocates them (a header claiming 4 TiB is a MemoryError inside ``np.load``), and a
-    member whose stored bytes expand more than MAX_NPZ_EXPANSION-fold."""
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_NPZ_EXPANSION * max(
-                    info.compress_size, 1 << 16):
-                raise ExportError(f"{str(path)!r}: member {info.filename!r} expands from {info.compress_size} to "
-                                  f"{info.file_size} bytes, more than {MAX_NPZ_EXPANSION}-fold; weights do not "
-                                  "compress like that.")
-            if not info.filename.endswith(".npy"):
-                continue  # np.load reads only .npy members as arrays
-            with archive.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                if version == (1, 0):
-                    shape, _fortran, dtype = np.lib.format.read_array_header_1_0(member)
-                elif version == (2, 0):
-                    shape, _fortran, dtype = np.lib.format.read_array_header_2_0(member)
-                else:  # 3.0 (UTF-8 field names), which Marian does not write: np.load's own checks only
-                    continue
-            declared = math.prod(shape) * dtype.itemsize
-            if declared > info.file_size:
-                raise ExportError(f"{str(path)!r}: member {info.filename!r} declares shape {list(shape)} of "
-                                  f"{dtype} ({declared} bytes) but holds {info.file_size} bytes.")
+    numpy allocates them, and a member that expands like a zip bomb (runtime/npz.py)."""
+    problem = npz_size_problem(path)
+    if problem is not None:
+        raise ExportError(f"{str(path)!r}: {problem}.")
 
 
 def read_npz(path: Path) -> MarianWeights:
@@ -207,7 +183,7 @@ def read_npz(path: Path) -> MarianWeights:
                 if not np.isfinite(values).all():
                     raise ExportError(f"{str(path)!r}: {name!r} holds values that are not finite.")
                 tensors[name] = np.ascontiguousarray(values)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, UnicodeDecodeError, MemoryError) as exc:
+    except (*DAMAGED, MemoryError) as exc:
         raise ExportError(f"{str(path)!r} is not a valid Marian .npz file: {exc}.") from None
     return MarianWeights(tensors, config_text, 0)
 

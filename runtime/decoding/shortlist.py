@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import BundleError
 from ..manifest import BundleFiles, Manifest
+from ..npz import DAMAGED, npz_size_problem
 
 PAD_MULTIPLE = 8
 
@@ -34,12 +35,19 @@ class Shortlist:
     def load(cls, content: bytes, where: str, first: int, shared: bool, vocab: int) -> Shortlist:
         """The table in ``content`` (an .npz's bytes), ``where`` naming it in errors."""
         try:
+            # a member's header is checked against what it holds before np.load allocates it (a
+            # header claiming 4 TiB was a MemoryError; deflated zeros declaring gigabytes took them)
+            problem = npz_size_problem(content)
+            if problem is not None:
+                raise BundleError(f"{where} is not a shortlist table: {problem}.")
             with np.load(io.BytesIO(content), allow_pickle=False) as archive:
                 if sorted(archive.files) != ["offsets", "targets"]:
                     raise BundleError(f"{where} must hold exactly 'offsets' and 'targets', not {archive.files}.")
                 offsets, targets = archive["offsets"], archive["targets"]
-        except (OSError, ValueError) as exc:
-            raise BundleError(f"{where} is not a shortlist table ({exc}).") from None
+        except BundleError:
+            raise
+        except DAMAGED as exc:  # a damaged archive: BadZipFile, zlib.error and EOFError too, not only OSError
+            raise BundleError(f"{where} is not a shortlist table ({type(exc).__name__}: {str(exc)[:200]}).") from None
         if offsets.dtype != np.int64 or offsets.ndim != 1 or offsets.size < 2 or targets.dtype != np.int32 \
                 or targets.ndim != 1:
             raise BundleError(f"{where}: offsets must be 1-D int64 and targets 1-D int32.")

@@ -192,6 +192,58 @@ def test_engines_manifest_round_trip_selection_and_refusals(reference_bundle, tm
         read_engines_manifest(tmp_path, digest)
 
 
+_ENTRY = {"graph": "verifier", "file": "verifier-0123.engine", "sha256": "ab" * 32, "key": "k1", "target": {},
+          "profile": {}, "workspace_mib": 4096, "build_seconds": 1.0}
+
+
+@pytest.mark.parametrize("data, needle", [
+    ([], "must hold a JSON object, not list"),
+    ("engines", "must hold a JSON object, not str"),
+    ({"format": 1, "bundle_manifest_sha256": "d" * 64, "engines": {"verifier": _ENTRY}}, "engines must be a list"),
+    ({"format": 1, "bundle_manifest_sha256": ["d"], "engines": []}, "bundle_manifest_sha256 must be a sha256"),
+    # a timing cache build-engines would read from there and os.replace back over it
+    ({"format": 1, "bundle_manifest_sha256": "d" * 64, "engines": [], "timing_cache": "/etc/passwd"},
+     "timing_cache '/etc/passwd' is not a plain file name"),
+    ({"format": 1, "bundle_manifest_sha256": "d" * 64, "engines": [], "timing_cache": "../timing.cache"},
+     "timing_cache '../timing.cache' is not a plain file name"),
+    # an engine the runtime would load from outside the directory (its sha256 comes from the same file)
+    ({"format": 1, "bundle_manifest_sha256": "d" * 64, "engines": [{**_ENTRY, "file": "../../elsewhere.engine"}]},
+     "engines[0].file '../../elsewhere.engine' is not a plain file name"),
+    ({"format": 1, "bundle_manifest_sha256": "d" * 64, "engines": [{**_ENTRY, "target": ["gpu"]}]},
+     "engines[0].target has the wrong type (list)"),
+    ({"format": 1, "bundle_manifest_sha256": "d" * 64, "engines": [{"graph": "verifier"}]},
+     "engines[0] must be an object with"),
+])
+def test_a_hostile_engines_manifest_is_a_bundle_error(tmp_path, data, needle):
+    """engines.json is as untrusted as a bundle: any JSON is read or refused with a BundleError,
+    and no file name in it may lead out of its directory."""
+    (tmp_path / "engines.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="not a readable engines manifest") as error:
+        read_engines_manifest(tmp_path, "d" * 64)
+    assert needle in str(error.value)
+
+
+def test_an_engines_manifest_that_is_a_fifo_is_refused_without_hanging(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "engines.json")
+    with pytest.raises(BundleError, match="not a regular file"):
+        read_engines_manifest(tmp_path, "d" * 64)
+
+
+def test_build_engines_refuses_a_hostile_engines_manifest_in_one_line(bundle, tmp_path):
+    out = tmp_path / "engines"
+    out.mkdir()
+    digest = manifest_digest(bundle("marian"))
+    (out / "engines.json").write_text(json.dumps({"format": 1, "bundle_manifest_sha256": digest, "engines": [],
+                                                  "timing_cache": str(tmp_path / "victim")}))
+    one_error_line(aggdec("build-engines", str(bundle("marian")), "--out", str(out), "--dry-run"),
+                   "is not a plain file name")
+    (out / "engines.json").write_text("[]")
+    one_error_line(aggdec("build-engines", str(bundle("marian")), "--out", str(out), "--dry-run"),
+                   "must hold a JSON object, not list")
+
+
 def test_build_engines_cli_checks_then_needs_tensorrt(reference_bundle, tmp_path):
     dry = aggdec("build-engines", str(reference_bundle), "--dry-run", "--max-batch", "4", "--max-block", "8")
     assert dry.returncode == 0, dry.stderr

@@ -216,3 +216,20 @@ def test_a_signal_stays_the_signal_when_a_library_cleanup_raises_on_the_way_out(
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
     finally:
         signal.signal(signal.SIGINT, inherited)
+
+
+@pytest.mark.parametrize("text, needle", [
+    # an OverflowError from tokenizers ("while processing 'id'"): a traceback
+    ('{"decoder_start_token_id": -5}', "decoder_start_token_id is -5, which is not a token id (0 to"),
+    # int('x'): a ValueError traceback
+    ('{"bad_words_ids": [[1, 2], "x"]}', "bad_words_ids holds 'x', which is not a list of token ids"),
+    ('{"suppress_tokens": ["a"]}', "suppress_tokens entry is 'a', which is not a token id"),
+    ('{"forced_bos_token_id": 99999}', "forced_bos_token_id is 99999, which is not a token id"),
+    # was "could not load the model weights" (transformers reads it with the model)
+    ("[]", "could not read"),
+    ("[" * 100000 + "]" * 100000, "generation_config.json': maximum recursion depth"),
+])
+def test_a_hostile_generation_config_is_named_in_one_line(source, tmp_path, capsys, text, needle):
+    (source / "generation_config.json").write_text(text)
+    assert_refused(capsys, needle, source, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not leftovers(tmp_path, "out")

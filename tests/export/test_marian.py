@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import re
 import struct
 from pathlib import Path
 
@@ -492,6 +494,68 @@ def test_hostile_shortlist_is_refused_with_one_line(tmp_path, capsys):
     _refused(capsys, folder, tmp_path / "out", "magic 0x0")
 
 
+def _bundle_shortlist(path: Path, arrays: dict[str, np.ndarray] | None, extra: tuple[str, bytes, int] | None = None,
+                      raw: bytes | None = None) -> None:
+    """Write a bundle's shortlist.npz: ``arrays``, plus a hand-made member ``extra`` (name, bytes,
+    compression), or ``raw`` bytes as they are; then its sha256 into the manifest, as an attacker
+    rewriting the bundle would."""
+    import hashlib
+    import zipfile
+
+    if raw is None:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for name, values in arrays.items():
+                member = io.BytesIO()
+                np.lib.format.write_array(member, values)
+                archive.writestr(f"{name}.npy", member.getvalue())
+            if extra is not None:
+                archive.writestr(extra[0], extra[1], compress_type=extra[2])
+        raw = buffer.getvalue()
+    path.write_bytes(raw)
+    manifest = json.loads((path.parent / "manifest.json").read_text())
+    manifest["files"][path.name] = hashlib.sha256(raw).hexdigest()
+    (path.parent / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_hostile_bundle_shortlist_table_is_refused_at_load_before_anything_is_allocated(tiny, tmp_path, capsys):
+    """The bundle's shortlist.npz is read by the runtime with np.load: a member whose header
+    declares 4 TiB was a MemoryError traceback, deflated zeros were inflated whatever their size, and a
+    damaged archive (zipfile's BadZipFile, zlib.error: neither an OSError nor a ValueError) a
+    traceback. Each is a BundleError naming the file, at load."""
+    import shutil
+    import zipfile
+
+    from aggdec.runtime.errors import BundleError
+
+    _folder, original = tiny("ssru", "bin", 0.0, True)
+    bundle = tmp_path / "bundle"
+    shutil.copytree(original, bundle)
+    path = bundle / "shortlist.npz"
+    with np.load(path) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (2**39,)})
+    zeros = io.BytesIO()
+    np.lib.format.write_array(zeros, np.zeros(6 << 20, np.int32))  # 24 MiB that deflate to 24 KiB
+    whole = path.read_bytes()
+    cases = [
+        ({"targets": arrays["targets"]}, ("offsets.npy", header.getvalue() + b"\0" * 64, zipfile.ZIP_STORED), None,
+         "member 'offsets.npy' declares shape [549755813888] of int64"),
+        ({"offsets": arrays["offsets"]}, ("targets.npy", zeros.getvalue(), zipfile.ZIP_DEFLATED), None,
+         "member 'targets.npy' expands from"),
+        (None, None, whole[: len(whole) // 2], "is not a shortlist table (BadZipFile"),
+        (None, None, whole[:40] + bytes(b ^ 0x55 for b in whole[40:-200]) + whole[-200:], "is not a shortlist table"),
+    ]
+    for kept, extra, raw, needle in cases:
+        _bundle_shortlist(path, kept, extra, raw)
+        with pytest.raises(BundleError, match=re.escape(needle)):
+            Generator(bundle)
+        code = main(["generate", str(bundle), "--input", "/dev/null"])
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("aggdec: error:") and needle in lines[0], lines
+
+
 def test_int8_recurrent_bundle_decodes_exactly_against_its_own_greedy(tiny, converted):
     """`aggdec quantize` of an SSRU bundle (no shortlist): IAD equals the int8 bundle's own greedy."""
     _folder, bundle = tiny("ssru", "bin")
@@ -825,6 +889,50 @@ def test_hostile_yml_is_one_error_line(tmp_path, capsys, text, needle):
     with pytest.raises(ExportError) as refused:  # the model's own yml goes through the same loader
         parse_model_config(text.replace("beam-size", "enc-depth"))
     assert len(str(refused.value)) < 1000
+
+
+def _decoding_yml(folder: Path, key: str, text: str) -> None:
+    """Set option ``key`` of the tiny folder's decoding yml to the YAML ``text``, as written."""
+    settings = yaml.safe_load((folder / "config.tiny.yml").read_text(encoding="utf-8"))
+    settings[key] = "@@VALUE@@"
+    (folder / "config.tiny.yml").write_text(yaml.safe_dump(settings).replace("'@@VALUE@@'", text), encoding="utf-8")
+
+
+@pytest.mark.parametrize("key, needle", [
+    # the message held the whole value: 5.8 MB at five levels of aliases, all memory at eight
+    ("shortlist", "option shortlist must list the shortlist file first, got [['x', 'x', 'x', 'x', 'x', 'x', ...]"),
+    # a TypeError traceback (a set of lists), and the same message
+    ("vocabs", "option vocabs must list file names, got [['x', 'x', 'x', 'x', 'x', 'x', ...]"),
+])
+def test_aliased_decoding_options_are_one_short_error_line(tmp_path, capsys, key, needle):
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    _decoding_yml(folder, key, LAUGHS)
+    _refused(capsys, folder, tmp_path / "out", needle)
+
+
+def test_a_vocabulary_outside_the_model_folder_is_never_read(tmp_path, capsys):
+    """The decoding yml's vocabs named an .spm by an absolute path or ../, and export read it from
+    there (a FIFO there: a read that never returned); the shortlist option already had to name a
+    file in the folder."""
+    from tests.runtime.test_segmentation import write_spm
+
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    outside = tmp_path / "elsewhere" / "vocab.spm"
+    outside.parent.mkdir()
+    write_spm(outside, [(p, s, k) for (p, s), k in zip(vocab, [3, 2] + [1] * (len(vocab) - 2))])
+    for name in (str(outside), "../elsewhere/vocab.spm"):
+        _decoding_yml(folder, "vocabs", json.dumps([name, name]))
+        _refused(capsys, folder, tmp_path / "out", "which is not in the model folder")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_named_like_a_vocabulary_is_not_read(tmp_path):
+    """The folder's one *.spm was taken whatever it was: a FIFO blocked the export forever. Now
+    only regular files count (none here: the tokenizer's pieces are taken as they are)."""
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    os.mkfifo(folder / "vocab.spm")
+    export_bundle(folder, tmp_path / "out", progress=None, max_source_len=64, max_target_len=64)
 
 
 def test_bin_shapes_that_overflow_and_configs_that_are_not_utf8_are_refused(tmp_path, capsys):

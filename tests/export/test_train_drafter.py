@@ -145,6 +145,14 @@ def fake_checkpoint(tmp_path) -> Path:
     (TrainOptions(glancing=1.5), "glancing must be between"),
     (TrainOptions(positions="left"), "positions must be one of output, source"),
     (TrainOptions(batch_tokens=0), "batch_tokens must be at least 1"),
+    # the drafter is built from these before training: a billion-row position table, a billion layers
+    (TrainOptions(k=10**9), "k must be at most 65536"),
+    (TrainOptions(layers=10**9), "layers must be at most 512"),
+    (TrainOptions(ffn_dim=10**12), "ffn_dim must be at most 1048576"),
+    (TrainOptions(encoder_layers=10**8), "encoder_layers must be at most 512"),
+    # torch's seed overflowed after the model had loaded (a ValueError traceback)
+    (TrainOptions(seed=2**64), "seed must be an integer of at most 4294967295 either way"),
+    (TrainOptions(seed=-2**63), "seed must be an integer of at most 4294967295 either way"),
 ])
 def test_bad_options_are_refused(tmp_path, fake_checkpoint, options, message):
     with pytest.raises(ExportError, match=message):
@@ -220,6 +228,51 @@ def test_resume_continues_to_the_same_weights_as_a_straight_run(tmp_path, random
     assert second["tokens_per_iteration"] == straight["tokens_per_iteration"]
 
 
+def _damaged_checkpoint(path: Path, kind: str) -> None:
+    position = {"step": 1, "epoch": 0, "index": 1}
+    whole = {"drafter": {}, "optimizer": {}, "position": position, "torch_rng": torch.get_rng_state(),
+             "options": {}}
+    if kind == "random bytes":
+        path.write_bytes(random.Random(0).randbytes(3000))
+    elif kind == "truncated":
+        torch.save(whole, path)
+        path.write_bytes(path.read_bytes()[:400])
+    elif kind == "a list":
+        torch.save([1, 2, 3], path)
+    elif kind == "no options":
+        torch.save({key: value for key, value in whole.items() if key != "options"}, path)
+    elif kind == "options a list":
+        torch.save({**whole, "options": [1]}, path)
+    elif kind == "position negative":
+        torch.save({**whole, "position": {**position, "step": -4}}, path)
+
+
+@pytest.mark.parametrize("kind", ["random bytes", "truncated", "a list", "no options", "options a list",
+                                  "position negative"])
+def test_a_damaged_checkpoint_is_refused_before_training(tmp_path, fake_checkpoint, kind):
+    """Each was a traceback (UnpicklingError, RuntimeError, TypeError, AttributeError, KeyError)
+    or, for the position, a run from a step that cannot be."""
+    out = tmp_path / "out"
+    (out / CHECKPOINT_DIR).mkdir(parents=True)
+    _damaged_checkpoint(out / CHECKPOINT_DIR / CHECKPOINT_FILE, kind)
+    with pytest.raises(ExportError, match="is not a training checkpoint this aggdec wrote .*run without --resume"):
+        train_drafter(fake_checkpoint, _sources(tmp_path / "s.txt", 5), out, TrainOptions(heldout=1), resume=True,
+                      progress=False)
+
+
+def test_a_checkpoint_of_another_drafter_is_refused_in_one_error(tmp_path, random_checkpoint):
+    """Its tensors do not fit the drafter the options build: load_state_dict's RuntimeError was a traceback."""
+    src, sources = random_checkpoint("t5"), _sources(tmp_path / "s.txt", 12)
+    train_drafter(src, sources, tmp_path / "out", _quick(steps=1), progress=False)
+    path = tmp_path / "out" / CHECKPOINT_DIR / CHECKPOINT_FILE
+    state = torch.load(path, weights_only=True)
+    name = next(iter(state["drafter"]))
+    state["drafter"][name] = torch.zeros(3, 3)
+    torch.save(state, path)
+    with pytest.raises(ExportError, match="does not fit this drafter"):
+        train_drafter(src, sources, tmp_path / "out", _quick(steps=2), resume=True, progress=False)
+
+
 def test_resume_refuses_changed_settings(tmp_path, random_checkpoint):
     src, sources = random_checkpoint("t5"), _sources(tmp_path / "s.txt", 12)
     train_drafter(src, sources, tmp_path / "out", _quick(steps=1), progress=False)
@@ -282,6 +335,11 @@ def test_source_positions_train_and_reach_the_bundle(tmp_path, random_checkpoint
     ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "family": 7}', "family = 7"),
     ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "positions": "left"}',
      "positions = 'left' is not one of ['output', 'source']"),
+    # built before a weight is read: a hundred million layers, a feed-forward width of 2**30
+    ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 8, "layers": 100000000}',
+     "layers = 100000000 is above the largest a drafter may have (512)"),
+    ('{"vocab_size": 3, "d_model": 4, "num_heads": 1, "head_dim": 4, "ffn_dim": 1073741824}',
+     "ffn_dim = 1073741824 is above the largest a drafter may have (1048576)"),
 ])
 def test_a_malformed_drafter_config_is_named(tmp_path, text, needle):
     from aggdec.export.drafter import DrafterConfig
@@ -289,6 +347,38 @@ def test_a_malformed_drafter_config_is_named(tmp_path, text, needle):
     (tmp_path / CONFIG_FILE).write_text(text)
     with pytest.raises(ExportError, match=re.escape(needle)):
         DrafterConfig.load(tmp_path)
+
+
+def _small_drafter(directory: Path) -> None:
+    from aggdec.export.drafter import DrafterConfig
+
+    Drafter(DrafterConfig(vocab_size=12, d_model=8, num_heads=2, head_dim=4, ffn_dim=16, layers=1, k=3,
+                          max_positions=40)).save(directory)
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    ({"ffn_dim": 4096}, "tensor 'layers.0.fc1.bias' is [16] in the file, [4096] by the config"),
+    ({"layers": 300}, "tensor 'layers.1.cross_attn.k.bias' is missing in the file"),
+    ({"max_positions": 2**17}, "tensor 'positions.weight' is [40, 8] in the file, [131072, 8] by the config"),
+])
+def test_a_drafter_config_that_does_not_match_its_weights_is_refused_before_building(tmp_path, edit, needle):
+    """A drafter.json edited up (or another drafter's) was built for real first (300 layers of
+    that width, a position table of 2**17 rows), then refused by load_state_dict as a traceback."""
+    _small_drafter(tmp_path)
+    config = json.loads((tmp_path / CONFIG_FILE).read_text())
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**config, **edit}))
+    with pytest.raises(ExportError, match=re.escape(needle)):
+        Drafter.load(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated"])
+def test_damaged_drafter_weights_are_one_error(tmp_path, damage):
+    _small_drafter(tmp_path)
+    weights = tmp_path / WEIGHTS_FILE
+    data = weights.read_bytes()
+    weights.write_bytes(random.Random(0).randbytes(4096) if damage == "random bytes" else data[: len(data) // 2])
+    with pytest.raises(ExportError, match="drafter.safetensors"):
+        Drafter.load(tmp_path)
 
 
 def test_run_from_args_trains_one_epoch_by_default(tmp_path, random_checkpoint, capsys):

@@ -473,6 +473,73 @@ def test_external_data_outside_the_bundle_is_never_read(bundle_copy, tmp_path, p
     assert_cli_one_error(bundle_copy, capsys, match)
 
 
+def _outside_constant(root, graph_file: str, outside) -> None:
+    """Turn one of ``graph_file``'s float vectors into a Constant node whose tensor is external
+    data at the absolute path ``outside`` (written there, with the right values), and re-hash the
+    graph: a place the initializers' own check does not look, and a path no listed file has."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(root / graph_file))
+    init = next(i for i in model.graph.initializer if len(i.dims) == 1 and i.data_type == TensorProto.FLOAT)
+    values = numpy_helper.to_array(init)
+    outside.write_bytes(values.astype("<f4").tobytes())
+    tensor = TensorProto(name=init.name, data_type=TensorProto.FLOAT, dims=list(init.dims),
+                         data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", str(outside)), ("offset", "0"), ("length", str(values.size * 4))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    model.graph.initializer.remove(init)
+    model.graph.node.insert(0, helper.make_node("Constant", [], [init.name], value=tensor))
+    onnx.save(model, str(root / graph_file))
+    _rehash(root, graph_file)
+
+
+def _hostile_graphs(root, kind: str, tmp_path) -> None:
+    """The bundle's graphs made hostile, with the manifest's hashes rewritten to match."""
+    import onnx
+    from onnx import helper
+
+    if kind == "random bytes":
+        (root / "verifier.onnx").write_bytes(np.random.default_rng(0).bytes(5000))
+        _rehash(root, "verifier.onnx")
+    elif kind == "swapped":
+        verifier, encoder = (root / "verifier.onnx").read_bytes(), (root / "encoder.onnx").read_bytes()
+        (root / "verifier.onnx").write_bytes(encoder)
+        (root / "encoder.onnx").write_bytes(verifier)
+        _rehash(root, "verifier.onnx", "encoder.onnx")
+    elif kind == "unknown domain":
+        model = onnx.load(str(root / "encoder.onnx"))
+        next(n for n in model.graph.node if n.op_type == "Add").domain = "evil.domain"
+        model.opset_import.append(helper.make_opsetid("evil.domain", 1))
+        onnx.save(model, str(root / "encoder.onnx"))
+        _rehash(root, "encoder.onnx")
+    elif kind == "external data outside":
+        _outside_constant(root, "encoder.onnx", tmp_path / "outside.bin")
+
+
+@pytest.mark.parametrize("kind", ["random bytes", "swapped", "unknown domain", "external data outside"])
+def test_quantize_and_build_engines_refuse_what_the_runtime_refuses(bundle_copy, tmp_path, capsys, kind):
+    """`aggdec quantize` read the graphs with onnx and onnxruntime by path, without the runtime's
+    checks: random bytes, swapped graphs and an unknown operator domain were tracebacks, and
+    external data outside the bundle was read. `build-engines` hands each graph's path to
+    TensorRT, whose parser follows external-data paths the same way. Both now refuse any bundle
+    the runtime refuses, with its BundleError, before reading a graph themselves."""
+    _hostile_graphs(bundle_copy, kind, tmp_path)
+    with pytest.raises(BundleError) as refused:
+        Generator(bundle_copy)
+    needle = str(refused.value)[:60]
+    for command in (["quantize", str(bundle_copy), str(tmp_path / "int8")],
+                    ["build-engines", str(bundle_copy), "--dry-run"]):
+        code = main(command)
+        captured = capsys.readouterr()
+        lines = [line for line in captured.err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("aggdec: error:"), (command, lines)
+        assert needle in lines[0], lines[0]
+        assert not captured.out
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith((".int8", "int8"))]
+
+
 def test_the_bytes_given_to_the_runtime_are_the_bytes_hashed(bundle_copy):
     """A file changed after the manifest's check (between hashing and loading) is refused when
     it is read for use: the read is checked, not only the earlier pass."""

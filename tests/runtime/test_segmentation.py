@@ -214,3 +214,57 @@ def test_a_marian_folder_whose_spm_is_its_only_vocabulary_exports_as_with_its_to
     with pytest.raises(ExportError, match="not this model's vocabulary"):
         export_bundle(alone, tmp_path / "short", progress=None, max_source_len=64, max_target_len=64)
     assert not (tmp_path / "short").exists()
+
+
+def _edited_spm(path: Path, edit) -> None:
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    edit(proto)
+    path.write_bytes(proto.SerializeToString())
+
+
+@pytest.mark.parametrize("alone", [False, True])
+@pytest.mark.parametrize("edit, needle", [
+    # an IndexError traceback (and a negative unk_id named another piece)
+    (lambda proto: setattr(proto.trainer_spec, "unk_id", 999), "its unk_id 999 names none of its 44 pieces"),
+    (lambda proto: setattr(proto.trainer_spec, "unk_id", -3), "its unk_id -3 names none of its 44 pieces"),
+    # SentencePiece's own RuntimeError ("INTERNAL: Trie data size exceeds the input blob size"): a traceback
+    (lambda proto: setattr(proto.normalizer_spec, "precompiled_charsmap", (2**31 - 1).to_bytes(4, "little") + bytes(64)),
+     "the precompiled character map's trie size 2147483647 does not fit its 68 bytes"),
+])
+def test_a_damaged_spm_is_one_error_line(tmp_path, capsys, alone, edit, needle):
+    """A Marian folder's .spm (beside tokenizer.json, or alone as Firefox Translations ships it)
+    that parses but is not a usable model: one `aggdec: error:` line, nothing written."""
+    from aggdec.cli import main
+
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    write_spm(folder / "vocab.spm", [(p, s, k) for (p, s), k in zip(vocab, [3, 2] + [1] * (len(vocab) - 2))])
+    if alone:
+        (folder / "tokenizer.json").unlink()
+    _edited_spm(folder / "vocab.spm", edit)
+    code = main(["export", str(folder), str(tmp_path / "out"), "--max-source-len", "64", "--max-target-len", "64"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("aggdec:") or "Traceback" in line]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("aggdec: error:") and needle in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_sentencepiece_refuses_is_an_export_error(tmp_path):
+    """What the library refuses and aggdec's copy does not check is an ExportError, not the
+    library's RuntimeError (here a character map of a 4-byte trie and nothing else, which the
+    runtime's copy takes and SentencePiece does not)."""
+    import base64
+
+    from aggdec.export.piece_tokenizer import _check_against_sentencepiece, model_spec
+
+    folder, _config, _ = write_model(tmp_path / "model", "ssru")
+    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    write_spm(folder / "vocab.spm", [(p, s, k) for (p, s), k in zip(vocab, [3, 2] + [1] * (len(vocab) - 2))])
+    spec, _proto = model_spec(str(folder / "vocab.spm"), "source", arithmetic="marian")
+    _edited_spm(folder / "vocab.spm", lambda proto: setattr(proto.normalizer_spec, "precompiled_charsmap",
+                                                              (4).to_bytes(4, "little") + bytes(4)))
+    spec["precompiled_charsmap"] = base64.b64encode((4).to_bytes(4, "little") + bytes(4)).decode("ascii")
+    with pytest.raises(ExportError, match="SentencePiece refuses .*INTERNAL: Trie data size"):
+        _check_against_sentencepiece(folder / "vocab.spm", spec, 0, normalized_only=True)
