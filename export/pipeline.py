@@ -49,9 +49,10 @@ IGNORED_GENERATION_SETTINGS = {
     "stop_strings": None,
 }
 # settings that only give generate() its defaults (the search, the limit): aggdec takes these from
-# the call, so an export only says what the checkpoint would have chosen
-CALL_DEFAULT_SETTINGS = {"num_beams": 1, "length_penalty": 1.0, "early_stopping": False, "max_length": 20,
-                         "max_new_tokens": None}
+# the call, so an export only says what the checkpoint would have chosen (do_sample: aggdec never
+# samples; a checkpoint that samples by default is decoded greedily, which the note says)
+CALL_DEFAULT_SETTINGS = {"do_sample": False, "num_beams": 1, "length_penalty": 1.0, "early_stopping": False,
+                         "max_length": 20, "max_new_tokens": None}
 
 
 def _token_id(value: object, field: str, vocab: int) -> int:

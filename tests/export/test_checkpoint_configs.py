@@ -72,6 +72,15 @@ def test_generation_settings_that_change_greedy_are_refused_unless_ignored(rando
     assert transformers_greedy(src, texts, 12) != expected
 
 
+def test_a_checkpoint_that_samples_by_default_is_exported_with_a_note(random_checkpoint, tmp_path):
+    """do_sample True in the generation config: aggdec decodes greedily (the search comes from
+    each call), and the export says so rather than passing over it."""
+    src = _copy_with_generation(random_checkpoint("t5"), tmp_path / "ckpt", do_sample=True, top_p=0.9)
+    notes: list[str] = []
+    export_bundle(src, tmp_path / "out", progress=notes.append)
+    assert any("do_sample=True" in line and "from each generate call" in line for line in notes), notes
+
+
 def test_several_end_tokens_are_refused(random_checkpoint, tmp_path):
     """transformers stops at any of a list of eos_token_id; aggdec at one."""
     src = _copy_with_generation(random_checkpoint("t5"), tmp_path / "ckpt", eos_token_id=[1, 9])
