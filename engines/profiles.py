@@ -246,13 +246,13 @@ def _engines_from_json(data: Any) -> EnginesManifest:
 
 def read_engines_manifest(directory: Path, manifest_sha256: str) -> EnginesManifest:
     """The engines manifest in ``directory`` for this bundle (an empty one if there is none)."""
-    from aggdec.runtime.manifest import MAX_MANIFEST_BYTES, read_capped
+    from aggdec.runtime.manifest import read_capped
 
     path = Path(directory) / ENGINES_MANIFEST
     if not path.exists() and not path.is_symlink():
         return EnginesManifest(manifest_sha256)
     # a regular file of bounded size (not a link, not a FIFO that would block the read)
-    raw = read_capped(path, MAX_MANIFEST_BYTES, "an engines manifest")
+    raw = read_capped(path, what="an engines manifest")
     try:
         engines = _engines_from_json(json.loads(raw.decode("utf-8")))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

@@ -9,6 +9,7 @@ left half-written: a failure removes the temporary directory and leaves any old 
 
 from __future__ import annotations
 
+import reprlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,9 +61,8 @@ def _token_id(value: object, field: str, vocab: int) -> int:
     A checkpoint's config files are untrusted: a negative id was an OverflowError in tokenizers,
     a string an int() ValueError, tracebacks both."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
-        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
-        raise ExportError(f"the checkpoint's {field} is {shown}, which is not a token id (0 to {vocab - 1}); set the "
-                          "right id in its config.json or generation_config.json.")
+        raise ExportError(f"the checkpoint's {field} is {reprlib.repr(value)}, which is not a token id "
+                          f"(0 to {vocab - 1}); set the right id in its config.json or generation_config.json.")
     return value
 
 

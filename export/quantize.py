@@ -905,7 +905,9 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
     # external-data paths out of the bundle. The runtime's load refuses all of that as a
     # BundleError (and reads external data only from the files the manifest lists): nothing
     # is converted that aggdec itself would not decode with.
-    _opened_by_the_runtime(src)
+    from ..runtime.loader import open_bundle
+
+    open_bundle(src, device="cpu", threads=1)
     say = progress or (lambda message: None)
     scheme, described = SCHEMES[precision]
     if precision == "int8" and options.activations == "two-pass":
@@ -989,14 +991,6 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         raise
     say(f"done in {time.perf_counter() - started:.1f}s: {out} (manifest sha256 {manifest_digest(out)})")
     return new
-
-
-def _opened_by_the_runtime(src: Path) -> None:
-    """BundleError unless the runtime opens the bundle at ``src`` on the CPU, with every check
-    it makes at load (manifest, hashes, the graphs' IO, the tokenizer, the probes)."""
-    from ..runtime.loader import open_bundle
-
-    open_bundle(src, device="cpu", threads=1)
 
 
 def _with_activation_type(graphs: dict, precision: str) -> dict:

@@ -296,13 +296,9 @@ def read_capped(path: Path, limit: int = MAX_MANIFEST_BYTES, what: str = "an agg
     return raw
 
 
-def _read_manifest_bytes(path: Path) -> bytes:
-    return read_capped(path)
-
-
 def manifest_digest(bundle_dir: str | Path) -> str:
     """The sha256 of a bundle's manifest.json: pin it to pin the whole bundle (see the module docstring)."""
-    return hashlib.sha256(_read_manifest_bytes(Path(bundle_dir) / MANIFEST_FILE)).hexdigest()
+    return hashlib.sha256(read_capped(Path(bundle_dir) / MANIFEST_FILE)).hexdigest()
 
 
 def load_manifest(bundle_dir: str | Path, verify: bool = True, expected_sha256: str | None = None) -> Manifest:
@@ -320,7 +316,7 @@ def load_manifest(bundle_dir: str | Path, verify: bool = True, expected_sha256: 
         raise BundleNotFoundError(
             f"{str(root)!r} has no {MANIFEST_FILE}: it is not an aggdec bundle; create one with `aggdec export`."
         )
-    raw = _read_manifest_bytes(manifest_path)
+    raw = read_capped(manifest_path)
     if expected_sha256 is not None and hashlib.sha256(raw).hexdigest() != expected_sha256.lower():
         raise BundleError(f"{str(manifest_path)!r} is not the pinned manifest (sha256 "
                           f"{hashlib.sha256(raw).hexdigest()}, expected {expected_sha256}); the bundle differs "
