@@ -70,6 +70,7 @@ from ..runtime.segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
 from ..runtime.graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
 from .positions import (BATCHES, NEW_LENS, PAST_LENS, PER_POSITION, Case, Driver, check_verifier_graphs, cpu_session,
                         isolate_positions, validation_cases)
+from .table_lookups import table_lookups_as_gather_elements
 
 ROW_QMAX = 127.0  # activations: symmetric int8, [-127, 127], shifted to uint8 [1, 255]
 A_ZERO_POINT = 128
@@ -473,7 +474,8 @@ class _Rewriter:
         u = {k: name(k) for k in ("flat", "marks", "ones", "mask", "nonzero", "union", "cumulative", "column_of",
                                   "columns_of_ids", "union_matrix", "by_batch", "column_shape", "rows", "passes",
                                   "as_columns", "union_sums", "sums_shape", "by_union", "by_row", "index_shape",
-                                  "index", "picked", "row_index")}
+                                  "index", "picked", "row_index", "flat_columns")}
+        ids_shape, row_count, wide = name("ids_shape"), name("ids_rows"), name("wide_call")
         n = helper.make_node
         once = helper.make_graph([
             n("Reshape", [ids, flat_shape], [u["flat"]], name=node_name("UnionFlat")),
@@ -489,7 +491,11 @@ class _Rewriter:
               name=node_name("UnionPlaces")),
             n("Sub", [u["cumulative"], self._shared("scalar_1", np.array(1, np.int64))], [u["column_of"]],
               name=node_name("UnionColumnOf")),
-            n("Gather", [u["column_of"], ids], [u["columns_of_ids"]], name=node_name("UnionColumns")),  # [B, L]
+            # a lookup of one value per id: GatherElements on the flat ids (export/table_lookups.py)
+            n("GatherElements", [u["column_of"], u["flat"]], [u["flat_columns"]], axis=0,
+              name=node_name("UnionColumns")),
+            n("Reshape", [u["flat_columns"], ids_shape], [u["columns_of_ids"]], allowzero=1,
+              name=node_name("UnionColumnsByRow")),  # [B, L]
             n("Gather", [by_id, u["union"]], [u["union_matrix"]], name=node_name("UnionMatrix")),  # [U, D]
             n("Transpose", [columns], [u["by_batch"]], perm=[1, 0, 2], name=node_name("UnionPositions")),  # [D, B, P]
             n("Shape", [columns], [u["column_shape"]], name=node_name("UnionColumnShape")),
@@ -512,7 +518,6 @@ class _Rewriter:
             n("Expand", [u["row_index"], u["index_shape"]], [u["index"]], name=node_name("UnionIndex")),  # [B, P, L]
             n("GatherElements", [u["by_row"], u["index"]], [u["picked"]], axis=2, name=node_name("UnionPick")),
         ], name("union_of_rows"), [], [helper.make_tensor_value_info(u["picked"], types.INT32, None)])
-        ids_shape, row_count, wide = name("ids_shape"), name("ids_rows"), name("wide_call")
         return [
             helper.make_node("Shape", [ids], [ids_shape], name=node_name("CallShape")),
             helper.make_node("Gather", [ids_shape, self._shared("scalar_0", np.array(0, np.int64))], [row_count],
@@ -579,6 +584,7 @@ def quantize_model(model, vocab_size: int, options: QuantizeOptions = QuantizeOp
     gets ``int8_grid_matrices`` added: two-pass weights that kept their own int8 grid."""
     rewriter = _Rewriter(model, vocab_size, options)
     rewriter.run()
+    table_lookups_as_gather_elements(model)  # the int8 head's id scales, and bundles exported before the pass
     if counts is not None:
         counts["int8_grid_matrices"] = counts.get("int8_grid_matrices", 0) + rewriter.on_grid
     return model, rewriter.quantized

@@ -32,6 +32,7 @@ from ..safety import check_destination, check_options, make_temp, publish, remov
 from ..shape_folding import constant_reshapes, fold_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
+from ..table_lookups import table_lookups_as_gather_elements
 from ..validate import reference_cases, validate
 from ..piece_tokenizer import PieceTokenizerFiles, marian_spm_files, marian_vocabulary_files
 from .config import (MarianConfig, beam_rules, check_decoding_config, max_length_factor, parse_model_config,
@@ -387,19 +388,20 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
                     if recurrent
                     else VerifierGraph(model, parts, top_k, suppressed, vocab, head, cross_key_layout))
 
-        def scan(path: Path) -> None:
+        def tidy(path: Path) -> None:  # fewer nodes, cheaper lookups; the checks below prove the values unchanged
             graph = onnx.load(str(path))
-            if recurrence_as_scan(graph) != layers:
+            if recurrent and recurrence_as_scan(graph) != layers:
                 raise ExportError("the traced SSRU verifier does not hold one recurrence per layer; this is a bug "
                                   "in aggdec's Marian exporter.")
-            constant_reshapes(graph)  # fewer nodes per call; the checks below prove the values unchanged
+            constant_reshapes(graph)
+            table_lookups_as_gather_elements(graph)
             onnx.checker.check_model(graph)
             onnx.save(graph, str(path))
 
         verifiers = trace_verifiers(verifier, dummy, tmp, lambda head: verifier_spec(
             layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None, head=head,
             d_model=config.d_model if table is not None else None, cross_key_layout=cross_key_layout, vocab=vocab),
-            opset, scan if recurrent else fold_reshapes, argmax_graph=argmax_graph,
+            opset, tidy, argmax_graph=argmax_graph,
             # a shortlist graph maps each row's list positions to ids itself: its best id
             argmax_head="argmax" if table is not None else "logits")
         ver_spec = verifiers["verifier"]

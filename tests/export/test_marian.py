@@ -205,10 +205,13 @@ def test_the_graphs_reshapes_are_constant_where_provable(tiny, decoder, fmt):
     """The encoder's and both verifiers' traced reshapes are made constant at export
     (export/shape_folding.py) before the checks: nothing the folding could make constant is
     left, and some Reshape has a constant shape (the self-attention verifier's were left
-    traced before: 213 -> 173 nodes after onnxruntime's optimizations on the tiny model)."""
+    traced before: 213 -> 173 nodes after onnxruntime's optimizations on the tiny model). A
+    shortlist verifier's lookups of one value per id (the output bias, each list position's id)
+    are GatherElements (export/table_lookups.py): none is left to rewrite."""
     import onnx
 
     from aggdec.export.shape_folding import constant_reshapes
+    from aggdec.export.table_lookups import table_lookups_as_gather_elements
 
     _folder, bundle = tiny(decoder, fmt)
     for file in ("encoder.onnx", "verifier.onnx", "verifier_argmax.onnx"):
@@ -217,6 +220,11 @@ def test_the_graphs_reshapes_are_constant_where_provable(tiny, decoder, fmt):
             out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
         assert any(node.op_type == "Reshape" and node.input[1] in constants for node in model.graph.node), file
         assert constant_reshapes(model) == 0, file
+        assert table_lookups_as_gather_elements(model) == 0, file
+    _folder, listed = tiny("ssru", fmt, 0.0, True)  # shortlists: SSRU decoders only so far
+    verifier = onnx.load(str(listed / "verifier_argmax.onnx"))
+    assert table_lookups_as_gather_elements(verifier) == 0
+    assert sum(node.op_type == "GatherElements" for node in verifier.graph.node) >= 2  # the bias and the ids
 
 
 def test_manifest_without_cache_kind_is_an_attention_bundle(tiny):
@@ -744,6 +752,7 @@ def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny,
     import onnx
 
     from aggdec.export.quantize import shortlist_head_parts
+    from aggdec.export.table_lookups import table_lookups_as_gather_elements
     from aggdec.runtime.graph_specs import takes_output_rows
 
     _folder, bundle = tiny("ssru", "bin", 0.0, True)
@@ -765,6 +774,10 @@ def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny,
         assert [node.op_type for node in body.node] == ["Gather", "MatMulInteger"]
         union = [node.op_type for node in branches["then_branch"].node]  # decision 045: 8 rows or more
         assert union.count("MatMulInteger") == 1 and "Scan" not in union and "NonZero" in union, graph
+        # each id's column in the union and its scale: lookups as GatherElements (export/table_lookups.py)
+        assert union.count("GatherElements") == 2, graph  # the columns and the pick
+        whole = onnx.load(str(out / manifest.graphs[graph].file))
+        assert table_lookups_as_gather_elements(whole) == 0, graph
         (rows,) = [i for i in model.initializer if i.name.endswith("_uint8_by_id")]
         values = onnx.numpy_helper.to_array(rows)
         assert values.dtype == np.uint8 and bounds[0] <= values.min() and values.max() <= bounds[1], graph
