@@ -24,6 +24,7 @@ from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_o
 from ..runtime.errors import ValidationError
 from ..runtime.graph_specs import LOGITS_OUTPUT
 from ..runtime.manifest import Manifest
+from .shape_folding import graphs_within
 
 
 ISOLATE_ROWS = "/IsolateRows"  # the name suffix of the Unsqueeze that makes a position a one-row matrix
@@ -38,9 +39,10 @@ PER_POSITION = "/PerPositionMatMul"
 
 def fresh_names(graph):
     """A function that returns a name no node, input, output or initializer of ``graph`` (an
-    onnx GraphProto) uses yet, ``base`` itself when it is free, and remembers it: for the nodes
-    and initializers a rewrite adds."""
-    names = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
+    onnx GraphProto) or of a subgraph in it uses yet, ``base`` itself when it is free, and
+    remembers it: for the nodes and initializers a rewrite adds."""
+    names = {n for g in graphs_within(graph) for node in g.node for n in (*node.input, *node.output)}
+    names |= {i.name for g in graphs_within(graph) for i in g.initializer}
 
     def fresh(base: str) -> str:
         name, index = base, 0

@@ -29,16 +29,25 @@ def _constants(graph) -> dict[str, np.ndarray]:
     return values
 
 
-def _used_names(graph) -> set[str]:
-    """Every name a node of ``graph`` or of any of its subgraphs reads, and the graph's outputs."""
-    used = {output.name for output in graph.output}
+def graphs_within(graph):
+    """``graph`` and every subgraph in it (an If's branches, a Scan's body), outermost first. A
+    graph's subgraphs are looked up after the caller has had it, so a caller that rewrites a
+    graph's nodes (copying those it keeps, their subgraphs with them) walks the new ones."""
     stack = [graph]
     while stack:
         current = stack.pop()
+        yield current
         for node in current.node:
-            used.update(node.input)
             stack.extend(attribute.g for attribute in node.attribute if attribute.g.node)
             stack.extend(g for attribute in node.attribute for g in attribute.graphs)
+
+
+def _used_names(graph) -> set[str]:
+    """Every name a node of ``graph`` or of any of its subgraphs reads, and the graph's outputs."""
+    used = {output.name for output in graph.output}
+    for current in graphs_within(graph):
+        for node in current.node:
+            used.update(node.input)
     return used
 
 

@@ -3,9 +3,9 @@
 Why: a Marian shortlist head looks up a value per allowed id of every row at every call (the
 output bias, an int8 head's id scales, the id each shortlist column stands for): [rows,
 shortlist] indices, about a thousand a row, into a [vocab] table. onnxruntime's ``Gather``
-copies such 4- or 8-byte elements one at a time (about 3.5 ns each on one thread, 7x numpy's
-``take``: ``benchmarks/results/marian-amx-cpu/``), which made these lookups a tenth of a
-batch-64 int8 call; its ``GatherElements`` on the flattened indices takes a sixth of that.
+copies such 4- or 8-byte elements one at a time, several times slower than numpy's ``take``,
+and these lookups were a tenth of a wide int8 call; its ``GatherElements`` on the flattened
+indices is several times faster (``benchmarks/results/marian-amx-cpu/``, decision 048).
 
 Both operators read ``table[index]`` for every index, negative indices counted from the end
 alike, so the values are the same; ``GatherElements`` wants indices of the table's rank (1), so
@@ -21,19 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .shape_folding import _constants
-
-
-def _graphs(graph):
-    """``graph`` and every subgraph in it, outermost first; a graph's subgraphs are looked up
-    after the caller has had it (a rewrite copies the nodes it keeps, their subgraphs with them)."""
-    stack = [graph]
-    while stack:
-        current = stack.pop()
-        yield current
-        for node in current.node:
-            stack.extend(attribute.g for attribute in node.attribute if attribute.g.node)
-            stack.extend(g for attribute in node.attribute for g in attribute.graphs)
+from .positions import fresh_names
+from .shape_folding import _constants, graphs_within
 
 
 def table_lookups_as_gather_elements(model) -> int:
@@ -41,21 +30,11 @@ def table_lookups_as_gather_elements(model) -> int:
     in a rank-1 constant table by run-time indices (module docstring); returns how many."""
     from onnx import helper, numpy_helper
 
-    names = {name for g in _graphs(model.graph) for node in g.node for name in (*node.input, *node.output)}
-    names |= {init.name for init in model.graph.initializer}
-
-    def fresh(base: str) -> str:
-        name, index = base, 0
-        while name in names:
-            index += 1
-            name = f"{base}_{index}"
-        names.add(name)
-        return name
-
+    fresh = fresh_names(model.graph)
     top_constants = _constants(model.graph)
     flat = fresh("table_lookup_flat_shape")  # the one [-1] target, a top-level Constant if used
     count = 0
-    for graph in _graphs(model.graph):
+    for graph in graphs_within(model.graph):
         constants = {**top_constants, **_constants(graph)}
         rewritten, changed = [], False
         for node in graph.node:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aggdec.export.shape_folding import graphs_within
 from aggdec.export.table_lookups import table_lookups_as_gather_elements
 
 VOCAB = 50
@@ -58,13 +59,7 @@ def _run(model, ids: np.ndarray, flag: bool) -> list[np.ndarray]:
 
 
 def _op_types(graph) -> list[str]:
-    found = []
-    for node in graph.node:
-        found.append(node.op_type)
-        for attribute in node.attribute:
-            if attribute.g.node:
-                found += _op_types(attribute.g)
-    return found
+    return [node.op_type for g in graphs_within(graph) for node in g.node]
 
 
 @pytest.mark.parametrize("shape", [(3, 7), (1, 1), (4, 0), (2, 3)])

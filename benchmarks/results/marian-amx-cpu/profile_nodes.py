@@ -16,15 +16,11 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 import profile_step  # noqa: E402
 
+from aggdec.export.shape_folding import graphs_within  # noqa: E402
+
 
 def node_names(graph) -> list[str]:
-    names = []
-    for node in graph.node:
-        names.append(node.name)
-        for attribute in node.attribute:
-            if attribute.g.node:
-                names += node_names(attribute.g)
-    return names
+    return [node.name for g in graphs_within(graph) for node in g.node]
 
 
 def main() -> None:
