@@ -113,7 +113,7 @@ def main() -> None:
             setattr(generator.verifier, attribute, session)
         by_type, head, calls = collections.Counter(), collections.Counter(), 0
         for session in profiled.values():
-            graph_types, graph_head, graph_calls = kernel_times(session.end_profiling(), vocab)
+            graph_types, graph_head, graph_calls, _nodes = kernel_times(session.end_profiling(), vocab)
             by_type, head, calls = by_type + graph_types, head + graph_head, calls + graph_calls
         kernels = sum(by_type.values()) / 1e3
         # 2. timed passes, unprofiled, interleaved with CTranslate2's same decoding
