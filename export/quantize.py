@@ -67,7 +67,7 @@ import numpy as np
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
 from ..runtime.segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
-from ..runtime.graph_specs import VERIFIER_GRAPHS, drafter_takes_output_ids
+from ..runtime.graph_specs import UNION_INPUTS, UNION_SPECS, VERIFIER_GRAPHS, drafter_takes_output_ids
 from .positions import (BATCHES, NEW_LENS, PAST_LENS, PER_POSITION, Case, Driver, check_verifier_graphs, cpu_session,
                         isolate_positions, validation_cases)
 from .table_lookups import table_lookups_as_gather_elements
@@ -411,8 +411,7 @@ class _Rewriter:
              helper.make_tensor_value_info(row_columns, types.INT8, None)],
             [helper.make_tensor_value_info(row_sums, types.INT32, None)])
         by_position = name("int32_by_position")  # [B, passes x T, L]
-        vocab = int(self.inits[weight].dims[0])  # the output matrix [V, D]
-        nodes += self._id_sums(by_id, vocab, ids, columns[0], body, by_position, name, node_name)
+        nodes += self._id_sums(by_id, ids, columns[0], body, by_position, name, node_name)
         sums = [by_position]
         if len(passes) > 1:
             sums = [name("first_pass"), name("second_pass")]
@@ -437,7 +436,17 @@ class _Rewriter:
                   helper.make_node("Mul", [by_id_scale, row_scale], [node.output[0]], name=node_name("RowScaleMul"))]
         return nodes
 
-    def _id_sums(self, by_id: str, vocab: int, ids: str, columns: str, row_step, by_position: str, name,
+    def _union_inputs(self) -> tuple[str, str]:
+        """The graph's UNION_INPUTS, added as inputs on first use."""
+        from onnx import helper
+
+        present = {value.name for value in self.graph.input}
+        for spec in UNION_SPECS:
+            if spec.name not in present:
+                self.graph.input.append(helper.make_tensor_value_info(spec.name, self.TensorProto.INT64, list(spec.dims)))
+        return UNION_INPUTS
+
+    def _id_sums(self, by_id: str, ids: str, columns: str, row_step, by_position: str, name,
                  node_name) -> list:
         """The int32 sums [B, P, L] of each row's ids (``ids`` [B, L]) against its positions
         (``columns`` [B, D, P]), computed one of two ways by the call's rows (an If): under
@@ -451,11 +460,11 @@ class _Rewriter:
         is a way to compute, never what a row's output depends on, as issue 28 requires of a
         shortlist.
 
-        The union is found without sorting (onnxruntime's Unique took 12 ms for a 40-row call's
-        ids, this 1.8 ms): each id present marks its place in a vocabulary-wide mask, whose
-        nonzero places are the union (ascending) and whose cumulative sum minus 1 is each id's
-        column in it. A -1 (a row's padding) is the last id for Gather, ScatterElements and the
-        mask alike, as for the row-by-row Gather."""
+        The union and each list position's column in it are graph inputs (graph_specs
+        UNION_INPUTS), made on the host when the rows change (decoding/shortlist.py
+        ``union_feeds``, decision 049): found in the graph at every call (a vocabulary-wide
+        mask, its NonZero and CumSum) they were about a tenth of a wide call. A -1 (a row's
+        padding) stands for the last id, as for the row-by-row Gather; its value is masked."""
         from onnx import helper
 
         types = self.TensorProto
@@ -464,39 +473,23 @@ class _Rewriter:
         axis_2 = self._shared("axis_2", np.array([2], np.int64))
         flat_shape = self._shared("flat_shape", np.array([-1], np.int64))
         keep = self._shared("broadcast_keep", np.array([1], np.int64))  # Expand: a dimension kept as it is
-        stacked, by_row_out, zeros = name("int32"), name("int32_row_by_row"), name("union_zeros")
+        stacked, by_row_out = name("int32"), name("int32_row_by_row")
         row_by_row = helper.make_graph(
             [helper.make_node("Scan", [ids, columns], [stacked], name=node_name("Rows"), body=row_step,
                               num_scan_inputs=2),  # [B, L, P]
              helper.make_node("Transpose", [stacked], [by_row_out], perm=[0, 2, 1],
                               name=node_name("ByPosition"))],  # [B, P, L]
             name("row_by_row"), [], [helper.make_tensor_value_info(by_row_out, types.INT32, None)])
-        u = {k: name(k) for k in ("flat", "marks", "ones", "mask", "nonzero", "union", "cumulative", "column_of",
-                                  "columns_of_ids", "union_matrix", "by_batch", "column_shape", "rows", "passes",
+        u = {k: name(k) for k in ("columns_of_ids", "union_matrix", "by_batch", "column_shape", "rows", "passes",
                                   "as_columns", "union_sums", "sums_shape", "by_union", "by_row", "index_shape",
-                                  "index", "picked", "row_index", "flat_columns")}
+                                  "index", "picked", "row_index")}
         ids_shape, row_count, wide = name("ids_shape"), name("ids_rows"), name("wide_call")
+        union_ids, union_columns = self._union_inputs()
         n = helper.make_node
         once = helper.make_graph([
-            n("Reshape", [ids, flat_shape], [u["flat"]], name=node_name("UnionFlat")),
-            n("Shape", [u["flat"]], [u["marks"]], name=node_name("UnionMarksShape")),
-            n("ConstantOfShape", [u["marks"]], [u["ones"]], name=node_name("UnionOnes"),
-              value=self.numpy_helper.from_array(np.array([1], np.int64))),
-            n("ConstantOfShape", [self._shared("vocab_shape", np.array([vocab], np.int64))], [zeros],
-              value=self.numpy_helper.from_array(np.array([0], np.int64)), name=node_name("UnionZeros")),
-            n("ScatterElements", [zeros, u["flat"], u["ones"]], [u["mask"]], name=node_name("UnionMask")),
-            n("NonZero", [u["mask"]], [u["nonzero"]], name=node_name("UnionIds")),  # [1, U], ascending
-            n("Squeeze", [u["nonzero"], axis_0], [u["union"]], name=node_name("UnionIdsFlat")),
-            n("CumSum", [u["mask"], self._shared("scalar_0", np.array(0, np.int64))], [u["cumulative"]],
-              name=node_name("UnionPlaces")),
-            n("Sub", [u["cumulative"], self._shared("scalar_1", np.array(1, np.int64))], [u["column_of"]],
-              name=node_name("UnionColumnOf")),
-            # a lookup of one value per id: GatherElements on the flat ids (export/table_lookups.py)
-            n("GatherElements", [u["column_of"], u["flat"]], [u["flat_columns"]], axis=0,
-              name=node_name("UnionColumns")),
-            n("Reshape", [u["flat_columns"], ids_shape], [u["columns_of_ids"]], allowzero=1,
-              name=node_name("UnionColumnsByRow")),  # [B, L]
-            n("Gather", [by_id, u["union"]], [u["union_matrix"]], name=node_name("UnionMatrix")),  # [U, D]
+            # fed [output rows, L] as output_ids is: one row of every id serves every row
+            n("Expand", [union_columns, ids_shape], [u["columns_of_ids"]], name=node_name("UnionColumns")),  # [B, L]
+            n("Gather", [by_id, union_ids], [u["union_matrix"]], name=node_name("UnionMatrix")),  # [U, D]
             n("Transpose", [columns], [u["by_batch"]], perm=[1, 0, 2], name=node_name("UnionPositions")),  # [D, B, P]
             n("Shape", [columns], [u["column_shape"]], name=node_name("UnionColumnShape")),
             n("Slice", [u["column_shape"], axis_0, axis_1], [u["rows"]], name=node_name("UnionRows")),
@@ -881,6 +874,14 @@ def _without_kept_rows(graphs: dict) -> dict:
             for name, spec in graphs.items()}
 
 
+def _with_union_inputs(graphs: dict) -> dict:
+    """The verifiers' specs with the int8 union head's inputs (graph_specs.UNION_INPUTS)."""
+    import dataclasses
+
+    return {name: dataclasses.replace(spec, inputs=(*spec.inputs, *UNION_SPECS)) if name in VERIFIER_GRAPHS else spec
+            for name, spec in graphs.items()}
+
+
 def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -> Manifest:
     import dataclasses
 
@@ -938,6 +939,8 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
                 i.name for i in _load_graph(tmp / graphs["verifier"].file).graph.input}:
             _drop_kept_rows_output(tmp / graphs["encoder"].file)
             new_graphs = _without_kept_rows(new_graphs)
+        if UNION_INPUTS[0] in {i.name for i in _load_graph(tmp / graphs["verifier"].file).graph.input}:
+            new_graphs = _with_union_inputs(new_graphs)
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         if manifest.segmentation == SENTENCEPIECE:  # the tokenizer's other half (runtime/sentencepiece.py)
             shutil.copyfile(src / SENTENCEPIECE_FILE, tmp / SENTENCEPIECE_FILE)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runtime.decoding.shortlist import union_feeds
+from ..runtime.graph_specs import UNION_INPUTS
+
 
 class WholeVocabulary:
     """An onnxruntime session of a shortlist verifier fed every output id: how the shared
@@ -22,6 +25,7 @@ class WholeVocabulary:
         self.vocab = vocab
         self.matrix = matrix  # the output matrix [V, D], to feed each row's rows of it
         inputs = {value.name: value for value in session.get_inputs()}
+        self.union = UNION_INPUTS[0] in inputs  # an int8 head fed the union of its lists (decision 049)
         rows = inputs.get("output_rows")
         self.d_model = rows.shape[-1] if rows is not None else None
         # the bundle's activation type (float16 in an fp16 bundle)
@@ -35,7 +39,7 @@ class WholeVocabulary:
 
     def run(self, names, feeds: dict):  # noqa: ANN001, ANN201
         ids = self.output_ids(len(feeds["input_ids"]))
-        extra = {"output_ids": ids}
+        extra = {"output_ids": ids, **(union_feeds(ids, self.vocab) if self.union else {})}
         if self.d_model is not None:
             extra["output_rows"] = (np.zeros((1, 0, self.d_model), self.dtype) if self.matrix is None
                                     else np.ascontiguousarray(self.matrix[np.maximum(ids, 0)], dtype=self.dtype))

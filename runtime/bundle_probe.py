@@ -27,8 +27,9 @@ import numpy as np
 from .bundle_checks import ADVICE
 from .bundle_schema import ACTIVATION_DTYPES, DRAFTER_GRAPHS
 from .decoding.cache import cross_names, self_cache_names
+from .decoding.shortlist import union_feeds
 from .errors import BundleError, GraphRunError
-from .graph_specs import LOGITS_OUTPUT, drafter_takes_output_ids, takes_output_rows
+from .graph_specs import LOGITS_OUTPUT, drafter_takes_output_ids, takes_output_rows, takes_union_inputs
 from .manifest import Manifest
 
 _PROBE_CAPACITY = 2  # decoder buffer positions the verifier probe gets (it writes two)
@@ -117,6 +118,8 @@ def _verifier_feeds(m: Manifest, encoded: Mapping[str, np.ndarray], mask: np.nda
         # a shortlist bundle's verifier projects onto the ids it is given: all of them, so that
         # the vocabulary's last row is looked up too
         **({"output_ids": np.arange(m.vocab_size, dtype=np.int64)[None]} if m.shortlist is not None else {}),
+        # an int8 shortlist head's union of those ids (all of them) and their columns
+        **(union_feeds(np.arange(m.vocab_size, dtype=np.int64)[None], m.vocab_size) if takes_union_inputs(m) else {}),
         # and gathers their rows itself (an empty output_rows)
         **({"output_rows": np.zeros((1, 0, m.d_model), dtype=act)} if takes_output_rows(m) else {}),
     }

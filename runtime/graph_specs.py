@@ -61,6 +61,10 @@ VERIFIER_GRAPHS = {"verifier": "top_k", "verifier_argmax": "argmax"}
 # which (:func:`argmax_head`).
 ARGMAX_HEADS = ("argmax", "logits")
 LOGITS_OUTPUT = "best_logits"
+# an int8 shortlist head's union of a call's lists and each list position's column in it (decision 049)
+UNION_INPUTS = ("union_ids", "union_columns")
+UNION_SPECS = (TensorSpec(UNION_INPUTS[0], "int64", ("union_len",)),
+               TensorSpec(UNION_INPUTS[1], "int64", ("output_rows", "output_len")))  # fed as output_ids is
 
 
 def argmax_head(manifest: Manifest) -> str:
@@ -80,14 +84,17 @@ def argmax_graph_runs_on(manifest: Manifest, device: str) -> bool:
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
                   cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k",
                   d_model: int | None = None, cross_key_layout: str | None = None,
-                  vocab: int | None = None) -> GraphSpec:
+                  vocab: int | None = None, union: bool = False) -> GraphSpec:
     """``shortlist``: the verifier also takes ``output_ids``, each row's allowed output ids
     (decoding/shortlist.py), -1 padded, or one row of every id. ``head``: what it returns of
     each position (:data:`VERIFIER_GRAPHS`). ``d_model`` (a shortlist verifier that takes
     ``output_rows``, :func:`takes_output_rows`): it also takes each row's gathered output
     matrix, [rows, L, d_model] as the encoder returned it for that row's ``output_ids``, or an
     empty [1, 0, d_model] to gather it itself from ``output_ids`` (every id, one row for all).
-    ``vocab``: the logits' width (the "logits" head's, which needs it)."""
+    ``vocab``: the logits' width (the "logits" head's, which needs it). ``union`` (an int8
+    shortlist head, :func:`takes_union_inputs`): it also takes :data:`UNION_INPUTS`, the union
+    of the call's ``output_ids`` and each list position's column in it (decoding/shortlist.py
+    ``union_feeds``)."""
     # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
     # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
@@ -115,6 +122,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             # not the output_ids dims: empty ([1, 0, d]) when every id is fed
             *((TensorSpec("output_rows", act, ("matrix_rows", "matrix_len", d_model)),)
               if shortlist and d_model is not None else ()),
+            *(UNION_SPECS if shortlist and union else ()),
         ),
         outputs=(
             *candidates,
@@ -160,6 +168,15 @@ def drafter_source_spec(d_model: int, act: str = "float32") -> GraphSpec:
     )
 
 
+def takes_union_inputs(manifest: Manifest) -> bool:
+    """Whether the bundle's verifier is fed the union of a call's shortlists and each list
+    position's column in it (:data:`UNION_INPUTS`), made on the host when the rows change: an
+    int8 shortlist head's since decision 049; one quantized before finds the union itself at
+    every call."""
+    verifier = manifest.graphs.get("verifier")
+    return manifest.shortlist is not None and verifier is not None and UNION_INPUTS[0] in verifier.input_names()
+
+
 def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     """The IO this runtime drives each graph a bundle may have with, for ``manifest``'s sizes."""
     m = manifest
@@ -169,7 +186,8 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
                                      m.cross_key_layout),
              **{graph: verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
                                      m.shortlist is not None, argmax_head(m) if head == "argmax" else head,
-                                     m.d_model if rows else None, m.cross_key_layout, m.vocab_size)
+                                     m.d_model if rows else None, m.cross_key_layout, m.vocab_size,
+                                     takes_union_inputs(m))
                 for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:

@@ -22,10 +22,10 @@ from ..bundle_schema import ACTIVATION_DTYPES
 from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
-from ..graph_specs import LOGITS_OUTPUT, argmax_head, takes_output_rows
+from ..graph_specs import LOGITS_OUTPUT, argmax_head, takes_output_rows, takes_union_inputs
 from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names, source_axis
 from .fixed_calls import FixedCall, FixedCalls
-from .shortlist import Shortlist
+from .shortlist import Shortlist, union_feeds
 
 # cache positions beyond max_target_len: a row's decoder prefix is at most two tokens, so a
 # batch's padded block never writes past the allocation (see Batch.block_limit)
@@ -156,6 +156,12 @@ class Batch:
         self._allowed: list[np.ndarray | None] = [None] * slots
         self._output_ids: np.ndarray | None = None
         self._output_layout = -1
+        # an int8 shortlist head's union inputs (graph_specs.UNION_INPUTS) for those output_ids:
+        # the union is made again only when rows join (a superset of the rows' lists serves as
+        # well: integer sums are exact), each slot's columns in it kept and laid out as the rows are
+        self._union: dict[str, np.ndarray] = {}
+        self._union_ids: np.ndarray | None = None
+        self._columns: list[np.ndarray | None] = [None] * slots
         self._rows_fed: np.ndarray | None = None  # the output_rows bound, kept alive with the binding
         self._no_rows = np.zeros((1, 0, self.buffers.d_model), self.buffers.dtype)  # "gather them yourself"
 
@@ -195,6 +201,7 @@ class Batch:
         if allowed is not None:
             for slot in range(first, self.rows):
                 self._allowed[slot] = allowed[(slot - first) // copies]
+            self._union_ids = None  # the rows that joined may list ids the union lacks
         return range(first, self.rows)
 
     def output_ids(self) -> np.ndarray:
@@ -205,8 +212,31 @@ class Batch:
             else:  # as wide as the rows' kept matrices, if they are kept
                 allowed = self._allowed[: self.rows]
                 self._output_ids = padded_lists(allowed, self.buffers.matrix_len if self.buffers.keeps_matrices else 0)
+            if self._verifier.takes_union_inputs:
+                self._union = self._union_inputs(self._output_ids)
             self._output_layout = self.buffers.layout
         return self._output_ids
+
+    def _union_inputs(self, output_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The union inputs for ``output_ids``, the current rows' lists (decoding/shortlist.py
+        ``union_feeds``): the union made again only after rows joined; a padding position's
+        column is 0 (any column serves: its logit is -inf whatever its sum)."""
+        rows = self.rows
+        if self._verifier.shortlist is None or output_ids.shape[0] != rows:  # one row of every id
+            return union_feeds(output_ids, self._verifier.manifest.vocab_size)
+        if self._union_ids is None and rows == 1:  # one row's list is a union (columns in any order serve)
+            self._union_ids = np.array(self._allowed[0], dtype=np.int64)
+            self._columns[0] = np.arange(len(self._union_ids), dtype=np.int64)
+        elif self._union_ids is None:
+            fed = union_feeds(output_ids, self._verifier.manifest.vocab_size)
+            self._union_ids = fed["union_ids"]
+            for slot in range(rows):
+                self._columns[slot] = fed["union_columns"][slot, : len(self._allowed[slot])]
+        columns = np.zeros(output_ids.shape, dtype=np.int64)
+        for slot in range(rows):
+            kept = self._columns[slot]
+            columns[slot, : len(kept)] = kept
+        return {"union_ids": self._union_ids, "union_columns": columns}
 
     def output_rows(self) -> np.ndarray:
         """The verifier's ``output_rows`` (a verifier that takes them): each row's gathered
@@ -317,6 +347,7 @@ class Batch:
                      "encoder_attention_mask": self.buffers.source_mask(), **self.buffers.feeds(names[0], names[2])}
             if self._verifier.takes_output_ids:
                 feeds["output_ids"] = self.output_ids()
+                feeds.update(self._union)  # made with them: empty unless the verifier takes them
             if self._verifier.takes_output_rows:
                 feeds["output_rows"] = self.output_rows()
             out = session.run(feeds)
@@ -344,6 +375,8 @@ class Batch:
                 binding.bind_cpu_input("encoder_attention_mask", self._mask)
                 if self._verifier.takes_output_ids:  # held by self._output_ids until the rows change
                     binding.bind_cpu_input("output_ids", self.output_ids())
+                    for name, value in self._union.items():  # held by self._union alike
+                        binding.bind_cpu_input(name, value)
                 if self._verifier.takes_output_rows:  # held by the buffers (or here) until the rows change
                     self._rows_fed = self.output_rows()
                     binding.bind_cpu_input("output_rows", self._rows_fed)
@@ -401,6 +434,7 @@ class Batch:
         if moved is not None:
             self.lengths[slot] = self.lengths[moved]
             self._allowed[slot] = self._allowed[moved]
+            self._columns[slot] = self._columns[moved]
         return moved
 
     def shrink(self, width: int | None = None) -> None:
@@ -591,6 +625,7 @@ class Verifier:
         # each row's gathered output matrix, kept per slot from the encoder's call (a bundle
         # exported before it gathers in every verifier call, fed output_ids alone)
         self.takes_output_rows = takes_output_rows(manifest)
+        self.takes_union_inputs = takes_union_inputs(manifest)
         self.kept_matrix_slots = kept_matrix_slots
         self.fixed_calls = fixed_calls
         self._spare: dict[tuple, list[SlotBuffers]] = {}  # take_buffers' finished batches' buffers, by shape

