@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import reprlib
 import sys
 import tempfile
 import time
@@ -765,8 +766,7 @@ def _load_checkpoint(out: Path, options: TrainOptions) -> dict[str, Any]:
     changed = sorted(name for name, value in asdict(options).items()
                      if name not in _RESUMABLE_CHANGES and saved.get(name, defaults[name]) != value)
     if changed:
-        import reprlib  # a checkpoint's values are shown cut short: it is a file like any other
-
+        # a checkpoint's values are shown cut short: it is a file like any other
         details = ", ".join(f"{name} {reprlib.repr(saved.get(name))} -> {getattr(options, name)!r}" for name in changed)
         raise ExportError(f"cannot resume {str(out)!r} with different settings ({details}); use the original "
                           "settings or choose another --out directory.")

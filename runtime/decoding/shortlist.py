@@ -88,7 +88,8 @@ def load_shortlist(files: BundleFiles, manifest: Manifest) -> Shortlist | None:
 def union_feeds(output_ids: np.ndarray, vocab: int) -> dict[str, np.ndarray]:
     """An int8 shortlist head's union inputs (graph_specs.UNION_INPUTS) for ``output_ids``
     [rows, L] (-1 padded, or one row of every id): the ids any row lists, ascending, and each
-    list position's column among them. A -1 stands for the vocabulary's last id, as the
+    list position's column among them; one row of ids is its own union, as it comes (its
+    columns 0..L-1: no vocabulary-wide work). A -1 stands for the vocabulary's last id, as the
     graph's lookups read it (its value is masked out after the product).
 
     Why on the host: the union changes only when the rows do, and found in the graph at every
@@ -96,6 +97,8 @@ def union_feeds(output_ids: np.ndarray, vocab: int) -> dict[str, np.ndarray]:
     tenth of a wide call (decision 049). It is a way to compute: integer sums are exact, so a
     row gets the same bits whatever else the union holds."""
     ids = np.where(output_ids < 0, output_ids + vocab, output_ids)
+    if len(ids) == 1:
+        return {"union_ids": ids[0], "union_columns": np.arange(ids.shape[1], dtype=np.int64)[None]}
     listed = np.zeros(vocab, dtype=bool)
     listed[ids.ravel()] = True
     column_of = np.cumsum(listed, dtype=np.int64) - 1

@@ -54,10 +54,10 @@ SPARE_SHAPES = 4
 KEPT_MATRIX_SLOTS = 4
 
 
-def padded_lists(allowed: list[np.ndarray], width: int = 0) -> np.ndarray:
-    """Rows' shortlists as one [rows, L] array, -1 padded; L is the longest list, or ``width``
-    where that is wider (the rows' kept matrices)."""
-    out = np.full((len(allowed), max(width, max(len(ids) for ids in allowed))), -1, dtype=np.int64)
+def padded_lists(allowed: list[np.ndarray], width: int = 0, fill: int = -1) -> np.ndarray:
+    """Rows' shortlists (or their columns in a union) as one [rows, L] array, ``fill`` padded; L
+    is the longest list, or ``width`` where that is wider (the rows' kept matrices)."""
+    out = np.full((len(allowed), max(width, max(len(ids) for ids in allowed))), fill, dtype=np.int64)
     for row, ids in enumerate(allowed):
         out[row, : len(ids)] = ids
     return out
@@ -219,24 +219,19 @@ class Batch:
 
     def _union_inputs(self, output_ids: np.ndarray) -> dict[str, np.ndarray]:
         """The union inputs for ``output_ids``, the current rows' lists (decoding/shortlist.py
-        ``union_feeds``): the union made again only after rows joined; a padding position's
-        column is 0 (any column serves: its logit is -inf whatever its sum)."""
+        ``union_feeds``). One row of ids (one row, or every id for all) is its own union; with
+        more, the union is made again only after rows joined, each slot's columns kept, and a
+        padding position's column is 0 (any column serves: its logit is -inf whatever its sum)."""
+        vocab = self._verifier.manifest.vocab_size
+        if output_ids.shape[0] == 1:
+            return union_feeds(output_ids, vocab)
         rows = self.rows
-        if self._verifier.shortlist is None or output_ids.shape[0] != rows:  # one row of every id
-            return union_feeds(output_ids, self._verifier.manifest.vocab_size)
-        if self._union_ids is None and rows == 1:  # one row's list is a union (columns in any order serve)
-            self._union_ids = np.array(self._allowed[0], dtype=np.int64)
-            self._columns[0] = np.arange(len(self._union_ids), dtype=np.int64)
-        elif self._union_ids is None:
-            fed = union_feeds(output_ids, self._verifier.manifest.vocab_size)
+        if self._union_ids is None:
+            fed = union_feeds(output_ids, vocab)
             self._union_ids = fed["union_ids"]
-            for slot in range(rows):
-                self._columns[slot] = fed["union_columns"][slot, : len(self._allowed[slot])]
-        columns = np.zeros(output_ids.shape, dtype=np.int64)
-        for slot in range(rows):
-            kept = self._columns[slot]
-            columns[slot, : len(kept)] = kept
-        return {"union_ids": self._union_ids, "union_columns": columns}
+            self._columns[:rows] = [fed["union_columns"][slot, : len(self._allowed[slot])] for slot in range(rows)]
+        return {"union_ids": self._union_ids,
+                "union_columns": padded_lists(self._columns[:rows], output_ids.shape[1], fill=0)}
 
     def output_rows(self) -> np.ndarray:
         """The verifier's ``output_rows`` (a verifier that takes them): each row's gathered
