@@ -114,6 +114,15 @@ def float32_logits(logits: Tensor) -> Tensor:
     return logits if logits.dtype == torch.float32 else logits.to(torch.float32)
 
 
+def head_rows(hidden: Tensor, head_positions: Tensor) -> Tensor:
+    """The decoder's output [B, T, D] at ``head_positions`` (indexes into its B x T positions,
+    graph_specs HEAD_POSITIONS) alone, [1, N, D]: the "logits" head's input, so that padding past
+    a row's block costs no vocabulary head. A weight product's summation order does not depend
+    on its row count (positions.py), which the export's checks prove for these rows too."""
+    width = int(hidden.shape[-1])  # a constant of the trace: no shape arithmetic in the graph
+    return hidden.reshape(1, -1, width).index_select(1, head_positions)
+
+
 def candidates(logits: Tensor, top_k: int, head: str, banned: Tensor | None = None) -> tuple[Tensor, ...]:
     """What a verifier graph returns of each position's logits [..., V], by ``head``
     (runtime/graph_specs.py VERIFIER_GRAPHS, ARGMAX_HEADS): "top_k", the top-K log-probs and
@@ -169,7 +178,8 @@ class EncoderGraph(nn.Module):
 
 class VerifierGraph(nn.Module):
     """T new tokens after per-row caches -> the candidates of each position (top-K log-probs/ids,
-    or with ``head="argmax"`` the best id) and the new cache."""
+    or with ``head="argmax"`` the best id) and the new cache. With ``head="logits"`` it takes
+    ``head_positions`` last and returns those positions' logits alone (:func:`head_rows`)."""
 
     def __init__(self, model: nn.Module, parts: DecoderParts, top_k: int, suppressed_ids: tuple[int, ...],
                  vocab_size: int, head: str = "top_k", cross_key_layout: str = KEYS_TRANSPOSED) -> None:
@@ -187,9 +197,13 @@ class VerifierGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
         """``buffers``: per layer self key, self value; then per layer cross key, cross value
-        (the key in the bundle's cross_key_layout); then the encoder attention mask [B, S]. Returns the candidates (:func:`candidates`), then
-        the self key/value buffers with the new tokens written (per layer, key then value)."""
+        (the key in the bundle's cross_key_layout); then the encoder attention mask [B, S]; then,
+        with the "logits" head, ``head_positions``. Returns the candidates (:func:`candidates`),
+        then the self key/value buffers with the new tokens written (per layer, key then value)."""
         parts = self.parts
+        head_positions = None
+        if self.head == "logits":
+            *buffers, head_positions = buffers
         layers = len(parts.layers)
         self_kv, cross_kv, encoder_attention_mask = buffers[: 2 * layers], buffers[2 * layers : 4 * layers], buffers[-1]
         batch, new_len = input_ids.shape[0], input_ids.shape[1]
@@ -245,6 +259,8 @@ class VerifierGraph(nn.Module):
                 hidden = layer.ffn_norm(hidden)
         if parts.final_norm is not None:
             hidden = parts.final_norm(hidden)
+        if head_positions is not None:
+            hidden = head_rows(hidden, head_positions)
         logits = float32_logits(parts.logits(hidden))
         banned = self.suppress_bias if self.has_suppression else None
         return (*candidates(logits, self.top_k, self.head, banned), *presents)

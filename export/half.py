@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.errors import ExportError
-from ..runtime.graph_specs import LOGITS_OUTPUT
+from ..runtime.graph_specs import HEAD_POSITIONS, LOGITS_OUTPUT
 
 # ArgMax and GatherElements: the heads (export/graphs.py candidates) choose on the float32 logits
 # and read float32 log-probs, as the fp32 graphs do
@@ -67,6 +67,34 @@ def _drop_repeated_casts(graph) -> None:
     if len(kept) != len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
+
+
+def every_position_head(model, vocab_size: int) -> bool:
+    """``model``'s argmax graph back to the logits of every block position (in place): without
+    the gather of the positions asked for (graph_specs.HEAD_POSITIONS, decision 050), the head
+    reads the decoder's output [batch, T, d] as the top-K graph's does. Returns whether it took
+    them. For float16: with the gather, the check against the top-K graph found a tiny T5's
+    two graphs choosing different ids at one position on the CPU (float32 and int8 agree);
+    without it the head's product has the top-K graph's shape again. float16 is for the GPU,
+    where this graph's logits are not read (graph_specs.argmax_graph_runs_on)."""
+    graph = model.graph
+    if HEAD_POSITIONS not in {graph_input.name for graph_input in graph.input}:
+        return False
+    gather = next(node for node in graph.node if node.op_type == "Gather" and HEAD_POSITIONS in node.input)
+    flatten = next(node for node in graph.node if gather.input[0] in node.output)
+    if flatten.op_type != "Reshape" or any(flatten.output[0] in node.input for node in graph.node if node is not gather):
+        raise ExportError("the argmax graph's head_positions gather is not as aggdec's export writes it; "
+                          "export the bundle again with this aggdec")
+    for node in graph.node:
+        node.input[:] = [flatten.input[0] if name == gather.output[0] else name for name in node.input]
+    graph.node.remove(gather)
+    graph.node.remove(flatten)
+    graph.input.remove(next(graph_input for graph_input in graph.input if graph_input.name == HEAD_POSITIONS))
+    logits = next(output for output in graph.output if output.name == LOGITS_OUTPUT).type.tensor_type.shape
+    del logits.dim[:]
+    for dim in ("batch", "new_len", vocab_size):
+        setattr(logits.dim.add(), "dim_value" if isinstance(dim, int) else "dim_param", dim)
+    return True
 
 
 def half_model(model, vocab_size: int, output_projection: bool = True):

@@ -402,7 +402,8 @@ def export_bundle(
                                                                cross_key_layout),
                                     verifier_dummy(layers, heads, head_dim, cross_key_layout), tmp,
                                     lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head,
-                                                               cross_key_layout=cross_key_layout, vocab=vocab), opset,
+                                                               cross_key_layout=cross_key_layout, vocab=vocab,
+                                                               head_positions=True), opset,
                                     fold_reshapes, argmax_graph=argmax_graph)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..runtime.decoding.cache import cross_names, self_cache_names, self_cache_out_names, source_axis
 from ..runtime.errors import ValidationError
-from ..runtime.graph_specs import LOGITS_OUTPUT
+from ..runtime.graph_specs import HEAD_POSITIONS, LOGITS_OUTPUT
 from ..runtime.manifest import Manifest
 from .shape_folding import graphs_within
 
@@ -233,7 +233,7 @@ class Driver:
     continue from each row's kept length."""
 
     def __init__(self, encoder, verifier, manifest: Manifest, dtype: str = "float32", per_source: bool = False,
-                 static_width: int | None = None) -> None:
+                 static_width: int | None = None, head_positions: bool = False) -> None:
         """``dtype``: the graphs' activation type, of the self-attention buffers fed to the verifier;
         ``per_source``: encode one unpadded source per call, as the runtime does for an encoder
         that couples the rows of a call (Manifest.encodes_one_source_per_call).
@@ -242,11 +242,14 @@ class Driver:
         :data:`STATIC_CAPACITY`), so that no
         product changes its shape between a block and a position alone. A GPU's libraries
         choose their kernels by shape (cuBLAS), and two kernels may sum a row in another
-        order; at one shape, a row is computed the same way wherever it is."""
+        order; at one shape, a row is computed the same way wherever it is.
+        ``head_positions``: the verifier takes graph_specs.HEAD_POSITIONS; a call asks for every
+        position unless :meth:`call` is given some."""
         self.encoder, self.verifier, self.m = encoder, verifier, manifest
         self.dtype = np.dtype(dtype)
         self.per_source = per_source
         self.static_width = static_width
+        self.head_positions = head_positions
 
     def encode(self, case: Case) -> dict:
         names = ["encoder_hidden_states", *cross_names(self.m.decoder_layers)]
@@ -271,7 +274,12 @@ class Driver:
             encoded[name] = np.concatenate(padded)
         return {"hidden": encoded[names[0]], **{n: encoded[n] for n in names[1:]}}
 
-    def call(self, case: Case, encoded: dict, cache: dict, ids: np.ndarray, lengths: np.ndarray):
+    def call(self, case: Case, encoded: dict, cache: dict, ids: np.ndarray, lengths: np.ndarray,
+             positions: np.ndarray | None = None):
+        """``positions`` (a verifier that takes HEAD_POSITIONS): the block positions to return
+        the logits of, [N] indexes into the call's rows x width, returned as [N, vocab] (and
+        their argmax); by default every position, returned as [rows, width, vocab]. The graph
+        returns them as [1, N, vocab] either way."""
         layers = self.m.decoder_layers
         cross = {n: encoded[n] for n in cross_names(layers)}
         new = ids.shape[1]
@@ -279,14 +287,20 @@ class Driver:
             if new > self.static_width:
                 raise ValueError(f"a block of {new} positions is wider than the static width {self.static_width}")
             ids = np.pad(ids, ((0, 0), (0, self.static_width - new)), constant_values=self.m.pad_token_id)
-        out = self.verifier.run({"input_ids": ids, "past_lengths": lengths, **cache, **cross,
-                                 "encoder_attention_mask": case.mask})
+        feeds = {"input_ids": ids, "past_lengths": lengths, **cache, **cross, "encoder_attention_mask": case.mask}
+        if self.head_positions:
+            feeds[HEAD_POSITIONS] = np.arange(ids.size, dtype=np.int64) if positions is None else positions
+        out = self.verifier.run(feeds)
         kind = self.m.cache_kind
         written = dict(zip(self_cache_names(layers, kind), (out[n] for n in self_cache_out_names(layers, kind))))
         if "top1_ids" in out:  # the argmax graph: its best id as the only candidate, no log-probs
             return out["top1_ids"][:, :new, None], out["top1_ids"][:, :new, None], written
         if LOGITS_OUTPUT in out:  # the argmax graph's logits (checked bitwise) and their argmax, as the runtime takes it
-            logits = out[LOGITS_OUTPUT][:, :new]
+            logits = out[LOGITS_OUTPUT]
+            if self.head_positions:  # [1, N, vocab]
+                logits = logits[0] if positions is not None else logits.reshape(*ids.shape, -1)
+            if positions is None:
+                logits = logits[:, :new]
             return logits, logits.argmax(-1)[..., None], written
         return out["top_logprobs"][:, :new], out["top_ids"][:, :new], written
 
@@ -311,9 +325,11 @@ def check_verifier_graphs(encoder, verifiers: dict, manifest: Manifest, cases: l
     first on every case and position, with the same cache written: greedy and IAD/GAD, which
     run the argmax graph, then equal GAD++ at beta 1 and beams, which run the top-K one.
     Returns the positions checked. ``static_width``: every call at one shape (:class:`Driver`)."""
-    drivers = {name: Driver(encoder, session, manifest, dtype, per_source, static_width)
+    drivers = {name: Driver(encoder, session, manifest, dtype, per_source, static_width,
+                            HEAD_POSITIONS in manifest.graphs[name].input_names())
                for name, session in verifiers.items()}
     checked = sum(check_position_independence(driver, cases) for driver in drivers.values())
+    checked += sum(check_head_positions(driver, cases) for driver in drivers.values() if driver.head_positions)
     if "verifier_argmax" not in drivers:
         return checked
     for case in cases:
@@ -329,6 +345,31 @@ def check_verifier_graphs(encoder, verifiers: dict, manifest: Manifest, cases: l
                                   " greedy would not equal GAD++ at beta 1. Report this with your onnxruntime version.")
         if any(not np.array_equal(values, top_cache[name]) for name, values in best_cache.items()):
             raise ValidationError(f"the argmax verifier graph writes another cache than the top-K graph ({where}).")
+    return checked
+
+
+def check_head_positions(driver: Driver, cases: list[Case]) -> int:
+    """A verifier that returns the logits of the positions it is told (HEAD_POSITIONS) must
+    return, bitwise, what it returns for them among every position: the runtime asks for each
+    row's block alone, as many positions a call as the rows' blocks have, never their padding.
+    Here each row asks for a prefix of its block of another length, in reverse order, as one
+    call. Raises ValidationError naming the first difference. Returns the positions checked."""
+    checked = 0
+    for case in cases:
+        batch, new = case.new_ids.shape
+        encoded = driver.encode(case)
+        cache = driver.prefill(case, encoded)
+        every, _, _ = driver.call(case, encoded, dict(cache), case.new_ids, case.kept)
+        width = new if driver.static_width is None else driver.static_width
+        positions = np.array([row * width + t for row in range(batch) for t in range(1 + (new - 1 - row) % new)],
+                             dtype=np.int64)[::-1]
+        some, _, _ = driver.call(case, encoded, dict(cache), case.new_ids, case.kept, positions)
+        rows, steps = np.divmod(positions, width)
+        if not np.array_equal(some, every[rows, steps]):
+            raise ValidationError(f"the verifier's logits for some positions of a block differ from the same "
+                                  f"positions' among all of them (batch {batch}, block {new}); IAD/GAD would not "
+                                  "equal greedy. Report this with your onnxruntime version.")
+        checked += len(positions)
     return checked
 
 

@@ -794,10 +794,11 @@ def _convert(precision: str, name: str, src: Path, dst: Path, manifest: Manifest
 
     model = _load_graph(src)  # refuses external data, for every graph
     if precision == "fp16":
-        from .half import half_model
+        from .half import every_position_head, half_model
 
         if name in VERIFIER_GRAPHS:
             isolate_positions(model)  # for bundles exported before the rewrite (idempotent)
+            every_position_head(model, manifest.vocab_size)  # (the spec: _with_every_position_head)
         model, count = half_model(model, manifest.vocab_size, options.output_projection)
     elif name in ("drafter", "drafter_source"):  # proposals only: onnxruntime's dynamic quantization will do
         return write_dynamic_int8(src, dst)
@@ -874,6 +875,22 @@ def _without_kept_rows(graphs: dict) -> dict:
             for name, spec in graphs.items()}
 
 
+def _with_every_position_head(graphs: dict, vocab_size: int) -> dict:
+    """The specs with the argmax graph's head over every block position, as
+    half.every_position_head leaves an fp16 one: no HEAD_POSITIONS, logits [batch, new_len, vocab]."""
+    import dataclasses
+
+    from ..runtime.graph_specs import HEAD_POSITIONS, LOGITS_OUTPUT
+
+    spec = graphs.get("verifier_argmax")
+    if spec is None or HEAD_POSITIONS not in spec.input_names():
+        return graphs
+    outputs = tuple(dataclasses.replace(t, dims=("batch", "new_len", vocab_size)) if t.name == LOGITS_OUTPUT else t
+                    for t in spec.outputs)
+    return {**graphs, "verifier_argmax": dataclasses.replace(
+        spec, inputs=tuple(t for t in spec.inputs if t.name != HEAD_POSITIONS), outputs=outputs)}
+
+
 def _with_union_inputs(graphs: dict) -> dict:
     """The verifiers' specs with the int8 union head's inputs (graph_specs.UNION_INPUTS)."""
     import dataclasses
@@ -935,6 +952,8 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         counts = {name: _convert(precision, name, src / spec.file, tmp / spec.file, manifest, options, grid)
                   for name, spec in graphs.items()}
         new_graphs = _with_activation_type(graphs, precision)
+        if precision == "fp16":
+            new_graphs = _with_every_position_head(new_graphs, manifest.vocab_size)
         if KEPT_ROWS in manifest.graphs["verifier"].input_names() and KEPT_ROWS not in {
                 i.name for i in _load_graph(tmp / graphs["verifier"].file).graph.input}:
             _drop_kept_rows_output(tmp / graphs["encoder"].file)
@@ -969,7 +988,8 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
                             per_source=per_call_encoder)
         figures = _figures(ref_driver, new_driver, cases, precision)  # refuses non-finite log-probs first
         checked = check_verifier_graphs(converted["encoder"], {name: converted[name] for name in VERIFIER_GRAPHS
-                                                               if name in converted}, manifest, cases,
+                                                               if name in converted},
+                                        dataclasses.replace(manifest, graphs=new_graphs), cases,
                                         ACTIVATION_DTYPES[precision], per_call_encoder)
         say(f"      {checked} positions bitwise equal")
         figures["draft_agreement"] = None

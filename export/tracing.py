@@ -48,7 +48,9 @@ def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec:
     ``argmax_graph``: False leaves the argmax graph out (``aggdec export --no-argmax-graph``).
     ``argmax_head``: what the argmax graph returns (graph_specs.ARGMAX_HEADS): the logits, or
     where the graph maps list positions to ids (a shortlist), the best id."""
-    from ..runtime.graph_specs import VERIFIER_GRAPHS
+    import torch
+
+    from ..runtime.graph_specs import HEAD_POSITIONS, VERIFIER_GRAPHS
 
     specs = {}
     for graph, head in VERIFIER_GRAPHS.items():
@@ -58,7 +60,12 @@ def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec:
             head = argmax_head
         specs[graph] = spec(head)
         path = tmp / specs[graph].file
-        trace(make(head).eval(), args, path, specs[graph], opset)
+        traced = args
+        if HEAD_POSITIONS in specs[graph].input_names():
+            # some of the example's rows x width positions, out of order, their count unlike any other dim's
+            positions = args[0].numel()
+            traced = (*args, torch.tensor([positions - 1, 0, 2, 3], dtype=torch.int64) % positions)
+        trace(make(head).eval(), traced, path, specs[graph], opset)
         if after is not None:
             after(path)
         isolate_verifier_positions(path)

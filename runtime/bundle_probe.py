@@ -29,7 +29,8 @@ from .bundle_schema import ACTIVATION_DTYPES, DRAFTER_GRAPHS
 from .decoding.cache import cross_names, self_cache_names
 from .decoding.shortlist import union_feeds
 from .errors import BundleError, GraphRunError
-from .graph_specs import LOGITS_OUTPUT, drafter_takes_output_ids, takes_output_rows, takes_union_inputs
+from .graph_specs import (HEAD_POSITIONS, LOGITS_OUTPUT, drafter_takes_output_ids, takes_head_positions,
+                          takes_output_rows, takes_union_inputs)
 from .manifest import Manifest
 
 _PROBE_CAPACITY = 2  # decoder buffer positions the verifier probe gets (it writes two)
@@ -77,8 +78,8 @@ def probe_vocabulary(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     verified = _run(sessions["verifier"], "verifier", feeds, probe)
     check_ids(verified["top_ids"], m.vocab_size, "the verifier")
     if "verifier_argmax" in sessions:  # the same decoder with another head: the same best ids, bitwise
-        out = _run(sessions["verifier_argmax"], "verifier_argmax", feeds, probe)
-        best = out["top1_ids"] if "top1_ids" in out else out[LOGITS_OUTPUT].argmax(-1)
+        out = _run(sessions["verifier_argmax"], "verifier_argmax", _argmax_feeds(m, feeds), probe)
+        best = out["top1_ids"] if "top1_ids" in out else out[LOGITS_OUTPUT].argmax(-1).reshape(feeds["input_ids"].shape)
         if not np.array_equal(best, verified["top_ids"][..., 0]):
             raise BundleError(f"the verifier_argmax graph picks ids {best.ravel().tolist()} where the verifier's best "
                               f"are {verified['top_ids'][..., 0].ravel().tolist()} on a probe with {probe}: the two "
@@ -125,6 +126,14 @@ def _verifier_feeds(m: Manifest, encoded: Mapping[str, np.ndarray], mask: np.nda
     }
 
 
+def _argmax_feeds(m: Manifest, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The argmax graph's inputs: the verifier's, and where it takes them every position's
+    index as the positions to return the logits of (graph_specs.takes_head_positions)."""
+    if not takes_head_positions(m):
+        return feeds
+    return {**feeds, HEAD_POSITIONS: np.arange(feeds["input_ids"].size, dtype=np.int64)}
+
+
 def probe_lengths(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     """Raise :class:`BundleError` unless the encoder takes a source of the manifest's
     ``max_source_len`` tokens and the verifier a token at the last of its ``max_target_len``
@@ -149,9 +158,9 @@ def probe_lengths(manifest: Manifest, sessions: Mapping[str, Any]) -> None:
     encoded = _run(sessions["encoder"], "encoder", {**feeds, "input_ids": short, "attention_mask": np.ones_like(short)},
                    probe)
     last = target_len - 1
+    feeds = _verifier_feeds(m, encoded, np.ones_like(short), [m.decoder_start_token_id], past=last,
+                            capacity=target_len)
     for graph in ("verifier", "verifier_argmax"):
         if graph in sessions:
-            _run(sessions[graph], graph,
-                 _verifier_feeds(m, encoded, np.ones_like(short), [m.decoder_start_token_id], past=last,
-                                 capacity=target_len),
+            _run(sessions[graph], graph, feeds if graph == "verifier" else _argmax_feeds(m, feeds),
                  f"a token at position {last} (the manifest's max_target_len is {m.max_target_len})")

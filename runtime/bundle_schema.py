@@ -44,6 +44,11 @@ DRAFT_POSITIONS = ("output", "source")  # where the drafter reads its tokens (ex
 # the same drafter with int8 matrix products for the CPU (export/quantize.py). A drafter only
 # proposes tokens, so its precision changes speed, never the output; the runtime opens one of them.
 DRAFTER_GRAPHS = ("drafter", "drafter_int8")
+# The argmax graph's one input beyond the verifier's, last, where its head returns logits
+# (graph_specs.verifier_spec; decision 050): the block positions whose logits the call returns,
+# as indexes into the call's rows x width, so that a row's padding past its block costs no
+# vocabulary head. The logits are then [1, head_len, vocab], those positions in that order.
+HEAD_POSITIONS = "head_positions"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # tensor names may carry a layer index or a path ("key_cache.0", "/decoder/out"), never control characters
 _TENSOR_NAME = re.compile(r"[A-Za-z0-9_./:\-]{1,256}\Z")
@@ -380,10 +385,15 @@ def _cross_field(data: dict) -> None:
             if graphs["drafter_int8"][side] != graphs["drafter"][side]:
                 raise Invalid(f"graphs.drafter_int8.{side} differ from graphs.drafter.{side}: the two are one drafter "
                               "and must have the same IO")
-    if "verifier_argmax" in graphs and graphs["verifier_argmax"]["inputs"] != graphs["verifier"]["inputs"]:
-        # the runtime drives either verifier graph with one batch's arrays (graph_specs.VERIFIER_GRAPHS)
-        raise Invalid("graphs.verifier_argmax.inputs differ from graphs.verifier.inputs: the argmax graph is the "
-                      "verifier with another head and must take the same inputs")
+    if "verifier_argmax" in graphs:
+        # the runtime drives either verifier graph with one batch's arrays (graph_specs.VERIFIER_GRAPHS);
+        # the argmax graph may take the positions to return the logits of after them (decision 050)
+        inputs = graphs["verifier_argmax"]["inputs"]
+        if inputs and inputs[-1].get("name") == HEAD_POSITIONS:
+            inputs = inputs[:-1]
+        if inputs != graphs["verifier"]["inputs"]:
+            raise Invalid("graphs.verifier_argmax.inputs differ from graphs.verifier.inputs: the argmax graph is the "
+                          f"verifier with another head and must take the same inputs (and {HEAD_POSITIONS!r} last)")
     if "drafter_source" in graphs and not has_drafter:
         raise Invalid("graphs has a 'drafter_source' graph but no 'drafter' graph: drafter_source is the drafter's "
                       "own encoder layers")

@@ -9,7 +9,7 @@ when the first call fails. Dims are ints or symbolic names.
 from __future__ import annotations
 
 from .decoding.cache import cross_dims, cross_names, self_cache_names, self_cache_out_names
-from .bundle_schema import ACTIVATION_DTYPES
+from .bundle_schema import ACTIVATION_DTYPES, HEAD_POSITIONS
 from .manifest import GraphSpec, Manifest, TensorSpec
 
 
@@ -84,7 +84,7 @@ def argmax_graph_runs_on(manifest: Manifest, device: str) -> bool:
 def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str = "float32",
                   cache_kind: str = "attention", shortlist: bool = False, head: str = "top_k",
                   d_model: int | None = None, cross_key_layout: str | None = None,
-                  vocab: int | None = None, union: bool = False) -> GraphSpec:
+                  vocab: int | None = None, union: bool = False, head_positions: bool = False) -> GraphSpec:
     """``shortlist``: the verifier also takes ``output_ids``, each row's allowed output ids
     (decoding/shortlist.py), -1 padded, or one row of every id. ``head``: what it returns of
     each position (:data:`VERIFIER_GRAPHS`). ``d_model`` (a shortlist verifier that takes
@@ -94,7 +94,11 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
     ``vocab``: the logits' width (the "logits" head's, which needs it). ``union`` (an int8
     shortlist head, :func:`takes_union_inputs`): it also takes :data:`UNION_INPUTS`, the union
     of the call's ``output_ids`` and each list position's column in it (decoding/shortlist.py
-    ``union_feeds``)."""
+    ``union_feeds``). ``head_positions`` (the "logits" head only; bundles since decision 050,
+    :func:`takes_head_positions`): it also takes :data:`HEAD_POSITIONS`, last, and returns the
+    logits of those positions alone, [1, head_len, vocab] (one row of them: no copy to drop a
+    dim of the vocabulary-wide output)."""
+    head_positions = head_positions and head == "logits"
     # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
     # fixed while a batch runs
     buffer = ("batch", heads, "capacity", head_dim)
@@ -103,7 +107,8 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
     elif head == "logits":  # the logits the top-K graph chooses on, float32 at every precision
         if vocab is None:
             raise ValueError("the logits head's spec needs the vocabulary size")
-        candidates = (TensorSpec(LOGITS_OUTPUT, "float32", ("batch", "new_len", vocab)),)
+        candidates = (TensorSpec(LOGITS_OUTPUT, "float32", (1, "head_len", vocab) if head_positions
+                                 else ("batch", "new_len", vocab)),)
     else:
         candidates = (
             # float32 at every precision: log-softmax and top-k run in float32 (export/half.py)
@@ -123,6 +128,7 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
             *((TensorSpec("output_rows", act, ("matrix_rows", "matrix_len", d_model)),)
               if shortlist and d_model is not None else ()),
             *(UNION_SPECS if shortlist and union else ()),
+            *((TensorSpec(HEAD_POSITIONS, "int64", ("head_len",)),) if head_positions else ()),
         ),
         outputs=(
             *candidates,
@@ -177,6 +183,13 @@ def takes_union_inputs(manifest: Manifest) -> bool:
     return manifest.shortlist is not None and verifier is not None and UNION_INPUTS[0] in verifier.input_names()
 
 
+def takes_head_positions(manifest: Manifest) -> bool:
+    """Whether the bundle's argmax graph returns the logits of the block positions it is told
+    (:data:`HEAD_POSITIONS`) rather than of every position: one exported since decision 050."""
+    spec = manifest.graphs.get("verifier_argmax")
+    return spec is not None and HEAD_POSITIONS in spec.input_names()
+
+
 def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
     """The IO this runtime drives each graph a bundle may have with, for ``manifest``'s sizes."""
     m = manifest
@@ -187,7 +200,7 @@ def runtime_specs(manifest: Manifest) -> dict[str, GraphSpec]:
              **{graph: verifier_spec(m.decoder_layers, m.num_heads, m.head_dim, m.top_k, act, m.cache_kind,
                                      m.shortlist is not None, argmax_head(m) if head == "argmax" else head,
                                      m.d_model if rows else None, m.cross_key_layout, m.vocab_size,
-                                     takes_union_inputs(m))
+                                     takes_union_inputs(m), takes_head_positions(m))
                 for graph, head in VERIFIER_GRAPHS.items()},
              "drafter_source": drafter_source_spec(m.d_model, act)}
     if m.draft_k is not None:

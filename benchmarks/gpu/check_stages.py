@@ -413,12 +413,14 @@ def position_check(path: Path, device: str, static_width: int | None = None) -> 
     from aggdec.export.positions import check_verifier_graphs, validation_cases
     from aggdec.runtime.bundle_schema import ACTIVATION_DTYPES
     from aggdec.runtime.errors import ValidationError
-    from aggdec.runtime.graph_specs import VERIFIER_GRAPHS
+    from aggdec.runtime.graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
     from aggdec.runtime.manifest import load_manifest
     from aggdec.runtime.session import OrtSession
 
     manifest = load_manifest(path)
-    names = ["encoder", *(name for name in VERIFIER_GRAPHS if name in manifest.graphs)]
+    # the graphs the runtime runs there: off the CPU, not an argmax graph that returns logits
+    names = ["encoder", *(name for name in VERIFIER_GRAPHS if name in manifest.graphs
+                          and (name == "verifier" or argmax_graph_runs_on(manifest, device)))]
     sessions = {name: OrtSession(path / manifest.graph(name).file, device, name=name) for name in names}
     started = time.perf_counter()
     try:

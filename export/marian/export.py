@@ -400,7 +400,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
 
         verifiers = trace_verifiers(verifier, dummy, tmp, lambda head: verifier_spec(
             layers, heads, head_dim, top_k, cache_kind=cache_kind, shortlist=table is not None, head=head,
-            d_model=config.d_model if table is not None else None, cross_key_layout=cross_key_layout, vocab=vocab),
+            d_model=config.d_model if table is not None else None, cross_key_layout=cross_key_layout, vocab=vocab,
+            head_positions=True),
             opset, tidy, argmax_graph=argmax_graph,
             # a shortlist graph maps each row's list positions to ids itself: its best id
             argmax_head="argmax" if table is not None else "logits")

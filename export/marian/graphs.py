@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..graphs import (AttentionParts, DecoderLayerParts, DecoderParts, _merge_heads, _split_heads, _WriteCache,
-                      candidates, float32_logits)
+                      candidates, float32_logits, head_rows)
 from ...runtime.decoding.cache import KEYS_TRANSPOSED
 from ..positions import replace_placeholders
 from ..shortlist_head import ids_at, shortlist_logits
@@ -154,7 +154,8 @@ class RecurrentVerifierGraph(nn.Module):
     def forward(self, input_ids: Tensor, past_lengths: Tensor, *buffers: Tensor) -> tuple[Tensor, ...]:
         """``buffers``: per layer its state buffer [B, H, C, Dh]; then per layer cross key (in the
         bundle's cross_key_layout), cross value; then the encoder attention mask [B, S]; then, with a shortlist, ``output_ids`` (and
-        with ``output_rows``, that input)."""
+        with ``output_rows``, that input); without one, the "logits" head's ``head_positions``
+        (export/graphs.py :func:`head_rows`)."""
         model = self.model
         config = model.config
         layers, heads, head_dim = config.decoder_layers, config.heads, config.head_dim
@@ -200,6 +201,8 @@ class RecurrentVerifierGraph(nn.Module):
             return (*self._shortlisted(hidden, buffers[3 * layers + 1], rows), *written)
         # <unk> masked after the log-softmax, as Marian's beam search does (suppressWords on the
         # path scores): log-probs normalized over every id, what Marian's beam scores sum
+        if self.head == "logits":  # its positions alone: [1, N, D]
+            hidden = head_rows(hidden, buffers[3 * layers + 1])
         logits = float32_logits(model.logits(hidden))
         return (*candidates(logits, self.top_k, self.head, self.suppress_bias), *written)
 

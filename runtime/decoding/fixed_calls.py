@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bundle_schema import HEAD_POSITIONS
 from ..errors import GraphRunError
 from ..session import Session, require_onnxruntime
 from .cache import SlotBuffers
@@ -124,6 +125,11 @@ class FixedCall:
         self.session, self.buffers, self.width, self.graph_id = session, buffers, width, graph_id
         declared = {output.name: output.type for output in session.inference_session.get_outputs()}
         shape = [slots, width, *tail]
+        # an argmax graph that takes HEAD_POSITIONS (decision 050): asked for every position, once
+        self.head_positions = None
+        if HEAD_POSITIONS in {graph_input.name for graph_input in session.inference_session.get_inputs()}:
+            self.head_positions = np.arange(slots * width, dtype=np.int64)
+            shape = [1, slots * width, *tail]
         self.candidates = [ort.OrtValue.ortvalue_from_shape_and_type(shape, _NUMPY_TYPES[declared[name]], device, 0)
                            for name in candidates]
         self.ids = ort.OrtValue.ortvalue_from_shape_and_type([slots, width], np.int64, device, 0)
@@ -134,6 +140,9 @@ class FixedCall:
         self.binding.bind_ortvalue_input("input_ids", self.ids)
         self.binding.bind_ortvalue_input("past_lengths", self.past)
         self.binding.bind_ortvalue_input("encoder_attention_mask", self.mask)
+        if self.head_positions is not None:
+            self.positions = ort.OrtValue.ortvalue_from_numpy(self.head_positions, device, 0)
+            self.binding.bind_ortvalue_input(HEAD_POSITIONS, self.positions)
         for name, value in zip(candidates, self.candidates):
             self.binding.bind_ortvalue_output(name, value)
         buffers.bind(self.binding, *names)  # the caches by pointer, written in place: fixed for life

@@ -240,7 +240,8 @@ def _step(cohort: Cohort, work: Arrivals, drafts: DraftSource, verification: Ver
         for slot, (pend, draft) in enumerate(zip(pendings, proposed)):
             tokens[slot, : len(pend)] = pend
             tokens[slot, len(pend) : len(pend) + len(draft)] = draft
-    top_logprobs, top_ids = batch.verify(tokens)
+    # the argmax graph computes each row's block alone, not the padding after it (decision 050)
+    top_logprobs, top_ids = batch.verify(tokens, widths)
 
     kept = [0] * len(rows)
     groups: dict[int, list[int]] = {}  # a beam group's slots, by the group's id

@@ -22,7 +22,8 @@ from ..bundle_schema import ACTIVATION_DTYPES
 from ..errors import BundleError
 from ..manifest import Manifest
 from ..session import Session
-from ..graph_specs import LOGITS_OUTPUT, argmax_head, takes_output_rows, takes_union_inputs
+from ..graph_specs import (HEAD_POSITIONS, LOGITS_OUTPUT, argmax_head, takes_head_positions, takes_output_rows,
+                           takes_union_inputs)
 from .cache import SlotBuffers, cross_names, self_cache_names, self_cache_out_names, source_axis
 from .fixed_calls import FixedCall, FixedCalls
 from .shortlist import Shortlist, union_feeds
@@ -129,6 +130,10 @@ class Batch:
         self._candidates = verifier.candidates_of(self._session)
         # the argmax graph's logits, whose argmax is taken here (graph_specs.ARGMAX_HEADS)
         self._logits = self._candidates == (LOGITS_OUTPUT,)
+        # ... of the block positions it is told alone (graph_specs.HEAD_POSITIONS): each row's own
+        # block, not the padding after it (decision 050)
+        self._gathers = self._logits and verifier.takes_head_positions
+        self._positions: np.ndarray | None = None  # the positions last bound, kept alive with the binding
         self._tail = verifier.candidate_tail(self._session)  # the candidates' dims after [rows, width]
         self._spare_key: tuple | None = None  # where close() gives the buffers back (Verifier.take_buffers)
         if buffers is not None:
@@ -144,6 +149,8 @@ class Batch:
         # a call's token ids (see block()), written in place: on the CPU, while the rows and the
         # block width stay (a greedy step after a greedy step), the binding made for them holds
         self._ids = np.zeros(slots * self.buffers.max_target, dtype=np.int64)
+        self._every = np.arange(self._ids.size, dtype=np.int64)  # every position of a call: a prefix of it
+        self._all = self._every[:0]  # the prefix the last call of every position took
         self._block: np.ndarray | None = None  # the view block() last handed out
         self._bound_width = 0  # the block width the ids, lengths and candidates are bound for
         self._names = (self_cache_names(m.decoder_layers, m.cache_kind), self_cache_out_names(m.decoder_layers, m.cache_kind),
@@ -310,11 +317,14 @@ class Batch:
         self._block.fill(pad_id)
         return self._block
 
-    def verify(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def verify(self, tokens: np.ndarray, widths: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-K (log-probs, ids) for the position after each of ``tokens`` ([rows, T]), best
         first, [rows, T, K] each; from the argmax graph (``top_k=False``) the best id alone,
         [rows, T, 1], and no log-probs ([rows, T, 0]). Reads ``tokens`` where they are when
-        written into :meth:`block`'s array; any other array is copied there."""
+        written into :meth:`block`'s array; any other array is copied there. ``widths``: each
+        row's block, the positions the caller reads (the rest are padding); where the argmax
+        graph takes HEAD_POSITIONS only those are computed, and the ids after a row's width are
+        0. None: every position."""
         rows, new = tokens.shape
         assert rows == self.rows, f"{rows} blocks for {self.rows} rows"
         lengths = self.lengths[:rows]  # a prefix of a 1-D array: contiguous, and kept current by keep()
@@ -324,19 +334,21 @@ class Batch:
             np.copyto(ids, tokens)
             tokens = ids
         started = time.perf_counter()
-        top_logprobs, top_ids = self._run(tokens, lengths)
+        top_logprobs, top_ids = self._run(tokens, lengths, widths)
         # (positions per row, seconds, rows): the cost model's data (sizing.CallCost.observe)
         self.last_call = (new, time.perf_counter() - started, rows)
         self.verifier_seconds += self.last_call[1]
         return top_logprobs, top_ids
 
-    def _run(self, tokens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, tokens: np.ndarray, lengths: np.ndarray,
+             widths: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One verifier call over the buffers' rows: ``tokens`` [rows, T] after ``lengths`` [rows]
         cached positions; both contiguous arrays that live until the next call (bound by pointer
         on the CPU). Returns (top log-probs, top ids) as :meth:`verify` does."""
         rows, new = tokens.shape
         names = self._names
         session = self._session
+        positions = self._head_positions(rows, new, widths) if self._gathers else None
         if self._binding is None:
             feeds = {"input_ids": tokens, "past_lengths": np.ascontiguousarray(lengths),
                      "encoder_attention_mask": self.buffers.source_mask(), **self.buffers.feeds(names[0], names[2])}
@@ -345,6 +357,8 @@ class Batch:
                 feeds.update(self._union)  # made with them: empty unless the verifier takes them
             if self._verifier.takes_output_rows:
                 feeds["output_rows"] = self.output_rows()
+            if positions is not None:
+                feeds[HEAD_POSITIONS] = positions
             out = session.run(feeds)
             self.buffers.store([out[name] for name in names[1]])
             candidates = [out[name] for name in self._candidates]
@@ -377,6 +391,11 @@ class Batch:
                     binding.bind_cpu_input("output_rows", self._rows_fed)
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
+            if positions is not None and positions is not self._positions:  # a ragged call's, or a new shape's
+                self._positions = positions  # held here: the binding keeps only a pointer
+                binding.bind_cpu_input(HEAD_POSITIONS, positions)
+                for name in self._candidates:  # as many as the positions: a binding left would keep the last shape
+                    binding.bind_output(name, "cpu")
             outputs = session.run_bound(binding)
             # copies: with the binding kept, the next run writes into the same output memory; but
             # the logits are read once, by the argmax below, before any next run
@@ -384,20 +403,41 @@ class Batch:
                           for index in range(len(self._candidates))]
             # the candidates are bound without a shape, so nothing else checks what the graph
             # computed (an unbound call's outputs are checked by its session: OrtSession.run)
-            expected = (rows, new, *self._tail)
+            expected = (rows, new, *self._tail) if positions is None else (1, len(positions), *self._tail)
             if any(value.shape != expected for value in candidates):
                 raise BundleError(f"the verifier computed candidates of shapes "
                                   f"{' and '.join(str(list(value.shape)) for value in candidates)} for {rows} row(s) of "
                                   f"{new} token(s), where its declared IO implies {list(expected)}; the bundle's graph "
                                   "does not compute what its manifest says.")
-        return self._top(candidates, rows, new)
+        return self._top(candidates, rows, new, positions)
 
-    def _top(self, candidates: list[np.ndarray], rows: int, new: int) -> tuple[np.ndarray, np.ndarray]:
-        """(top log-probs, top ids) from a call's candidates (:meth:`verify`'s shapes)."""
+    def _head_positions(self, rows: int, new: int, widths: list[int] | None) -> np.ndarray:
+        """The block positions a call of the argmax graph returns the logits of (``verify``'s
+        ``widths``): every one, as a view of one array while the call's shape stays (so the
+        binding made for it holds), or each row's first ``widths[row]``."""
+        if widths is None or min(widths) >= new:
+            if len(self._all) != rows * new:
+                self._all = self._every[: rows * new]
+            return self._all
+        ragged = self._every[:new] < np.array(widths, dtype=np.int64)[:, None]  # [rows, new]
+        return np.flatnonzero(ragged)
+
+    def _top(self, candidates: list[np.ndarray], rows: int, new: int,
+             positions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(top log-probs, top ids) from a call's candidates (:meth:`verify`'s shapes);
+        ``positions``: the block positions the logits are of (:meth:`_head_positions`)."""
         if len(candidates) == 2:
             top_logprobs, top_ids = candidates
         else:  # the argmax graph: the best id (or the logits it is the argmax of), its only candidate
             best = candidates[0].argmax(-1) if self._logits else candidates[0]
+            if positions is not None:  # [1, N]
+                best = best[0]
+            if positions is not None and len(positions) < rows * new:  # each row's block: 0 past it
+                placed = np.zeros(rows * new, dtype=np.int64)
+                placed[positions] = best
+                best = placed
+            if positions is not None:
+                best = best.reshape(rows, new)
             top_ids = best[..., None]
             top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
         # they become the output; an argmax over the logits' vocabulary-wide last axis (its shape
@@ -543,8 +583,9 @@ class StaticBatch(Batch):
     def block_limit(self) -> int:
         return min(self.width, self.buffers.max_target - int(self.lengths[: self._live].max(initial=0)))
 
-    def verify(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """As :meth:`Batch.verify`; the call itself is at the batch's one shape."""
+    def verify(self, tokens: np.ndarray, widths: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`Batch.verify`; the call itself is at the batch's one shape, every position
+        of it computed (``widths`` is not read)."""
         rows, new = tokens.shape
         assert rows == self._live, f"{rows} blocks for {self._live} rows"
         if new > self.width:
@@ -557,7 +598,7 @@ class StaticBatch(Batch):
         started = time.perf_counter()
         if self._call is not None and self._pool is not None:
             top_logprobs, top_ids = self._top(self._call.run(self._tokens, self._past, self._pool.refuse),
-                                              self.slots, self.width)
+                                              self.slots, self.width, self._call.head_positions)
         else:
             top_logprobs, top_ids = self._run(self._tokens, self._past)
         # the rows' own width: in this batch a call costs the same at any, which is what the
@@ -621,6 +662,8 @@ class Verifier:
         # exported before it gathers in every verifier call, fed output_ids alone)
         self.takes_output_rows = takes_output_rows(manifest)
         self.takes_union_inputs = takes_union_inputs(manifest)
+        # the argmax graph's logits of the positions it is told alone (graph_specs.HEAD_POSITIONS)
+        self.takes_head_positions = takes_head_positions(manifest)
         self.kept_matrix_slots = kept_matrix_slots
         self.fixed_calls = fixed_calls
         self._spare: dict[tuple, list[SlotBuffers]] = {}  # take_buffers' finished batches' buffers, by shape

@@ -28,11 +28,12 @@ def test_export_validates_and_writes_a_complete_bundle(family, bundle):
     assert [t.name for t in verifier.outputs] == ["top_logprobs", "top_ids", *self_cache_out_names(layers)]
     assert manifest.format_version == 3
     assert verifier.outputs[0].dims == ("batch", "new_len", manifest.top_k)  # never full logits
-    # the same decoder, each position's logits, whose argmax the runtime takes (decision 039)
+    # the same decoder, the logits of the positions it is told, whose argmax the runtime takes
+    # (decisions 039 and 050)
     argmax = manifest.graph("verifier_argmax")
-    assert argmax.inputs == verifier.inputs
+    assert argmax.inputs[:-1] == verifier.inputs and argmax.input_names()[-1] == "head_positions"
     assert [t.name for t in argmax.outputs] == ["best_logits", *self_cache_out_names(layers)]
-    assert argmax.outputs[0].dims == ("batch", "new_len", manifest.vocab_size)
+    assert argmax.outputs[0].dims == (1, "head_len", manifest.vocab_size)
     assert manifest.family == ("t5" if family == "mt5" else family)
 
 
@@ -179,6 +180,36 @@ def test_the_position_check_catches_a_verifier_whose_positions_interact(bundle, 
         check_position_independence(coupled, validation_cases(manifest))
     plain = Driver(cpu_session(ort, root / "encoder.onnx"), cpu_session(ort, root / "verifier.onnx"), manifest)
     assert check_position_independence(plain, validation_cases(manifest)) > 0
+
+
+def test_the_head_check_catches_logits_that_depend_on_the_positions_asked_for(bundle, tmp_path):
+    """check_head_positions: an argmax graph whose logits for a position change with how many
+    positions a call asks for (here shifted by their count, as a head quantized per call would
+    be) fails, though a call of every position is block-independent; the exported one passes."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from aggdec.export.positions import Driver, check_head_positions, cpu_session, validation_cases
+    from aggdec.runtime.graph_specs import HEAD_POSITIONS, LOGITS_OUTPUT
+    from aggdec.runtime.session import ort
+
+    root = bundle("marian")
+    model = onnx.load(str(root / "verifier_argmax.onnx"))
+    for node in model.graph.node:
+        node.output[:] = ["asked_in" if o == LOGITS_OUTPUT else o for o in node.output]
+    model.graph.node.extend([
+        helper.make_node("Size", [HEAD_POSITIONS], ["asked"]),
+        helper.make_node("Cast", ["asked"], ["asked_float"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["asked_in", "asked_float"], [LOGITS_OUTPUT]),
+    ])
+    onnx.save(model, str(tmp_path / "asked.onnx"))
+    manifest = load_manifest(root)
+    encoder = cpu_session(ort, root / "encoder.onnx")
+    asked = Driver(encoder, cpu_session(ort, tmp_path / "asked.onnx"), manifest, head_positions=True)
+    with pytest.raises(ValidationError, match="logits for some positions"):
+        check_head_positions(asked, validation_cases(manifest))
+    own = Driver(encoder, cpu_session(ort, root / "verifier_argmax.onnx"), manifest, head_positions=True)
+    assert check_head_positions(own, validation_cases(manifest)) > 0
 
 
 def test_the_graph_check_catches_an_argmax_graph_of_another_decoder(bundle):

@@ -123,7 +123,9 @@ def test_argmax_graph_with_other_inputs_is_refused(bundle, tmp_path):
     root = tmp_path / "b"
     shutil.copytree(bundle("bart"), root)
     manifest = json.loads((root / "manifest.json").read_text())
-    manifest["graphs"]["verifier_argmax"]["inputs"] = manifest["graphs"]["verifier_argmax"]["inputs"][:-1]
+    inputs = manifest["graphs"]["verifier_argmax"]["inputs"]
+    assert inputs[-1]["name"] == "head_positions"  # the one input it may have beyond the verifier's
+    manifest["graphs"]["verifier_argmax"]["inputs"] = [*inputs[:-2], inputs[-1]]
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="verifier_argmax.inputs differ"):
         Generator(root)
@@ -144,6 +146,47 @@ def test_argmax_graph_of_another_decoder_is_refused_at_load(bundle, tmp_path):
         Generator(root)
 
 
+def without_head_positions(source, target):
+    """A copy of bundle ``source`` as exported before decision 050: its argmax graph returns the
+    logits of every block position, [batch, new_len, vocab], and takes no ``head_positions``
+    (here it makes them itself: every position, then the logits reshaped as the ids are)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from aggdec.runtime.graph_specs import HEAD_POSITIONS, LOGITS_OUTPUT
+    from aggdec.runtime.manifest import sha256_of
+
+    shutil.copytree(source, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    spec = manifest["graphs"]["verifier_argmax"]
+    assert spec["inputs"][-1]["name"] == HEAD_POSITIONS and spec["outputs"][0]["name"] == LOGITS_OUTPUT
+    path = target / spec["file"]
+    model = onnx.load(str(path))
+    graph = model.graph
+    graph.input.remove(next(i for i in graph.input if i.name == HEAD_POSITIONS))
+    (logits,) = [output for output in graph.output if output.name == LOGITS_OUTPUT]
+    producer = next(node for node in graph.node if LOGITS_OUTPUT in node.output)
+    producer.output[list(producer.output).index(LOGITS_OUTPUT)] = "flat_logits"
+    graph.initializer.extend([numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                              numpy_helper.from_array(np.array(1, np.int64), "one"),
+                              numpy_helper.from_array(np.array([-1], np.int64), "last_dim")])
+    graph.node.insert(0, helper.make_node("Size", ["input_ids"], ["positions_count"]))
+    graph.node.insert(1, helper.make_node("Range", ["zero", "positions_count", "one"], [HEAD_POSITIONS]))
+    graph.node.extend([helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
+                       helper.make_node("Concat", ["ids_shape", "last_dim"], ["logits_shape"], axis=0),
+                       helper.make_node("Reshape", ["flat_logits", "logits_shape"], [LOGITS_OUTPUT])])
+    del logits.type.tensor_type.shape.dim[:]
+    for dim in ("batch", "new_len", str(manifest["vocab_size"])):
+        logits.type.tensor_type.shape.dim.add().dim_param = dim
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    spec["inputs"].pop()
+    spec["outputs"][0]["dims"] = ["batch", "new_len", manifest["vocab_size"]]
+    manifest["files"][spec["file"]] = sha256_of(path)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
 def with_argmax_head(source, target):
     """A copy of bundle ``source`` as exported before decision 039: its argmax graph ends in
     ArgMax and outputs the best id (``top1_ids``), not the logits."""
@@ -153,7 +196,7 @@ def with_argmax_head(source, target):
     from aggdec.runtime.graph_specs import LOGITS_OUTPUT
     from aggdec.runtime.manifest import sha256_of
 
-    shutil.copytree(source, target)
+    without_head_positions(source, target)
     manifest = json.loads((target / "manifest.json").read_text())
     spec = manifest["graphs"]["verifier_argmax"]
     assert spec["outputs"][0]["name"] == LOGITS_OUTPUT
@@ -177,8 +220,51 @@ def test_the_argmax_graph_outputs_the_logits_and_the_runtime_takes_their_argmax(
     generator = Generator(bundle("marian"))
     assert argmax_head(generator.manifest) == "logits"
     assert generator.verifier.candidates_of(generator.verifier.argmax) == (LOGITS_OUTPUT,)
-    assert generator.manifest.graphs["verifier_argmax"].outputs[0].dims == ("batch", "new_len",
-                                                                          generator.manifest.vocab_size)
+    spec = generator.manifest.graphs["verifier_argmax"]
+    # of the positions it is told (decision 050): the verifier's inputs and those, last
+    assert spec.outputs[0].dims == (1, "head_len", generator.manifest.vocab_size)
+    assert spec.input_names()[-1] == "head_positions"
+    assert spec.inputs[:-1] == generator.manifest.graphs["verifier"].inputs
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+@pytest.mark.parametrize("io_binding", [True, False])
+def test_a_bundle_whose_argmax_graph_takes_no_head_positions_decodes_the_same(family, io_binding, bundle, tmp_path):
+    """Bundles exported before decision 050: logits of every block position, the same outputs,
+    bound and unbound, in every mode that runs the argmax graph."""
+    from aggdec.runtime.graph_specs import takes_head_positions
+
+    old = Generator(without_head_positions(bundle(family), tmp_path / "old"), io_binding=io_binding)
+    new = Generator(bundle(family), io_binding=io_binding)
+    assert not takes_head_positions(old.manifest) and takes_head_positions(new.manifest)
+    texts = random_texts(seed=9, count=12)
+    for mode in ("greedy", "iad"):
+        for batch_size in (1, 5):
+            assert decoded(old, texts, mode, batch_size) == decoded(new, texts, mode, batch_size), (mode, batch_size)
+
+
+@pytest.mark.parametrize("io_binding", [True, False])
+def test_a_call_for_each_rows_own_block_gives_its_ids_as_a_call_for_every_position(io_binding, bundle):
+    """Batch.verify with each row's width: the ids of each row's block are those of a call that
+    computes every position, bitwise, over calls of changing shapes (the binding's outputs
+    follow the number of positions); past a row's width they are 0."""
+    generator = Generator(bundle("marian"), io_binding=io_binding)
+    manifest = generator.manifest
+    rng = np.random.default_rng(0)
+    sources = [rng.integers(3, manifest.vocab_size, size=int(n)).tolist() for n in (4, 7, 2, 5)]
+    batches = [generator.verifier.batch(len(sources), io_binding, top_k=False) for _ in range(2)]
+    for batch in batches:
+        batch.admit(sources, manifest.pad_token_id)
+    for step, new in enumerate((3, 6, 6, 1, 4)):
+        tokens = rng.integers(3, manifest.vocab_size, size=(len(sources), new))
+        widths = [1 + (row + step) % new for row in range(len(sources))]
+        _, every = batches[0].verify(tokens.copy())
+        _, own = batches[1].verify(tokens.copy(), widths)
+        for row, width in enumerate(widths):
+            assert np.array_equal(own[row, :width], every[row, :width]), (step, row)
+            assert not own[row, width:].any()
+        for batch in batches:
+            batch.keep(np.array(widths, dtype=np.int64))
 
 
 @pytest.mark.parametrize("family", ["marian", "t5"])
@@ -207,7 +293,7 @@ def test_logits_of_another_width_are_a_bundle_error(io_binding, bundle, tmp_path
 
     root = tmp_path / "b"
     shutil.copytree(bundle("bart"), root)
-    _pad_output(root, "verifier_argmax", LOGITS_OUTPUT, [0, 0, 0, 0, 0, 1])
+    _pad_output(root, "verifier_argmax", LOGITS_OUTPUT, [0, 0, 0, 0, 0, 1])  # [1, head_len, vocab]
     with pytest.raises(BundleError, match="'best_logits' dim 2 is|does not compute what its manifest says"):
         Generator(root, io_binding=io_binding).generate(random_texts(seed=1, count=2), max_new_tokens=4)
 

@@ -58,9 +58,9 @@ def test_rows_leave_and_join_and_finished_rows_cost_nothing(bundle, monkeypatch)
     calls: list[int] = []
     original = Batch.verify
 
-    def counting(self, tokens):
+    def counting(self, tokens, widths=None):
         calls.append(tokens.shape[0])
-        return original(self, tokens)
+        return original(self, tokens, widths)
 
     monkeypatch.setattr(Batch, "verify", counting)
     texts = ragged_texts(seed=3, count=20)

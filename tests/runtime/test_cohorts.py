@@ -46,9 +46,9 @@ def batches_used(monkeypatch) -> set[int]:
     used: set[int] = set()
     original = Batch.verify
 
-    def verify(self, tokens):
+    def verify(self, tokens, widths=None):
         used.add(id(self))
-        return original(self, tokens)
+        return original(self, tokens, widths)
 
     monkeypatch.setattr(Batch, "verify", verify)
     return used

@@ -442,9 +442,9 @@ def test_gate_charges_the_step_after_a_draft_and_shrinks_the_cache_for_a_rest(fa
     calls: list[tuple[int, int, int, int]] = []  # (width, capacity the call ran with, longest cached row, limit)
     verify = Batch.verify
 
-    def recorded(self, tokens):
+    def recorded(self, tokens, widths=None):
         longest = int(self.lengths[: self.rows].max(initial=0))
-        result = verify(self, tokens)
+        result = verify(self, tokens, widths)
         calls.append((tokens.shape[1], self.buffers.capacity, longest, self.buffers.max_target))
         return result
 
