@@ -96,8 +96,8 @@ def verifier_spec(layers: int, heads: int, head_dim: int, top_k: int, act: str =
     of the call's ``output_ids`` and each list position's column in it (decoding/shortlist.py
     ``union_feeds``). ``head_positions`` (the "logits" head only; bundles since decision 050,
     :func:`takes_head_positions`): it also takes :data:`HEAD_POSITIONS`, last, and returns the
-    logits of those positions alone, [1, head_len, vocab] (one row of them: no copy to drop a
-    dim of the vocabulary-wide output)."""
+    logits of those positions alone, [1, head_len, vocab] (the head's product stays rank 3, as
+    the top-K graph's: export/graphs.py head_rows)."""
     head_positions = head_positions and head == "logits"
     # the decoder's own buffers (decoding/cache.py CACHE_KINDS): capacity is the runtime's choice,
     # fixed while a batch runs

@@ -430,13 +430,12 @@ class Batch:
             top_logprobs, top_ids = candidates
         else:  # the argmax graph: the best id (or the logits it is the argmax of), its only candidate
             best = candidates[0].argmax(-1) if self._logits else candidates[0]
-            if positions is not None:  # [1, N]
+            if positions is not None:  # [1, N], the positions asked for
                 best = best[0]
-            if positions is not None and len(positions) < rows * new:  # each row's block: 0 past it
-                placed = np.zeros(rows * new, dtype=np.int64)
-                placed[positions] = best
-                best = placed
-            if positions is not None:
+                if len(positions) < rows * new:  # each row's block: 0 past it
+                    placed = np.zeros(rows * new, dtype=np.int64)
+                    placed[positions] = best
+                    best = placed
                 best = best.reshape(rows, new)
             top_ids = best[..., None]
             top_logprobs = np.zeros((rows, new, 0), dtype=np.float32)
