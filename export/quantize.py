@@ -954,11 +954,11 @@ def _quantize_bundle(src_dir, out_dir, *, precision, force, options, progress) -
         new_graphs = _with_activation_type(graphs, precision)
         if precision == "fp16":
             new_graphs = _with_every_position_head(new_graphs, manifest.vocab_size)
-        if KEPT_ROWS in manifest.graphs["verifier"].input_names() and KEPT_ROWS not in {
-                i.name for i in _load_graph(tmp / graphs["verifier"].file).graph.input}:
+        converted_inputs = {i.name for i in _load_graph(tmp / graphs["verifier"].file).graph.input}
+        if KEPT_ROWS in manifest.graphs["verifier"].input_names() and KEPT_ROWS not in converted_inputs:
             _drop_kept_rows_output(tmp / graphs["encoder"].file)
             new_graphs = _without_kept_rows(new_graphs)
-        if UNION_INPUTS[0] in {i.name for i in _load_graph(tmp / graphs["verifier"].file).graph.input}:
+        if UNION_INPUTS[0] in converted_inputs:
             new_graphs = _with_union_inputs(new_graphs)
         shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         if manifest.segmentation == SENTENCEPIECE:  # the tokenizer's other half (runtime/sentencepiece.py)

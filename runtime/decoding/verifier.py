@@ -149,7 +149,8 @@ class Batch:
         # a call's token ids (see block()), written in place: on the CPU, while the rows and the
         # block width stay (a greedy step after a greedy step), the binding made for them holds
         self._ids = np.zeros(slots * self.buffers.max_target, dtype=np.int64)
-        self._every = np.arange(self._ids.size, dtype=np.int64)  # every position of a call: a prefix of it
+        # every position of a call: a prefix of it (a batch whose graph takes HEAD_POSITIONS)
+        self._every = np.arange(self._ids.size if self._gathers else 0, dtype=np.int64)
         self._all = self._every[:0]  # the prefix the last call of every position took
         self._block: np.ndarray | None = None  # the view block() last handed out
         self._bound_width = 0  # the block width the ids, lengths and candidates are bound for
@@ -366,16 +367,24 @@ class Batch:
             binding = self._binding
             ids = tokens
             relaid = self._layout != self.buffers.layout
-            if relaid or self._bound_width != new or session.device != "cpu":
+            reshaped = relaid or self._bound_width != new or session.device != "cpu"
+            # the positions asked for: a ragged call's, or every one of a new shape (decision 050)
+            asked = positions is not None and positions is not self._positions
+            if reshaped or asked:
                 # Outputs come back in the order they were first bound: the candidates, then the
-                # buffers (bound below on a batch's first call). On the CPU the ids and lengths are
-                # read from these arrays at each run (bound by pointer, rewritten in place), so
-                # they are bound again only when the rows or the width change, as are the
-                # candidates (a binding left in place would keep last call's shape). For a device,
-                # onnxruntime copies a bound host input at bind time (IOBinding::BindInput), so
-                # there they are bound every call.
+                # buffers (bound below on a batch's first call). A binding left in place would
+                # keep last call's shape for the candidates, which follow the rows, the width
+                # and the positions asked for.
                 for name in self._candidates:
                     binding.bind_output(name, "cpu")
+            if asked:
+                self._positions = positions  # held here: the binding keeps only a pointer
+                binding.bind_cpu_input(HEAD_POSITIONS, positions)
+            if reshaped:
+                # On the CPU the ids and lengths are read from these arrays at each run (bound by
+                # pointer, rewritten in place), so they are bound again only when the rows or the
+                # width change. For a device, onnxruntime copies a bound host input at bind time
+                # (IOBinding::BindInput), so there they are bound every call.
                 binding.bind_cpu_input("input_ids", ids)
                 binding.bind_cpu_input("past_lengths", lengths)
                 self._bound_width = new
@@ -391,11 +400,6 @@ class Batch:
                     binding.bind_cpu_input("output_rows", self._rows_fed)
                 self.buffers.bind(binding, *names)
                 self._layout = self.buffers.layout
-            if positions is not None and positions is not self._positions:  # a ragged call's, or a new shape's
-                self._positions = positions  # held here: the binding keeps only a pointer
-                binding.bind_cpu_input(HEAD_POSITIONS, positions)
-                for name in self._candidates:  # as many as the positions: a binding left would keep the last shape
-                    binding.bind_output(name, "cpu")
             outputs = session.run_bound(binding)
             # copies: with the binding kept, the next run writes into the same output memory; but
             # the logits are read once, by the argmax below, before any next run

@@ -149,10 +149,10 @@ def test_argmax_graph_of_another_decoder_is_refused_at_load(bundle, tmp_path):
 def without_head_positions(source, target):
     """A copy of bundle ``source`` as exported before decision 050: its argmax graph returns the
     logits of every block position, [batch, new_len, vocab], and takes no ``head_positions``
-    (here it makes them itself: every position, then the logits reshaped as the ids are)."""
+    (the gather taken out as an fp16 conversion takes it out: export/half.py)."""
     import onnx
-    from onnx import helper, numpy_helper
 
+    from aggdec.export.half import every_position_head
     from aggdec.runtime.graph_specs import HEAD_POSITIONS, LOGITS_OUTPUT
     from aggdec.runtime.manifest import sha256_of
 
@@ -162,22 +162,7 @@ def without_head_positions(source, target):
     assert spec["inputs"][-1]["name"] == HEAD_POSITIONS and spec["outputs"][0]["name"] == LOGITS_OUTPUT
     path = target / spec["file"]
     model = onnx.load(str(path))
-    graph = model.graph
-    graph.input.remove(next(i for i in graph.input if i.name == HEAD_POSITIONS))
-    (logits,) = [output for output in graph.output if output.name == LOGITS_OUTPUT]
-    producer = next(node for node in graph.node if LOGITS_OUTPUT in node.output)
-    producer.output[list(producer.output).index(LOGITS_OUTPUT)] = "flat_logits"
-    graph.initializer.extend([numpy_helper.from_array(np.array(0, np.int64), "zero"),
-                              numpy_helper.from_array(np.array(1, np.int64), "one"),
-                              numpy_helper.from_array(np.array([-1], np.int64), "last_dim")])
-    graph.node.insert(0, helper.make_node("Size", ["input_ids"], ["positions_count"]))
-    graph.node.insert(1, helper.make_node("Range", ["zero", "positions_count", "one"], [HEAD_POSITIONS]))
-    graph.node.extend([helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
-                       helper.make_node("Concat", ["ids_shape", "last_dim"], ["logits_shape"], axis=0),
-                       helper.make_node("Reshape", ["flat_logits", "logits_shape"], [LOGITS_OUTPUT])])
-    del logits.type.tensor_type.shape.dim[:]
-    for dim in ("batch", "new_len", str(manifest["vocab_size"])):
-        logits.type.tensor_type.shape.dim.add().dim_param = dim
+    assert every_position_head(model, manifest["vocab_size"])
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     spec["inputs"].pop()
