@@ -29,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the vocabulary projection in fp32 (slower, a little closer to fp32)")
     parser.add_argument("--encoder-quantization", choices=ENCODER_QUANTIZATION,
                         help="int8 only: how the encoder quantizes its activations. per-call (default): "
-                             "onnxruntime's dynamic quantization, faster, and the runtime encodes one source per "
-                             "call; per-row: as the verifier, a batch encoded in one call (the only choice, and the "
-                             "default, with --activations two-pass)")
+                             "onnxruntime's dynamic quantization, and the runtime encodes one source per call: faster "
+                             "one text at a time; per-row: as the verifier, a batch encoded in one call: faster for "
+                             "batches on CPUs with AMX (docs/quantization.md); the only choice, and the default, "
+                             "with --activations two-pass")
     parser.add_argument("--activations", choices=("per-row", "two-pass"), default="per-row",
                         help="int8 only: per-row (default): one 8-bit pass per activation row against 7-bit "
                              "weights; two-pass: two 7-bit passes (the value and its rounding residual) against "
