@@ -363,6 +363,47 @@ def test_a_verifier_that_computes_other_candidate_shapes_is_a_bundle_error(bundl
         Generator(bundle_copy, io_binding=binding).generate(["w1 w2 w3"], max_new_tokens=4)
 
 
+@pytest.mark.parametrize("binding", [True, False])
+def test_a_cache_written_longer_in_batches_is_an_error_naming_the_output(bundle_copy, binding):
+    """A verifier whose first self-attention key cache comes out one position longer per row
+    after the first: the load-time probes' one-row calls pass, a batch's call does not. Bound,
+    the cache is written into the batch's buffers by pointer with its shape, which onnxruntime
+    refuses to overrun (its error names the output and the shape computed); unbound, the
+    session checks each output against the shapes the inputs imply."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    output = "self_key_out.0"
+    manifest = read(bundle_copy)
+    for graph in ("verifier", "verifier_argmax"):
+        spec = manifest["graphs"][graph]
+        model = onnx.load(str(bundle_copy / spec["file"]))
+        assert output in {o.name for o in model.graph.output}
+        for node in model.graph.node:
+            for where in (node.input, node.output):
+                for index, name in enumerate(where):
+                    if name == output:
+                        where[index] = output + ".raw"
+        constants = {"one": [1], "head": [0, 0, 0, 0, 0, 0], "tail": [0]}
+        model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), k)
+                                       for k, v in constants.items())
+        model.graph.node.extend([  # pads [0, 0, 0, 0, 0, 0, rows - 1, 0]: axis 2 grows
+            helper.make_node("Shape", ["input_ids"], ["rows"], start=0, end=1),
+            helper.make_node("Sub", ["rows", "one"], ["extra"]),
+            helper.make_node("Concat", ["head", "extra", "tail"], ["pads"], axis=0),
+            helper.make_node("Pad", [output + ".raw", "pads"], [output])])
+        onnx.save(model, str(bundle_copy / spec["file"]))
+        manifest["files"][spec["file"]] = hashlib.sha256((bundle_copy / spec["file"]).read_bytes()).hexdigest()
+    write(bundle_copy, manifest)
+    generator = Generator(bundle_copy, io_binding=binding)
+    assert generator.generate(["w1 w2 w3"], mode="iad", max_new_tokens=8)[0].ids  # one row decodes
+    with pytest.raises(GraphRunError if binding else BundleError) as caught:
+        generator.generate(["w1 w2 w3 w4 w5", "w6 w7 w8"], mode="iad", max_new_tokens=8, batch_size=2)
+    message = str(caught.value)
+    assert "verifier" in message and output in message
+    assert ("computed output shape" if binding else "does not compute what its manifest says") in message
+
+
 def test_a_graph_that_fails_on_valid_inputs_is_an_error_naming_it(bundle_copy):
     import onnx
     from onnx import helper, numpy_helper
