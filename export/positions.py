@@ -328,8 +328,8 @@ def check_verifier_graphs(encoder, verifiers: dict, manifest: Manifest, cases: l
     drivers = {name: Driver(encoder, session, manifest, dtype, per_source, static_width,
                             HEAD_POSITIONS in manifest.graphs[name].input_names())
                for name, session in verifiers.items()}
+    # each verifier's positions alone against its block, and the positions asked for (HEAD_POSITIONS)
     checked = sum(check_position_independence(driver, cases) for driver in drivers.values())
-    checked += sum(check_head_positions(driver, cases) for driver in drivers.values() if driver.head_positions)
     if "verifier_argmax" not in drivers:
         return checked
     for case in cases:
@@ -352,37 +352,51 @@ def check_head_positions(driver: Driver, cases: list[Case]) -> int:
     """A verifier that returns the logits of the positions it is told (HEAD_POSITIONS) must
     return, bitwise, what it returns for them among every position: the runtime asks for each
     row's block alone, as many positions a call as the rows' blocks have, never their padding.
-    Here each row asks for a prefix of its block of another length, in reverse order, as one
-    call. Raises ValidationError naming the first difference. Returns the positions checked."""
+    Raises ValidationError naming the first difference. Returns the positions checked.
+    (:func:`check_position_independence` makes this check too, on the block call it makes.)"""
     checked = 0
     for case in cases:
-        batch, new = case.new_ids.shape
-        encoded = driver.encode(case)
-        cache = driver.prefill(case, encoded)
-        every, _, _ = driver.call(case, encoded, dict(cache), case.new_ids, case.kept)
-        width = new if driver.static_width is None else driver.static_width
-        positions = np.array([row * width + t for row in range(batch) for t in range(1 + (new - 1 - row) % new)],
-                             dtype=np.int64)[::-1]
-        some, _, _ = driver.call(case, encoded, dict(cache), case.new_ids, case.kept, positions)
-        rows, steps = np.divmod(positions, width)
-        if not np.array_equal(some, every[rows, steps]):
-            raise ValidationError(f"the verifier's logits for some positions of a block differ from the same "
-                                  f"positions' among all of them (batch {batch}, block {new}); IAD/GAD would not "
-                                  "equal greedy. Report this with your onnxruntime version.")
-        checked += len(positions)
+        encoded, cache, (every, _, _) = _block_call(driver, case)
+        checked += _check_head_positions(driver, case, encoded, cache, every)
     return checked
+
+
+def _block_call(driver: Driver, case: Case) -> tuple[dict, dict, tuple]:
+    """A case's encoding, its prefilled cache, and the verifier's call on the case's whole block."""
+    encoded = driver.encode(case)
+    cache = driver.prefill(case, encoded)
+    return encoded, cache, driver.call(case, encoded, dict(cache), case.new_ids, case.kept)
+
+
+def _check_head_positions(driver: Driver, case: Case, encoded: dict, cache: dict, every: np.ndarray) -> int:
+    """:func:`check_head_positions` for one case, against ``every``, the logits of the call on
+    its whole block: each row asks for a prefix of its block of another length, in reverse
+    order, as one call."""
+    batch, new = case.new_ids.shape
+    width = new if driver.static_width is None else driver.static_width
+    positions = np.array([row * width + t for row in range(batch) for t in range(1 + (new - 1 - row) % new)],
+                         dtype=np.int64)[::-1]
+    some, _, _ = driver.call(case, encoded, dict(cache), case.new_ids, case.kept, positions)
+    rows, steps = np.divmod(positions, width)
+    if not np.array_equal(some, every[rows, steps]):
+        raise ValidationError(f"the verifier's logits for some positions of a block differ from the same "
+                              f"positions' among all of them (batch {batch}, block {new}); IAD/GAD would not "
+                              "equal greedy. Report this with your onnxruntime version.")
+    return len(positions)
 
 
 def check_position_independence(driver: Driver, cases: list[Case]) -> int:
     """The verifier on a block of T positions must return, bitwise, what it returns for each
     position alone on the same cache (log-probs, ids and the cache it writes): the property
-    that makes IAD/GAD equal greedy. Raises ValidationError naming the first difference."""
+    that makes IAD/GAD equal greedy; with a driver whose verifier takes HEAD_POSITIONS, also
+    :func:`check_head_positions` on the same block call. Raises ValidationError naming the first
+    difference. Returns the positions checked."""
     checked = 0
     for case in cases:
         batch, new = case.new_ids.shape
-        encoded = driver.encode(case)
-        cache = driver.prefill(case, encoded)
-        block_lp, block_ids, block_cache = driver.call(case, encoded, dict(cache), case.new_ids, case.kept)
+        encoded, cache, (block_lp, block_ids, block_cache) = _block_call(driver, case)
+        if driver.head_positions:
+            checked += _check_head_positions(driver, case, encoded, cache, block_lp)
         single = dict(cache)
         for t in range(new):
             lp, ids, single = driver.call(case, encoded, single, case.new_ids[:, t : t + 1], case.kept + t)
