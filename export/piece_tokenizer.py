@@ -34,28 +34,8 @@ from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE
 from ..runtime.segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
 from ..runtime.sentencepiece import CONTROL, NORMAL, UNKNOWN, UNUSED
+from .codec_check import check_codec, probe_texts
 from .safety import one_line
-
-# Texts whose tokenization exercises each rule the runtime reproduces (whitespace, the
-# normalizer, unknown characters, added tokens and language codes); random ones are added.
-PROBE_TEXTS = (
-    "", " ", "Hello world.", "  two  spaces  ", "tab\tand\nnewline", "\u00a0nbsp\u3000ideographic",
-    "ﬁ ligature, Ａ fullwidth, ① circled, ｶﾞ halfwidth", "e\u0301 combining", " \u0301 lone accent",
-    "emoji 😀 and \u200b zero width", "</s> inside", "a</s>b", "<unk><pad>", ">>fra<< Bonjour", ">>fra<<",
-    ">> not a code", "x >>deu<< later", "Hmmm ... wait!!!!", "1234567890", "\u2581 marker", "ß ü Ø ł ğ ş",
-)
-PROBE_RANDOM_TEXTS = 200
-PROBE_DECODES = 200
-
-
-def probe_texts(pieces: list[str], rng: random.Random) -> list[str]:
-    """:data:`PROBE_TEXTS` and texts of a vocabulary's own pieces, glued and spaced at random."""
-    texts = list(PROBE_TEXTS)
-    for _ in range(PROBE_RANDOM_TEXTS):
-        words = [rng.choice(pieces).replace("\u2581", rng.choice(["", " ", "  "])) for _ in range(rng.randint(1, 8))]
-        texts.append(rng.choice(["", " "]).join(words))
-    return texts
-
 
 @dataclass
 class PieceTokenizerFiles:
@@ -157,25 +137,12 @@ def convert(tokenizer: Any, vocab_size: int, where: str, seed: int = 0) -> Piece
 
 def _check(tokenizer: Any, files: PieceTokenizerFiles, vocab_size: int, where: str, seed: int) -> None:
     """The runtime's codec, made from the two files as the loader makes it, against ``tokenizer``
-    itself: probe texts encoded, id sequences decoded."""
+    itself (codec_check.py)."""
     from ..runtime.tokenizer import TextCodec
 
     codec = TextCodec(Path(where) / TOKENIZER_FILE, files.backend_tokenizer.to_str().encode("utf-8"), SENTENCEPIECE,
                       vocab_size, json.dumps(files.pieces).encode("utf-8"))
-    rng = random.Random(seed)
-    for text in probe_texts(list(tokenizer.encoder), rng):
-        expected = list(tokenizer(text).input_ids)
-        got = codec.encode([text])[0]
-        if got != expected:
-            raise ExportError(f"aggdec's copy of the tokenizer in {where!r} encodes {text!r} as {got}, the tokenizer "
-                              f"as {expected}; refusing to export a bundle whose sources would differ.")
-    for _ in range(PROBE_DECODES):
-        ids = [rng.randrange(vocab_size) for _ in range(rng.randint(1, 12))]
-        expected = tokenizer.decode(ids, skip_special_tokens=True)
-        got = codec.decode(ids)
-        if got != expected:
-            raise ExportError(f"aggdec's copy of the tokenizer in {where!r} decodes {ids} as {got!r}, the tokenizer "
-                              f"as {expected!r}; refusing to export a bundle whose outputs would differ.")
+    check_codec(tokenizer, codec, list(tokenizer.encoder), vocab_size, where, seed)
 
 
 def marian_vocabulary_files(vocabulary: dict[str, int], source_spm: Path, where: str,

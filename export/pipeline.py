@@ -20,6 +20,7 @@ from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .checkpoint_limits import check_parameters, check_sizes
 from .families import ARCHITECTURES, family_for
+from .codec_check import check_codec
 from .piece_tokenizer import PieceTokenizerFiles, convert, is_piece_tokenizer
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import check_verifier_graphs, cpu_session, validation_cases
@@ -232,6 +233,32 @@ def _load(src: Path, config):
     return model, tokenizer, _generation_config(src, config)
 
 
+def cleans_up_spaces(tokenizer) -> bool:
+    """Whether transformers' ``decode`` gives this (fast) tokenizer's text its clean-up of spaces
+    before punctuation (runtime/detokenization.py): as TokenizersBackend._decode decides it, the
+    config's ``clean_up_tokenization_spaces``, except for a BPE model unless the config forces it.
+    :func:`_check_tokenizer` then checks the bundle decodes as transformers does."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    bpe = type(tokenizer.backend_tokenizer.model).__name__ == "BPE"
+    return not bpe or bool(getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
+                                   False))
+
+
+def _check_tokenizer(tokenizer, vocab: int, src: Path) -> bool:
+    """The bundle's tokenizer as the runtime will read it against the checkpoint's (codec_check.py),
+    before the graphs are traced; returns whether its text gets transformers' clean-up (the
+    manifest's ``clean_up_tokenization_spaces``). A piece tokenizer was checked as it was made."""
+    from ..runtime.tokenizer import TextCodec
+
+    if isinstance(tokenizer, PieceTokenizerFiles):
+        return False
+    clean_up = cleans_up_spaces(tokenizer)
+    codec = TextCodec(src / TOKENIZER_FILE, tokenizer.backend_tokenizer.to_str().encode("utf-8"), clean_up=clean_up)
+    check_codec(tokenizer, codec, list(tokenizer.get_vocab()), vocab, str(src))
+    return clean_up
+
+
 def _generation_config(src: Path, config):
     from transformers import GenerationConfig
 
@@ -369,6 +396,7 @@ def export_bundle(
         if value is not None:
             _token_id(value, field, vocab)
     _check_special_ids(tokenizer, decoding_ids)
+    clean_up = _check_tokenizer(tokenizer, vocab, src)
     limit = family.position_limit(config)
     max_source = max_source_len or limit or DEFAULT_MAX_LEN
     max_target = max_target_len or limit or DEFAULT_MAX_LEN
@@ -447,6 +475,7 @@ def export_bundle(
             suppression="after_log_softmax",  # VerifierGraph's order
             cross_key_layout=cross_key_layout,
             segmentation=tokenizer.segmentation if isinstance(tokenizer, PieceTokenizerFiles) else None,
+            clean_up_tokenization_spaces=True if clean_up else None,
             max_source_len=int(max_source),
             max_target_len=int(max_target),
             top_k=top_k,

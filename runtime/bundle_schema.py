@@ -340,11 +340,12 @@ FIELDS: dict[str, Rule] = {
                                 "word_penalty": number(-1e3, 1e3)})),
     "cross_key_layout": optional(one_of(CROSS_KEY_LAYOUTS)),
     "segmentation": optional(one_of(SEGMENTATIONS)),
+    "clean_up_tokenization_spaces": optional(boolean),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
                              "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression",
-                             "beam_rules", "cross_key_layout", "segmentation"})
+                             "beam_rules", "cross_key_layout", "segmentation", "clean_up_tokenization_spaces"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 
@@ -362,6 +363,10 @@ def _cross_field(data: dict) -> None:
             raise Invalid(f"graphs.{name}.file {show(graph['file'])} is not listed in files")
     if data.get("segmentation") == SENTENCEPIECE and SENTENCEPIECE_FILE not in files:
         raise Invalid(f"segmentation {SENTENCEPIECE!r} needs {SENTENCEPIECE_FILE!r} listed in files")
+    if data.get("segmentation") == SENTENCEPIECE and data.get("clean_up_tokenization_spaces") is not None:
+        # that file holds its decoding rules, the clean-up included: one place says it
+        raise Invalid(f"clean_up_tokenization_spaces is set where segmentation {SENTENCEPIECE!r} has "
+                      f"{SENTENCEPIECE_FILE!r} say it")
     shortlist = data.get("shortlist")
     if shortlist is not None and shortlist["file"] not in files:
         raise Invalid(f"shortlist.file {show(shortlist['file'])} is not listed in files")

@@ -169,6 +169,11 @@ class Manifest:
     # tokenizer (OPUS-MT's MarianTokenizer) does, from sentencepiece.json (sentencepiece.py).
     # None: as the tokenizer does (every other bundle)
     segmentation: str | None = None
+    # whether decoded text gets transformers' clean-up of spaces before punctuation
+    # (detokenization.py), as the checkpoint's tokenizer config asks and transformers applies it.
+    # None: not applied (bundles from before the field, Marian models; a "sentencepiece" bundle's
+    # own file says so for its decoding)
+    clean_up_tokenization_spaces: bool | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -49,6 +49,7 @@ import struct
 from array import array
 from typing import Any
 
+from .detokenization import clean_up_tokenization
 from .errors import BundleError
 
 NORMAL, UNKNOWN, CONTROL, UNUSED = 1, 2, 3, 5
@@ -524,8 +525,4 @@ class PieceTokenizer:
         if not self._joined:
             return self._sentencepiece_text(tokens)
         text = "".join(map(self._surface, tokens)).replace(SPACE_SYMBOL, " ").strip()
-        if self._clean_up:  # transformers' clean_up_tokenization
-            for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                                  (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
-                text = text.replace(before, after)
-        return text
+        return clean_up_tokenization(text) if self._clean_up else text

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from .detokenization import clean_up_tokenization
 from .errors import AggdecError, BundleError, InputError
 from .segmentation import MARIAN_SENTENCEPIECE, SENTENCEPIECE, SENTENCEPIECE_FILE, MarianSentencePiece
 from .sentencepiece import PieceTokenizer
@@ -57,7 +58,7 @@ SPLIT_OR_REEXPORT = "(split the text, or re-export with a larger --max-source-le
 
 class TextCodec:
     def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None,
-                 vocab_size: int | None = None, pieces: bytes | None = None) -> None:
+                 vocab_size: int | None = None, pieces: bytes | None = None, clean_up: bool = False) -> None:
         """``contents``: the tokenizer file's bytes, as read and hashed (manifest.BundleFiles);
         without them it is read from ``path``. ``segmentation`` (Manifest.segmentation): None
         segments as the tokenizer does; "marian_sentencepiece" as Marian's SentencePiece does
@@ -65,8 +66,12 @@ class TextCodec:
         transformers SentencePiece tokenizer does (sentencepiece.py), from ``pieces``, the bundle's
         sentencepiece.json (read beside ``path`` when not given). ``vocab_size``: the manifest's;
         every id :meth:`encode` returns is checked to lie below it (a post-processor's special
-        token is not counted in the tokenizer's own vocabulary size, and can name any id)."""
+        token is not counted in the tokenizer's own vocabulary size, and can name any id).
+        ``clean_up`` (Manifest.clean_up_tokenization_spaces): decoded text gets transformers'
+        clean-up of spaces before punctuation (detokenization.py); a "sentencepiece" bundle's
+        own file says so for its decoding instead."""
         self._vocab_limit = vocab_size
+        self._clean_up = clean_up
         self._path = str(path)
         try:
             text = (path.read_bytes() if contents is None else contents).decode("utf-8")
@@ -172,12 +177,13 @@ class TextCodec:
             tokens = (self._tokenizer.id_to_token(token) for token in ids if token not in special)
             return self._segmenter.decode([token for token in tokens if token is not None])
         try:
-            return self._tokenizer.decode(ids, skip_special_tokens=True)
+            text = self._tokenizer.decode(ids, skip_special_tokens=True)
         except BaseException as exc:
             if not isinstance(exc, Exception) and not _panicked(exc):
                 raise
             raise BundleError(f"the tokenizer {self._path!r} cannot decode an output: {exc}; re-export the bundle "
                               "with its model's own tokenizer.") from None
+        return clean_up_tokenization(text) if self._clean_up else text
 
     def decode_restoring(self, ids: list[int], source: str) -> str:
         """``decode``, with each ``<unk>`` of the output given back the source text it stands for.
@@ -215,12 +221,12 @@ class TextCodec:
         # has no text; decode() drops it too
         tokens = [token for token in tokens if token is not None]
         decoder = self._tokenizer.decoder
-        if decoder is None:  # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
-            return " ".join(tokens)
         try:
-            return decoder.decode(tokens)
+            # without a decoder, tokenizers joins tokens with spaces (as `decode` does)
+            text = " ".join(tokens) if decoder is None else decoder.decode(tokens)
         except BaseException as exc:
             if not isinstance(exc, Exception) and not _panicked(exc):
                 raise
             raise BundleError(f"the tokenizer {self._path!r} cannot decode an output: {exc}; re-export the bundle "
                               "with its model's own tokenizer.") from None
+        return clean_up_tokenization(text) if self._clean_up else text

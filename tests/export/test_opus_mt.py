@@ -207,6 +207,16 @@ def test_a_bundle_without_its_sentencepiece_file_or_with_a_bad_one_is_refused(op
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="sentencepiece.json"):
         load_manifest(copy)
+    # its decoding rules (the clean-up of spaces included) are that file's: the manifest may not say otherwise
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["clean_up_tokenization_spaces"] = True
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="clean_up_tokenization_spaces is set where segmentation"):
+        load_manifest(copy)
+    manifest["clean_up_tokenization_spaces"] = "yes"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="clean_up_tokenization_spaces"):
+        load_manifest(copy)
     spec = json.loads((bundle / SENTENCEPIECE_FILE).read_text(encoding="utf-8"))
     def charsmap(strings: bytes) -> str:  # an empty trie (one unit) and the replacement strings
         return base64.b64encode(struct.pack("<II", 4, 0) + strings).decode("ascii")
