@@ -245,18 +245,22 @@ def cleans_up_spaces(tokenizer) -> bool:
                                    False))
 
 
-def _check_tokenizer(tokenizer, vocab: int, src: Path) -> bool:
+def _check_tokenizer(tokenizer, vocab: int, src: Path) -> tuple[bool, bool]:
     """The bundle's tokenizer as the runtime will read it against the checkpoint's (codec_check.py),
-    before the graphs are traced; returns whether its text gets transformers' clean-up (the
-    manifest's ``clean_up_tokenization_spaces``). A piece tokenizer was checked as it was made."""
+    before the graphs are traced; returns whether its text gets transformers' clean-up and whether
+    special tokens' strings in a text are text (the manifest's ``clean_up_tokenization_spaces``
+    and ``split_special_tokens``, which tokenizer.json does not keep). A piece tokenizer was
+    checked as it was made."""
     from ..runtime.tokenizer import TextCodec
 
     if isinstance(tokenizer, PieceTokenizerFiles):
-        return False
+        return False, False
     clean_up = cleans_up_spaces(tokenizer)
-    codec = TextCodec(src / TOKENIZER_FILE, tokenizer.backend_tokenizer.to_str().encode("utf-8"), clean_up=clean_up)
+    split_special = bool(getattr(tokenizer, "split_special_tokens", False))
+    codec = TextCodec(src / TOKENIZER_FILE, tokenizer.backend_tokenizer.to_str().encode("utf-8"), clean_up=clean_up,
+                      split_special=split_special)
     check_codec(tokenizer, codec, list(tokenizer.get_vocab()), vocab, str(src))
-    return clean_up
+    return clean_up, split_special
 
 
 def _generation_config(src: Path, config):
@@ -396,7 +400,7 @@ def export_bundle(
         if value is not None:
             _token_id(value, field, vocab)
     _check_special_ids(tokenizer, decoding_ids)
-    clean_up = _check_tokenizer(tokenizer, vocab, src)
+    clean_up, split_special = _check_tokenizer(tokenizer, vocab, src)
     limit = family.position_limit(config)
     max_source = max_source_len or limit or DEFAULT_MAX_LEN
     max_target = max_target_len or limit or DEFAULT_MAX_LEN
@@ -476,6 +480,7 @@ def export_bundle(
             cross_key_layout=cross_key_layout,
             segmentation=tokenizer.segmentation if isinstance(tokenizer, PieceTokenizerFiles) else None,
             clean_up_tokenization_spaces=True if clean_up else None,
+            split_special_tokens=True if split_special else None,
             max_source_len=int(max_source),
             max_target_len=int(max_target),
             top_k=top_k,

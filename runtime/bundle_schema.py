@@ -341,11 +341,13 @@ FIELDS: dict[str, Rule] = {
     "cross_key_layout": optional(one_of(CROSS_KEY_LAYOUTS)),
     "segmentation": optional(one_of(SEGMENTATIONS)),
     "clean_up_tokenization_spaces": optional(boolean),
+    "split_special_tokens": optional(boolean),
 }
 # fields with a dataclass default: an older manifest may leave them out
 OPTIONAL_FIELDS = frozenset({"draft_k", "mask_token_id", "draft_window", "draft_positions", "exporter", "precision",
                              "quantization", "cache_kind", "shortlist", "max_length_factor", "suppression",
-                             "beam_rules", "cross_key_layout", "segmentation", "clean_up_tokenization_spaces"})
+                             "beam_rules", "cross_key_layout", "segmentation", "clean_up_tokenization_spaces",
+                             "split_special_tokens"})
 REQUIRED_GRAPHS = ("encoder", "verifier")
 
 

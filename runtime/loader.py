@@ -121,7 +121,8 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     files = BundleFiles(root, manifest, verify)  # what is read is what was hashed
     pieces = files.read(SENTENCEPIECE_FILE) if manifest.segmentation == SENTENCEPIECE else None
     codec = TextCodec(root / TOKENIZER_FILE, files.read(TOKENIZER_FILE), manifest.segmentation, manifest.vocab_size,
-                      pieces, clean_up=bool(manifest.clean_up_tokenization_spaces))
+                      pieces, clean_up=bool(manifest.clean_up_tokenization_spaces),
+                      split_special=bool(manifest.split_special_tokens))
     codec.encode(["a"])  # a post-processor adds its tokens to every text: an id past the vocabulary fails here
     unused = () if argmax_graph_runs_on(manifest, device) else ("verifier_argmax",)
     graphs = [name for name in ("encoder", *VERIFIER_GRAPHS, chosen, "drafter_source")

@@ -174,6 +174,12 @@ class Manifest:
     # None: not applied (bundles from before the field, Marian models; a "sentencepiece" bundle's
     # own file says so for its decoding)
     clean_up_tokenization_spaces: bool | None = None
+    # whether a special token's string in a text is read as text, not as that token (transformers'
+    # split_special_tokens; the tokenizers library's encode_special_tokens, which tokenizer.json
+    # does not keep): a checkpoint saved so, and a Marian folder's tokenizer.json, whose </s> the
+    # bundle's copy adds as a special token only to end each source and be left out of outputs.
+    # None: read as the token (every bundle before the field)
+    split_special_tokens: bool | None = None
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

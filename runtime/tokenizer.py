@@ -58,7 +58,8 @@ SPLIT_OR_REEXPORT = "(split the text, or re-export with a larger --max-source-le
 
 class TextCodec:
     def __init__(self, path: Path, contents: bytes | None = None, segmentation: str | None = None,
-                 vocab_size: int | None = None, pieces: bytes | None = None, clean_up: bool = False) -> None:
+                 vocab_size: int | None = None, pieces: bytes | None = None, clean_up: bool = False,
+                 split_special: bool = False) -> None:
         """``contents``: the tokenizer file's bytes, as read and hashed (manifest.BundleFiles);
         without them it is read from ``path``. ``segmentation`` (Manifest.segmentation): None
         segments as the tokenizer does; "marian_sentencepiece" as Marian's SentencePiece does
@@ -69,7 +70,8 @@ class TextCodec:
         token is not counted in the tokenizer's own vocabulary size, and can name any id).
         ``clean_up`` (Manifest.clean_up_tokenization_spaces): decoded text gets transformers'
         clean-up of spaces before punctuation (detokenization.py); a "sentencepiece" bundle's
-        own file says so for its decoding instead."""
+        own file says so for its decoding instead. ``split_special`` (Manifest.split_special_tokens):
+        a special token's string in a text is text, segmented as any other."""
         self._vocab_limit = vocab_size
         self._clean_up = clean_up
         self._path = str(path)
@@ -90,6 +92,7 @@ class TextCodec:
                                   "take all memory; re-export the bundle with its model's own tokenizer.")
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
+        self._tokenizer.encode_special_tokens = bool(split_special)
         unk = self._tokenizer.token_to_id("<unk>")
         self._unk_id: int | None = unk
         # The word-start marker of SentencePiece-style tokenizers, where the decoder turns it into

