@@ -9,6 +9,8 @@ from aggdec.runtime.options import MODES
 
 from .arguments import add_gpu_arguments, finite_non_negative, gpu_options, port, positive_float, positive_int
 
+DEFAULT_MAX_TEXTS = 64  # --max-texts when not given and --max-queue is not lower
+
 
 def register(commands) -> argparse.ArgumentParser:
     """The `serve` subcommand, its arguments and what runs it."""
@@ -42,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="texts that may wait for a slot; past it requests get 429 (256)")
     parser.add_argument("--timeout-s", type=positive_float, default=30.0,
                         help="a request's deadline; past it 504 and its work is dropped (30)")
-    parser.add_argument("--max-texts", type=positive_int, default=64, help="texts per request; more: 413 (64)")
+    parser.add_argument("--max-texts", type=positive_int, default=None,
+                        help="texts per request; more: 413; at most --max-queue (64, or --max-queue if lower)")
     parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
                         help="request body size; larger: 413 (1048576)")
     parser.add_argument("--drain-s", type=finite_non_negative,
@@ -60,6 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise InputError(f"--max-replicas {args.max_replicas} is below --replicas {args.replicas}.")
+    # A request of more texts than the queue holds could never be queued, even on an idle server
+    # (a 429 would have its client retry forever): refused here, before the bundle loads, for
+    # `--ray` too. Not given, --max-texts follows a lower --max-queue, so that `--max-queue 8`
+    # alone still starts a server (the engine answers 413 where it is built otherwise).
+    max_texts = min(DEFAULT_MAX_TEXTS, args.max_queue) if args.max_texts is None else args.max_texts
+    if max_texts > args.max_queue:
+        raise InputError(f"--max-texts {max_texts} is above --max-queue {args.max_queue}: a request of more texts "
+                         f"than the queue holds could never be admitted; give --max-texts {args.max_queue} or less, "
+                         "or a larger --max-queue.")
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -71,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from aggdec.serve.app import Settings
 
     settings = Settings(mode=args.mode, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                        max_queue=args.max_queue, timeout_s=args.timeout_s, max_texts=args.max_texts,
+                        max_queue=args.max_queue, timeout_s=args.timeout_s, max_texts=max_texts,
                         max_body_bytes=args.max_body_bytes)
     if args.ray:
         try:

@@ -7,7 +7,8 @@ tokenized in a worker thread: a long one would hold every other request).
 Failure behaviour, in the order a request meets it:
 
 - draining (SIGTERM) or not warm yet: 503 with ``Retry-After``;
-- a body over ``max_body_bytes``: 413, before it is parsed; more than ``max_texts`` texts: 413;
+- a body over ``max_body_bytes``: 413, before it is parsed; more than ``max_texts`` texts, or
+  more texts to decode than ``max_queue`` (no retry could admit them): 413;
 - a body that is not UTF-8 JSON sent as ``application/json``, a wrong type, a number that is
   not finite or that no float holds, an unknown field, an option the bundle cannot honour: 422;
 - a path the API does not serve: 404; a method a path does not take: 405 with ``Allow``;
@@ -44,7 +45,7 @@ from aggdec.runtime.errors import AggdecError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.options import Mode
 
-from .engine import Engine, EngineHooks, Overloaded, Warmup, warm_up
+from .engine import Engine, EngineHooks, Overloaded, TooManyTexts, Warmup, warm_up
 from .metrics import Metrics
 
 GENERATE_PATH = "/v1/generate"
@@ -62,7 +63,7 @@ class Settings:
     max_wait_ms: float = 0.0
     max_queue: int = 256  # texts waiting for a slot, over every mode; past it: 429
     timeout_s: float = 30.0  # a request's deadline; past it: 504 and its rows are dropped
-    max_texts: int = 64  # texts per request; more: 413
+    max_texts: int = 64  # texts per request; more: 413 (`aggdec serve` refuses one above max_queue)
     max_body_bytes: int = 1 << 20  # request body; larger: 413
     warmup_text: str = "warm up"
     warm_at_startup: bool = False  # True: the app's startup waits for the warm-up (Ray replicas)
@@ -391,7 +392,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
         # answered in the API's shape; the exception is still logged by the server
         return _error(500, "internal", f"{type(exc).__name__}: {exc}", metrics)
 
-    error_responses = {413: {"model": ErrorResponse, "description": "body or text count over the limit"},
+    error_responses = {413: {"model": ErrorResponse, "description": "body or text count over the limit "
+                                                                     "(max_texts, or more texts than max_queue)"},
                        422: {"model": ErrorResponse, "description": "malformed JSON, wrong types, bad options"},
                        429: {"model": ErrorResponse, "description": "queue full; see Retry-After"},
                        503: {"model": ErrorResponse, "description": "draining or not warm yet; see Retry-After"},
@@ -414,6 +416,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
             handles = engine.submit(body.texts, config, body.max_new_tokens, prepared=prepared)
         except Overloaded as exc:
             return _error(429, "overloaded", str(exc), metrics, headers={"Retry-After": str(exc.retry_after)})
+        except TooManyTexts as exc:
+            return _error(413, "too_large", str(exc), metrics)
         except AggdecError as exc:
             return _error(422, "invalid", str(exc), metrics)
         futures = [handle.future for handle in handles if handle.future is not None]

@@ -42,6 +42,11 @@ class Overloaded(AggdecError, RuntimeError):
         self.retry_after = retry_after
 
 
+class TooManyTexts(InputError):
+    """A request has more texts than the queue holds at all (HTTP 413): no retry can admit it, so
+    it is not :class:`Overloaded`, whose 429 and Retry-After would have a client retry forever."""
+
+
 @dataclass
 class _Pending:
     future: asyncio.Future
@@ -167,7 +172,8 @@ class Engine:
 
     ``max_batch``: rows per verifier call. ``max_wait``: seconds an idle lane waits to gather a
     batch after the first text. ``max_queue``: rows that may wait for a slot, over every lane;
-    past it :meth:`submit` raises :class:`Overloaded`.
+    past it :meth:`submit` raises :class:`Overloaded`, and a request of more texts than that
+    :class:`TooManyTexts`.
     """
 
     def __init__(self, generator: Generator, mode: Mode | str = Mode.IAD, max_batch: int = 32,
@@ -253,7 +259,8 @@ class Engine:
         """Queue ``items`` (each a text) on ``config``'s lane. Returns a handle per item: a future
         that resolves to its GenerationResult, or the item's InputError (empty, too long, not a
         string). Raises :class:`Overloaded` when the queue has no room for the request's texts
-        (nothing is queued then), InputError for a bad ``max_new_tokens``. ``prepared``: what
+        now, :class:`TooManyTexts` when it never can (more texts than ``max_queue``; nothing is
+        queued either way), InputError for a bad ``max_new_tokens``. ``prepared``: what
         :meth:`prepare` gave for ``items``, if it has run already."""
         loop = loop or asyncio.get_running_loop()
         limits = self.limits(max_new_tokens)
@@ -267,13 +274,22 @@ class Engine:
             handle = Handle()
             handles.append(handle)
             accepted.append((handle, text, ids))
+        # counted in the texts that would be queued (items refused above take no place): more than
+        # the whole queue is refused even on an idle server, where "retry later" would never come
+        # true. `aggdec serve` refuses --max-texts above --max-queue at startup; an app built in
+        # Python (create_app, Ray's application) may still be given such settings
+        if len(accepted) > self.max_queue:
+            raise TooManyTexts(f"this request has {len(accepted)} texts to decode, more than the server's queue "
+                               f"holds at once ({self.max_queue}); send at most {self.max_queue} a request.")
         with self._lock:
             if self._closed:
                 raise Overloaded("the server is shutting down.", retry_after=1)
             queued = self.queued
             if accepted and queued + len(accepted) > self.max_queue:
-                raise Overloaded(f"the queue is full ({queued} texts wait, at most {self.max_queue}); "
-                                 "retry later.", retry_after=self.retry_after())
+                room = max(0, self.max_queue - queued)
+                raise Overloaded(f"the queue is full: {queued} texts wait, room for {room} more of at most "
+                                 f"{self.max_queue}; this request has {len(accepted)}. Retry later.",
+                                 retry_after=self.retry_after())
             lane = self._lane(config) if accepted else None
             for handle, text, ids in accepted:
                 handle.lane, handle.index = lane, next(self._indexes)

@@ -12,6 +12,10 @@ Verdicts per response: *ok* (200, every output equals greedy's ids), *wrong* (20
 that differs, or an item error), *lost* (no HTTP response: connection error or client timeout,
 or a 500). Other statuses (413, 422, 429, 503, 504) are counted by status. The run fails (exit
 status 1) on any wrong or lost response.
+
+Everything given on the command line (the bundle, the data, the report's directory) is checked
+before the server is contacted: a run takes minutes, and a report directory found unwritable
+only at its end lost them.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import asyncio
 import ipaddress
 import json
 import math
+import os
 import platform
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,6 +299,36 @@ def _plot(report: dict, path: Path) -> bool:
     return True
 
 
+def report_dir(path: str) -> Path:
+    """``path``, made if missing and written to once: a directory that cannot be made or written
+    is an InputError now, before the run, not an OSError traceback after it."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # a file made and removed: mkdir succeeds on a directory it cannot write (read-only
+        # file systems, permissions), and /proc or /sys refuse files in their own ways
+        handle, probe = tempfile.mkstemp(prefix=".aggdec-loadtest-", dir=out)
+        os.close(handle)
+        os.unlink(probe)
+    except FileExistsError:  # mkdir's answer for a path that is there and is no directory (/dev/full)
+        raise InputError(f"cannot write the report to --out {path!r}: it is not a directory.") from None
+    except OSError as exc:
+        raise InputError(f"cannot write the report to --out {path!r}: {exc.strerror or exc}.") from None
+    return out
+
+
+def write_report(report: dict, out: Path) -> None:
+    """loadtest.json, loadtest.md and loadtest.png in ``out``; an OSError (the disk filled, the
+    directory went away during the run) is one InputError naming the directory."""
+    try:
+        (out / "loadtest.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out / "loadtest.md").write_text(_markdown(report), encoding="utf-8")
+        _plot(report, out / "loadtest.png")
+    except OSError as exc:
+        raise InputError(f"cannot write the report to {str(out)!r}: {exc.strerror or exc} (its table went to "
+                         "stdout).") from None
+
+
 def run_from_args(args) -> int:
     from aggdec.sentences import load_examples
     from aggdec.runtime.generator import Generator
@@ -301,10 +337,14 @@ def run_from_args(args) -> int:
         raise InputError(f"mode {args.mode!r}: the load test checks every output against greedy, so it runs "
                          f"{', '.join(LOSSLESS)} only.")
     url = check_loopback(args.url)
+    # what the command line names is checked before the server is asked anything: with no server
+    # up, a missing bundle was reported as "no server answers"
+    generator = Generator(args.bundle, threads=args.threads)
+    examples = load_examples(args.data, limit=args.limit)
+    out = report_dir(args.out)
     ready_status, ready_body = _get(f"{url}/readyz")
     if ready_status != 200:
         raise InputError(f"{url}/readyz answered {ready_status}: {ready_body[:200]}")
-    generator = Generator(args.bundle, threads=args.threads)
     import hashlib
 
     sha = hashlib.sha256((generator.root / "manifest.json").read_bytes()).hexdigest()
@@ -315,7 +355,6 @@ def run_from_args(args) -> int:
     if served and served != sha:
         raise InputError(f"the server runs another bundle (manifest sha256 {served[:12]}...) than {args.bundle!r} "
                          f"({sha[:12]}...); the greedy reference would not apply.")
-    examples = load_examples(args.data, limit=args.limit)
     texts = [e.source for e in examples if generator.check(e.source) is None]
     skipped = len(examples) - len(texts)
     print(f"aggdec: loadtest: greedy reference for {len(texts)} sentences ({skipped} refused by the bundle)",
@@ -361,11 +400,7 @@ def run_from_args(args) -> int:
               "passed": wrong == 0 and lost == 0,
               "command": "aggdec loadtest " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["loadtest"] else "",
               "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
-                          "cpus": __import__("os").cpu_count()}}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "loadtest.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "loadtest.md").write_text(_markdown(report), encoding="utf-8")
-    _plot(report, out / "loadtest.png")
-    print(_markdown(report))
+                          "cpus": os.cpu_count()}}
+    print(_markdown(report), flush=True)  # first: if the files below cannot be written, the table is not lost
+    write_report(report, out)
     return 0 if report["passed"] else 1

@@ -86,7 +86,7 @@ def application(bundle: str | Path, *, device: str = "cpu", threads: int | None 
 
 def app_builder(args: dict[str, str]):
     """For ``serve run aggdec.serve.ray:app_builder bundle=DIR [replicas=N] [max_replicas=M]
-    [device=cpu] [threads=N] [mode=iad] [max_batch=32] [max_queue=256] [timeout_s=30]
+    [device=cpu] [threads=N] [mode=iad] [max_batch=32] [max_queue=256] [max_texts=64] [timeout_s=30]
     [static_shapes=true|false] [tf32=true|false]``."""
     known = {"bundle", "replicas", "max_replicas", "device", "threads", "mode", "max_batch", "max_wait_ms",
              "max_queue", "timeout_s", "max_texts", "max_body_bytes", "num_cpus", "num_gpus", "static_shapes",
@@ -95,9 +95,17 @@ def app_builder(args: dict[str, str]):
     if unknown or "bundle" not in args:
         raise ValueError(f"app_builder takes bundle=DIR and any of {sorted(known - {'bundle'})}; "
                          f"got {sorted(args)}")
+    max_queue = int(args.get("max_queue", 256))
+    # as `aggdec serve` has them: not given, max_texts follows a lower max_queue; given above it,
+    # refused (such a request could never be queued, and its 429 would be retried forever)
+    max_texts = int(args["max_texts"]) if "max_texts" in args else min(64, max_queue)
+    if max_texts > max_queue:
+        raise ValueError(f"app_builder's max_texts {max_texts} is above max_queue {max_queue}: a request of more "
+                         f"texts than the queue holds could never be admitted; give max_texts {max_queue} or less, "
+                         "or a larger max_queue")
     settings = Settings(mode=args.get("mode", "iad"), max_batch=int(args.get("max_batch", 32)),
-                        max_wait_ms=float(args.get("max_wait_ms", 0)), max_queue=int(args.get("max_queue", 256)),
-                        timeout_s=float(args.get("timeout_s", 30)), max_texts=int(args.get("max_texts", 64)),
+                        max_wait_ms=float(args.get("max_wait_ms", 0)), max_queue=max_queue,
+                        timeout_s=float(args.get("timeout_s", 30)), max_texts=max_texts,
                         max_body_bytes=int(args.get("max_body_bytes", 1 << 20)))
     return application(args["bundle"], device=args.get("device", "cpu"),
                        threads=int(args["threads"]) if "threads" in args else None, settings=settings,

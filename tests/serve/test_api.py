@@ -205,17 +205,80 @@ def test_metrics_parse_and_count_what_happened(server):
         assert f"aggdec_errors_total{{kind={kind}}}" in after
 
 
-def test_a_full_queue_gives_429_with_retry_after_and_queues_nothing(generator):
-    with Running(generator, max_batch=2, max_queue=3) as running:
-        response = running.generate(["w1", "w2", "w3", "w4"], max_new_tokens=MAX_NEW)  # 4 > room for 3
-        assert response.status_code == 429, response.text
-        assert response.json()["error"]["kind"] == "overloaded"
-        assert int(response.headers["Retry-After"]) >= 1
-        assert running.state.engine.active == 0 and running.state.engine.queued == 0
-        # and it recovers: a request that fits is served
-        ok = running.generate(["w1", "w2", "w3"], max_new_tokens=MAX_NEW)
+def test_a_full_queue_gives_429_saying_what_room_is_left_and_queues_nothing(generator):
+    """A request that does not fit the room left gets 429 with Retry-After, and the message says
+    how many texts wait, the room left and the request's own count (it said "the queue is full
+    (0 texts wait, at most 10)" even when the queue was empty). The decode loop is held in its
+    first verifier call, by the engine's own per-call hook, so that the queue stays full for as
+    long as the test needs it (no timing decides the outcome)."""
+    texts = ["w1 w2", "w3", "w4 w5", "w6"]
+    entered, release = threading.Event(), threading.Event()
+    with Running(generator, max_batch=1, max_queue=4) as running:
+        engine = running.state.engine
+        observe = engine.hooks.on_call
+
+        def held(rows: int) -> None:
+            observe(rows)
+            entered.set()
+            release.wait(120)
+
+        # a lane takes the hook when it is made: the greedy lane, made by the first request below
+        # (the warm-up made the default mode's, which keeps the metrics hook)
+        engine.hooks.on_call = held
+        answers: list[httpx.Response] = []
+
+        def filling_client() -> None:
+            with httpx.Client(base_url=running.url, timeout=120) as own:
+                answers.append(own.post("/v1/generate", json={"texts": texts, "mode": "greedy",
+                                                               "max_new_tokens": MAX_NEW}))
+
+        thread = threading.Thread(target=filling_client)
+        thread.start()
+        try:
+            assert entered.wait(120)
+            give_up = time.monotonic() + 60  # a bound on a hang, not a performance check
+            while engine.queued != 3 and time.monotonic() < give_up:  # one row in the held call, three wait
+                time.sleep(0.005)
+            assert engine.queued == 3
+            for mode in ("greedy", "iad"):  # the queue is shared by every mode
+                response = running.generate(["w7", "w8"], mode=mode, max_new_tokens=MAX_NEW)
+                assert response.status_code == 429, response.text
+                assert response.json()["error"] == {
+                    "kind": "overloaded", "message": "the queue is full: 3 texts wait, room for 1 more of at most 4; "
+                                                     "this request has 2. Retry later."}
+                assert int(response.headers["Retry-After"]) >= 1
+                assert engine.queued == 3 and engine.active == 4  # nothing of it was queued
+        finally:
+            release.set()
+            thread.join(120)
+        assert answers[0].status_code == 200
+        assert [item["ids"] for item in answers[0].json()["outputs"]] == greedy(generator, texts)
+        # and it recovers: the same request is served once there is room
+        ok = running.generate(["w7", "w8"], mode="greedy", max_new_tokens=MAX_NEW)
         assert ok.status_code == 200
-        assert [item["ids"] for item in ok.json()["outputs"]] == greedy(generator, ["w1", "w2", "w3"])
+        assert [item["ids"] for item in ok.json()["outputs"]] == greedy(generator, ["w7", "w8"])
+
+
+def test_more_texts_than_the_queue_holds_is_413_not_a_429_to_retry_forever(generator):
+    """An app whose max_texts is above max_queue (`aggdec serve` refuses one; create_app and Ray's
+    application take any Settings): a request of more texts than the whole queue holds can never
+    be queued, so it is 413 naming the limit, without Retry-After, even on an idle server (it was
+    429 "retry later" for ever). Items refused on their own take no place in the queue."""
+    with Running(generator, max_batch=2, max_queue=3, max_texts=16) as running:
+        for _ in range(2):  # the same answer every time: nothing was queued
+            response = running.generate(["w1", "w2", "w3", "w4"], max_new_tokens=MAX_NEW)
+            assert response.status_code == 413, response.text
+            assert response.json()["error"] == {
+                "kind": "too_large", "message": "this request has 4 texts to decode, more than the server's queue "
+                                                "holds at once (3); send at most 3 a request."}
+            assert "Retry-After" not in response.headers
+            assert running.state.engine.active == 0 and running.state.engine.queued == 0
+        assert metrics(running)["aggdec_errors_total{kind=too_large}"] == 2
+        mixed = running.generate(["w1", "", "w2", "   ", "w3"], max_new_tokens=MAX_NEW)  # 3 texts to decode
+        assert mixed.status_code == 200, mixed.text
+        outputs = mixed.json()["outputs"]
+        assert [outputs[i]["ids"] for i in (0, 2, 4)] == greedy(generator, ["w1", "w2", "w3"])
+        assert outputs[1]["error"]["kind"] == outputs[3]["error"]["kind"] == "input"
 
 
 def test_past_the_deadline_504_and_the_rows_are_dropped(generator):

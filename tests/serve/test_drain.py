@@ -1,5 +1,6 @@
 """`aggdec serve` as a process: SIGTERM drains (requests in flight finish with their outputs,
-new ones get 503, then exit 0); a missing bundle is one error line."""
+new ones get 503, then exit 0); a missing bundle, or limits no request could meet, are one error
+line."""
 
 from __future__ import annotations
 
@@ -146,3 +147,41 @@ def test_serve_refuses_gpu_options_it_cannot_honour_before_listening(bundle, arg
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert needle in result.stderr and "serving" not in result.stdout
+
+
+@pytest.mark.parametrize("ray", [False, True], ids=["uvicorn", "ray"])
+def test_serve_refuses_max_texts_above_max_queue_before_loading_anything(tmp_path, ray):
+    """A request of more texts than the queue holds could never be queued: its 429 told the client
+    to retry for ever, even on an idle server. Refused at startup with one line naming both, `--ray`
+    too, before the bundle is loaded (a missing one here: its own error would come first) or Ray
+    is started."""
+    result = subprocess.run([sys.executable, "-m", "aggdec", "serve", str(tmp_path / "nope"), "--port", "0",
+                             "--max-queue", "10", "--max-texts", "12", *(["--ray"] if ray else [])],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("aggdec: error: --max-texts 12 is above --max-queue 10: a request of more texts than "
+                             "the queue holds could never be admitted; give --max-texts 10 or less, or a larger "
+                             "--max-queue.\n")
+    assert "serving" not in result.stdout
+
+
+def test_a_max_queue_below_the_default_max_texts_lowers_it(bundle):
+    """`--max-queue 3` alone (the default --max-texts is 64): the server starts, and a request of
+    4 texts is 413 naming the limit of 3, not a 429 to retry for ever."""
+    root = bundle("marian")
+    process, url = start(str(root), "--max-queue", "3", "--threads", "1", "--mode", "greedy")
+    try:
+        http = httpx.Client(base_url=url, timeout=120)
+        wait_for(lambda: _ready(http), "ready")
+        refused = http.post("/v1/generate", json={"texts": TEXTS[:4]})
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["error"] == {"kind": "too_large", "message": "4 texts in one request; at most 3."}
+        answer = http.post("/v1/generate", json={"texts": TEXTS[:3]})
+        assert answer.status_code == 200, answer.text
+        want = [list(r.ids) for r in Generator(root, threads=1).generate(TEXTS[:3], mode="greedy")]
+        assert [item["ids"] for item in answer.json()["outputs"]] == want
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()

@@ -1,10 +1,13 @@
 """`aggdec loadtest` against a real server: a clean run passes, a wrong answer fails it,
-traffic to anything but loopback is refused."""
+traffic to anything but loopback is refused, and what the command line names (bundle, data,
+report directory) is checked before the server is asked anything."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 
 import pytest
 
@@ -14,7 +17,7 @@ pytest.importorskip("fastapi")
 from aggdec.cli import main  # noqa: E402
 from aggdec.runtime.generator import Generator  # noqa: E402
 from aggdec.runtime.errors import InputError  # noqa: E402
-from aggdec.serve.loadtest import check_loopback, run_step  # noqa: E402
+from aggdec.serve.loadtest import check_loopback, run_step, write_report  # noqa: E402
 from tests.serve.running import Running  # noqa: E402
 
 TEXTS = [f"w{i % 9 + 1} w{(i * 7) % 9 + 1} w{(i * 5) % 9 + 1}" + " w3" * (i % 3) for i in range(12)]
@@ -61,6 +64,10 @@ def test_a_clean_run_passes_and_writes_its_report(setup, tmp_path):
     assert 1 <= offline["batch1_p50_calls"] <= offline["batch1_p99_calls"]
     assert "| clients |" in (out / "loadtest.md").read_text()
     assert (out / "loadtest.png").stat().st_size > 0
+    # the same report where it cannot be written any more (the directory turned into a file during
+    # the run): one error naming it, not an OSError traceback
+    with pytest.raises(InputError, match=r"cannot write the report to .*loadtest.md': Not a directory"):
+        write_report(report, out / "loadtest.md")
 
 
 def test_a_wrong_answer_is_counted(setup):
@@ -104,3 +111,54 @@ def test_a_dropped_connection_or_a_body_that_is_not_the_answer_is_lost(reply):
     step = asyncio.run(scenario())
     assert step.requests == 6 and step.lost == 6 and step.ok == 0 and step.wrong == 0
     assert sum(step.statuses.values()) == 6
+
+
+def _one_error(capsys, argv: list[str], needle: str) -> None:
+    """`aggdec ARGV` in this process: exit 2 and one `aggdec: error:` line that says ``needle``."""
+    code = main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("aggdec: error:"), lines
+    assert needle in lines[0], lines[0]
+
+
+def _generate_requests(running) -> float:
+    return sum(sample.value for family in running.state.metrics.registry.collect() for sample in family.samples
+               if sample.name == "aggdec_request_duration_seconds_count")
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("/proc/aggdec-loadtest", "No such file or directory"),  # /proc takes no new directory
+    ("/dev/full", "it is not a directory"),
+    ("FILE/report", "Not a directory"),  # under a regular file
+])
+def test_a_report_directory_that_cannot_be_written_is_refused_before_any_request(setup, tmp_path, capsys, where,
+                                                                                 needle):
+    """It was made only after every step had run (minutes with the defaults), and then failed
+    with an OSError traceback: the whole run and its results lost."""
+    root, _, data, running = setup
+    if where.startswith("/") and not os.path.exists(where if where == "/dev/full" else "/proc/self"):
+        pytest.skip(f"no {where} here")  # else it would be made: a directory where none belongs
+    (tmp_path / "FILE").write_text("a file\n")
+    out = where.replace("FILE", str(tmp_path / "FILE"))
+    before = _generate_requests(running)
+    _one_error(capsys, ["loadtest", running.url, "--bundle", str(root), "--data", str(data), "--concurrency", "1",
+                        "--duration", "1", "--max-requests", "2", "--offline-batch", "0", "--out", out],
+               f"cannot write the report to --out {out!r}: {needle}")
+    assert _generate_requests(running) == before  # no step ran
+
+
+def test_with_no_server_up_a_bad_bundle_data_or_out_is_named_not_the_server(setup, tmp_path, capsys):
+    """The command line's own arguments are checked before the server is asked for /readyz: with
+    no server up, a missing bundle was reported as "no server answers"."""
+    root, _, data, _ = setup
+    with socket.socket() as held:  # a port bound and not listening: a connection to it is refused
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}"
+        good = ["--data", str(data), "--out", str(tmp_path / "out")]
+        _one_error(capsys, ["loadtest", url, "--bundle", str(tmp_path / "nope"), *good],
+                   f"bundle directory {str(tmp_path / 'nope')!r} does not exist")
+        _one_error(capsys, ["loadtest", url, "--bundle", str(root), "--data", str(tmp_path / "none.txt"),
+                            "--out", str(tmp_path / "out")], "data file")
+        _one_error(capsys, ["loadtest", url, "--bundle", str(root), "--data", str(data), "--out", "/dev/full"],
+                   "cannot write the report to --out '/dev/full'")
+        _one_error(capsys, ["loadtest", url, "--bundle", str(root), *good], f"no server answers at {url}/readyz")

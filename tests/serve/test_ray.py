@@ -44,7 +44,10 @@ def test_the_ray_serve_deployment_answers_like_aggdec_serve(bundle, tmp_path):
             items = http.post("/v1/generate", json={"texts": ["w1 w2 w3", ""], "max_new_tokens": 8}).json()["outputs"]
             assert items[0]["ids"] == want[0] and items[1]["error"]["kind"] == "input"
             assert http.post("/v1/generate", json={"texts": "w1"}).status_code == 422
-            assert http.post("/v1/generate", json={"texts": ["w1"] * 9}).status_code == 429  # > max_queue 8
+            # more texts than the queue holds (application() takes max_texts 16 above max_queue 8): the
+            # engine's 413, not a 429 that a client would retry for ever
+            too_many = http.post("/v1/generate", json={"texts": ["w1"] * 9})
+            assert too_many.status_code == 413 and "holds at once (8)" in too_many.json()["error"]["message"]
             assert "aggdec_texts_total" in http.get("/metrics").text
     finally:
         serve.shutdown()
@@ -59,3 +62,6 @@ def test_app_builder_checks_its_arguments():
         app_builder({"bundle": "b", "colour": "red"})
     with pytest.raises(ValueError, match="static_shapes takes true or false, got 'yes'"):
         app_builder({"bundle": "b", "static_shapes": "yes"})
+    # as `aggdec serve` refuses it: a request of more texts than the queue holds is never admitted
+    with pytest.raises(ValueError, match="max_texts 12 is above max_queue 10"):
+        app_builder({"bundle": "b", "max_queue": "10", "max_texts": "12"})
