@@ -168,6 +168,23 @@ def test_peers_need_the_checkpoint(reference_bundle, tmp_path):
     assert any("hf-greedy skipped: peers need the model the bundle was exported from" in note for note in notes)
 
 
+@pytest.mark.parametrize("out", ["/dev/full", "FILE/under"])
+def test_an_out_that_cannot_be_written_is_one_error_before_any_run(reference_bundle, tmp_path, out):
+    """Checked before any system loads or decodes (aggdec/report_dir.py): it was an OSError
+    traceback from mkdir."""
+    if out == "/dev/full" and not Path(out).exists():
+        pytest.skip("no /dev/full here")
+    (tmp_path / "FILE").write_text("a file\n")
+    out = out.replace("FILE", str(tmp_path / "FILE"))
+    data = tmp_path / "data.txt"
+    data.write_text("Це речення .\n", encoding="utf-8")
+    result = aggdec("bench", str(reference_bundle), "--data", str(data), "--systems", "aggdec-greedy",
+                    "--out", out, "--work", str(tmp_path / "work"), "--no-progress")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line, no traceback
+    assert f"cannot write to --out {out!r}" in result.stderr
+
+
 def test_a_checkpoint_without_a_bundle_is_exported_with_its_drafter_and_reused(trained_drafter_dir, editing_marian_dir,
                                                                               tmp_path):
     """--checkpoint alone: aggdec runs that checkpoint (not the reference model), with the drafter

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aggdec.bench.bundles import exported_bundle
 from aggdec.bench.systems import BY_NAME, SYSTEMS, with_references
+from aggdec.report_dir import report_dir
 from aggdec.runtime.errors import InputError
 from aggdec.sentences import UAGEC_TEST
 
@@ -164,8 +165,7 @@ def run_bench(options: BenchOptions) -> int:
     devices = _usable_devices(options.devices, notes)
     if not devices:
         raise InputError("no usable device: " + "; ".join(notes))
-    out = options.out
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_dir(options.out)
     plan = RunPlan(bundle=bundle.resolve(), checkpoint=checkpoint.resolve() if checkpoint else None,
                    examples=examples, systems=systems, devices=devices, batch_sizes=batch_sizes,
                    threads=options.threads, tf32=options.tf32, work=work, logs=out.resolve() / "logs", max_new_tokens=max_new_tokens,

@@ -29,12 +29,12 @@ import platform
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from aggdec.report_dir import report_dir
 from aggdec.runtime.errors import InputError
 from aggdec.runtime.options import Mode
 
@@ -297,24 +297,6 @@ def _plot(report: dict, path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
-
-
-def report_dir(path: str) -> Path:
-    """``path``, made if missing and written to once: a directory that cannot be made or written
-    is an InputError now, before the run, not an OSError traceback after it."""
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        # a file made and removed: mkdir succeeds on a directory it cannot write (read-only
-        # file systems, permissions), and /proc or /sys refuse files in their own ways
-        handle, probe = tempfile.mkstemp(prefix=".aggdec-loadtest-", dir=out)
-        os.close(handle)
-        os.unlink(probe)
-    except FileExistsError:  # mkdir's answer for a path that is there and is no directory (/dev/full)
-        raise InputError(f"cannot write the report to --out {path!r}: it is not a directory.") from None
-    except OSError as exc:
-        raise InputError(f"cannot write the report to --out {path!r}: {exc.strerror or exc}.") from None
-    return out
 
 
 def write_report(report: dict, out: Path) -> None:

@@ -146,7 +146,7 @@ def test_a_report_directory_that_cannot_be_written_is_refused_before_any_request
     before = _generate_requests(running)
     _one_error(capsys, ["loadtest", running.url, "--bundle", str(root), "--data", str(data), "--concurrency", "1",
                         "--duration", "1", "--max-requests", "2", "--offline-batch", "0", "--out", out],
-               f"cannot write the report to --out {out!r}: {needle}")
+               f"cannot write to --out {out!r}: {needle}")
     assert _generate_requests(running) == before  # no step ran
 
 
@@ -163,5 +163,5 @@ def test_with_no_server_up_a_bad_bundle_data_or_out_is_named_not_the_server(setu
         _one_error(capsys, ["loadtest", url, "--bundle", str(root), "--data", str(tmp_path / "none.txt"),
                             "--out", str(tmp_path / "out")], "data file")
         _one_error(capsys, ["loadtest", url, "--bundle", str(root), "--data", str(data), "--out", "/dev/full"],
-                   "cannot write the report to --out '/dev/full'")
+                   "cannot write to --out '/dev/full'")
         _one_error(capsys, ["loadtest", url, "--bundle", str(root), *good], f"no server answers at {url}/readyz")
