@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from .decoding.arrivals import Arrivals
+from .decoding.cache import check_rows
 from .decoding.common import DecodeLimits
 from .decoding.loop import DraftSource, Finished
-from .decoding.sizing import positive_integer
 from .errors import InputError
 from .generator import GenerationResult, Generator
 from .options import DecodeOptions, Mode
+from .values import positive_integer
 
 
 class RowDecoder:
@@ -49,9 +50,20 @@ class RowDecoder:
         if strategy.rows_per_text > batch_size:
             raise InputError(f"num_beams {strategy.rows_per_text} takes more rows than the {batch_size} of this "
                              "decode loop; lower num_beams or raise the batch size.")
+        # an open queue: the batch is made for all batch_size rows when the first source comes
+        check_rows(batch_size, generator._row_bytes(strategy), "batch_size", batch_size)
         if on_call is not None:
             strategy = strategy._replace(drafts=_Counted(strategy.drafts, on_call))
         return generator._decode(work, generator._limits(None), strategy, batch_size, linger)
+
+    def check_batch_size(self, batch_size: int, name: str = "batch_size") -> int:
+        """``batch_size`` (rows, as :meth:`rows` takes it) as an int, or InputError naming ``name``:
+        not a positive integer, or more rows than this machine's memory holds the buffers of for
+        the costliest mode the bundle decodes (``decoding/cache.check_rows``). What :meth:`rows`
+        would refuse at a loop's first request, for a server to refuse before it listens."""
+        batch_size = positive_integer(name, batch_size)
+        check_rows(batch_size, self.generator._row_bytes(), name, batch_size)
+        return batch_size
 
     def result(self, done: Finished, source: str | None = None) -> GenerationResult:
         """A finished row as a GenerationResult (``source``: its text, to restore <unk>); its

@@ -23,6 +23,11 @@ class InputError(AggdecError, ValueError):
     """A request cannot be decoded as given (empty text, source too long, bad option)."""
 
 
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong type (a number where a path goes, a string where a flag does):
+    an InputError, and the TypeError Python raises for such an argument."""
+
+
 class EmptyTextError(InputError):
     """A text with nothing to decode (empty, or spaces only). An InputError like any other in the
     API and over HTTP; ``aggdec generate`` answers such a line with an empty line and no message,

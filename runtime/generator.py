@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from . import values
 from .decoding.arrivals import Arrivals, Closed, Work
 from .decoding.beam import BeamRules
+from .decoding.cache import check_rows
 from .decoding.common import GREEDY, DecodeLimits, Verification
 from .decoding.gad import DrafterDraft, HypothesisDrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.fixed_calls import FixedCalls
-from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff, is_integer, positive_integer
+from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff
 from .decoding.verifier import SLACK, Verifier
 from .errors import EmptyTextError, InputError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
@@ -32,6 +34,7 @@ from .loader import PRECISION_DEVICES, PRECISION_LIMITS, OpenedBundle, check_pre
 from .options import DRAFTING_MODES, GAD_PLUS_BETA, GAD_PLUS_TAU, MODES, DecodeOptions, Mode, OptionLimits
 from .tokenizer import SPLIT_OR_REEXPORT
 from .tuning import Tuning, tuning_for
+from .values import is_integer, positive_integer
 
 __all__ = ["DecodeOptions", "DecodeStats", "GAD_PLUS_BETA", "GAD_PLUS_TAU", "GenerationResult", "Generator",
            "Hypothesis", "MODES",
@@ -66,8 +69,7 @@ def _check_tuning(tuning: object) -> None:
 
 
 def _check_static_shapes(static_shapes: object) -> None:
-    if static_shapes is not None and not isinstance(static_shapes, bool):
-        raise InputError(f"static_shapes must be True, False or None (not given), not {static_shapes!r}.")
+    values.flag("static_shapes", static_shapes, optional=True)
 
 
 def static_shapes_advice(device: str, precision: str, static_shapes: bool | None) -> str | None:
@@ -88,9 +90,7 @@ def _check_cuda_graphs(cuda_graphs: object, static_shapes: bool | None, device: 
                        io_binding: bool | None) -> None:
     """CUDA graphs replay one shape at fixed addresses: static shapes, onnxruntime's CUDA
     provider, buffers bound on the device."""
-    if not isinstance(cuda_graphs, bool):
-        raise InputError(f"cuda_graphs must be True or False, not {cuda_graphs!r}.")
-    if not cuda_graphs:
+    if not values.flag("cuda_graphs", cuda_graphs):
         return
     if device != "cuda":
         raise InputError(f"cuda_graphs needs device 'cuda' (onnxruntime's CUDA provider captures them), not "
@@ -241,9 +241,14 @@ class Generator:
         Decode from one thread at a time with it: a capture runs in CUDA's global capture mode,
         in which another thread's CUDA work fails.
 
+        Every flag takes True or False (None where it has a default) and nothing else, and
+        ``bundle_dir`` and ``engines`` a str or os.PathLike: anything else is an InputTypeError
+        naming it, before any file is read (``runtime/values.py``).
+
         One Generator may be used from many threads at once: each ``generate`` call has its own
         buffers and binding, and onnxruntime sessions are thread-safe."""
-        _check_tuning(tuning)  # before any file is read
+        bundle_dir = values.path("bundle_dir", bundle_dir)  # before any file is read
+        _check_tuning(tuning)
         _check_static_shapes(static_shapes)
         _check_cuda_graphs(cuda_graphs, static_shapes, device, io_binding)
         self._setup(open_bundle(bundle_dir, device=device, threads=threads, io_binding=io_binding, verify=verify,
@@ -352,8 +357,8 @@ class Generator:
         special = {m.pad_token_id, m.eos_token_id, m.decoder_start_token_id}
         words = [i for i in range(m.vocab_size) if i not in special][: max(1, min(8, m.max_source_len - 1))]
         source = (words + [m.eos_token_id])[: m.max_source_len]
-        limits = self._limits(min(max_new_tokens, m.max_target_len - 1))
-        texts = max(1, min(int(batch_size), 2))
+        limits = self._limits(min(positive_integer("max_new_tokens", max_new_tokens), m.max_target_len - 1))
+        texts = min(positive_integer("batch_size", batch_size), 2)
         for _ in self._decode(Arrivals.of([list(source) for _ in range(texts)]), limits, strategy,
                               texts * strategy.rows_per_text, known=True):
             pass
@@ -443,6 +448,11 @@ class Generator:
         ``score`` and its ``sequences`` (the best ``num_return_sequences``, best first), and a
         text takes ``num_beams`` rows, so a batch holds ``batch_size`` texts in
         ``batch_size x num_beams`` rows.
+
+        A batch's cache buffers are made for all its rows at once: here, for the rows the texts
+        fill (``min(batch_size, len(texts))`` texts' rows), so a large ``batch_size`` over a few
+        texts costs nothing. Rows whose buffers cannot fit in this machine's physical memory are
+        refused before anything is decoded (InputError naming the bytes a row and the limit).
         """
         strategy = self._strategy(self.resolve_options(
             options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
@@ -454,6 +464,9 @@ class Generator:
                 texts = list(texts)
             except TypeError:
                 raise InputError(f"texts must be an iterable of strings, not {type(texts).__name__}.") from None
+            # texts known up front: the batch is made for the rows they fill, not for batch_size's
+            check_rows(min(batch_size, len(texts)) * strategy.rows_per_text, self._row_bytes(strategy), "batch_size",
+                       batch_size, strategy.rows_per_text)
         encoded = self.encode(texts)
         results: list[GenerationResult | None] = [None] * len(encoded)
         for done in self._decode(Arrivals.of(encoded), limits, strategy, self._rows(batch_size, strategy), known=True):
@@ -478,12 +491,17 @@ class Generator:
         by the iterable itself is re-raised here after the texts before it are done. Stopping
         the iteration early (``break``, an exception) stops reading and decoding. With beam
         search a text's result comes when all its hypotheses are done, as in :meth:`generate`.
+        While texts still arrive, the batch's cache buffers are made for all ``batch_size``
+        texts' rows at the first text: a ``batch_size`` whose rows cannot fit in this machine's
+        physical memory is refused with the other options.
         """
         strategy = self._strategy(self.resolve_options(
             options, mode=mode, block=block, beta=beta, tau=tau, draft_k=draft_k, num_beams=num_beams,
             length_penalty=length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences))
         batch_size = positive_integer("batch_size", batch_size)
         rows = self._rows(batch_size, strategy)
+        # texts still arriving: the batch is made for all batch_size texts' rows when the first comes
+        check_rows(rows, self._row_bytes(strategy), "batch_size", batch_size, strategy.rows_per_text)
         if lookahead is not None:
             lookahead = positive_integer("lookahead", lookahead)
         limits = self._limits(max_new_tokens)
@@ -599,6 +617,13 @@ class Generator:
                              f"than the {limit} a verifier call of {str(self.root)!r} may take; lower batch_size.")
         return rows
 
+    def _row_bytes(self, strategy: Strategy | None = None) -> int:
+        """The bytes a batch allocates per row at once for ``strategy`` (None: for the costliest
+        mode this bundle decodes: with a drafter, each row keeps its encoder output for it), what
+        :func:`~.decoding.cache.check_rows` weighs a batch size with."""
+        keep_hidden = self.drafter is not None if strategy is None else strategy.drafts.memory is not None
+        return self.verifier.row_bytes(keep_hidden, self.static_width)
+
     def _decode(self, work: Arrivals, limits: DecodeLimits, strategy: Strategy, rows: int, linger: float = 0.0,
                 known: bool = False):
         """Decode ``work`` in at most ``rows`` rows at once (a beam text takes ``num_beams``).
@@ -691,7 +716,8 @@ class Generator:
     def _block_options(self, block: BlockOptions | None) -> BlockOptions:
         if block is not None:
             return block
-        longest = self.tuning.max_block
+        # no block holds more than the bundle's output (DecodeOptions.resolve cuts a caller's so)
+        longest = min(self.tuning.max_block, self.manifest.max_target_len)
         limit = getattr(self.verifier.verifier, "max_dim", None)
         if limit is not None:  # a TensorRT engine: blocks (plus a row's missing tokens) within its profile
             longest = max(1, min(longest, limit("input_ids", 1) - SLACK))

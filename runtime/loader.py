@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import values
 from .bundle_checks import check_consistency
 from .bundle_probe import probe_lengths, probe_vocabulary
 from .decoding.gad import Drafter
 from .decoding.shortlist import Shortlist, load_shortlist
 from .devices import SessionRequest, session_factory
-from .errors import BundleError, InputError, ProviderError
+from .errors import BundleError, ProviderError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on, drafter_takes_output_ids
 from .manifest import TOKENIZER_FILE, BundleFiles, Manifest, load_manifest
 from .segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
@@ -51,8 +52,7 @@ def drafter_graph(manifest: Manifest, device: str, int8_drafter: bool | None, ro
     this aggdec carry one) on the CPU unless ``int8_drafter`` is False, else "drafter"; None
     when the bundle has no drafter. The drafter only proposes tokens, which the verifier checks,
     so its precision never changes an output (only how many drafts are accepted)."""
-    if int8_drafter is not None and not isinstance(int8_drafter, bool):
-        raise InputError(f"int8_drafter must be True, False or None, got {int8_drafter!r}.")
+    values.flag("int8_drafter", int8_drafter, optional=True)
     if "drafter" not in manifest.graphs:
         if int8_drafter:
             raise BundleError(f"int8_drafter=True, but {str(root)!r} has no drafter; export it with --drafter.")
@@ -105,11 +105,17 @@ def open_bundle(path: str | Path, device: str = "cpu", threads: int | None = Non
     device, the drafter choice, then the sessions, checked against the manifest and the
     tokenizer before any text meets them. Raises BundleError, BundleNotFoundError,
     ProviderError or InputError, each naming what to fix."""
+    root = values.path("path", path)
+    # every flag a bool, checked alike: a truthy string (shortlist="no") was taken for True
+    for name, value, optional in (("io_binding", io_binding, True), ("verify", verify, False), ("tf32", tf32, False),
+                                  ("int8_drafter", int8_drafter, True), ("shortlist", shortlist, False),
+                                  ("cuda_graphs", cuda_graphs, False)):
+        values.flag(name, value, optional)
     request = SessionRequest(device=device, threads=threads, tf32=tf32, io_binding=io_binding,
-                             engines=None if engines is None else Path(engines), cuda_graphs=cuda_graphs)
+                             engines=None if engines is None else values.path("engines", engines),
+                             cuda_graphs=cuda_graphs)
     factory = session_factory(device)
     bound = factory.check(request)  # before reading any file
-    root = Path(path)
     manifest = load_manifest(root, verify=verify)
     precisions = getattr(factory, "precisions", None)  # a registered device's own; the built-in ones' are above
     if precisions is None:

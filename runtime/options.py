@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from dataclasses import dataclass
 from enum import Enum
 
 from .decoding.beam import EARLY_STOPPING, BeamRules
-from .decoding.sizing import BlockOptions, is_finite_real, positive_integer
+from .decoding.sizing import BlockOptions
 from .errors import BundleError, InputError
+from .values import is_finite_real, positive_integer
 
 
 class Mode(str, Enum):
@@ -93,6 +95,11 @@ class OptionLimits:
     max_target_len: int | None = None
 
 
+def _shown(mode: object) -> str:
+    """A mode as a message shows it: its name (a Mode's repr is its class's)."""
+    return reprlib.repr(mode.value if isinstance(mode, Mode) else mode)
+
+
 # beam search scores a hypothesis ``score / length ** length_penalty`` in float32: ``length **
 # length_penalty`` must stay within 2**-100 .. 2**100 for every length a bundle can output, or
 # the power overflows (OverflowError from deep in the decode loop, past about 400 for a
@@ -144,17 +151,18 @@ class DecodeOptions:
         if self.block is not None and not isinstance(self.block, BlockOptions):
             raise InputError(f"block must be an aggdec.runtime.decoding.iad.BlockOptions, not "
                              f"{type(self.block).__name__}.")
-        if self.beta is not None:
-            positive_integer("beta", self.beta)
+        # each number kept as Python's own: a numpy integer (np.uint64(2**64 - 1)) wraps around in
+        # the arithmetic of the checks against a bundle, and its messages then named wrong numbers
+        for name in ("beta", "draft_k", "num_beams", "num_return_sequences"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, positive_integer(name, getattr(self, name)))
         if self.tau is not None and (not is_finite_real(self.tau) or self.tau < 0):
             raise InputError(f"tau must be a finite number >= 0, got {self.tau!r}.")
-        if self.draft_k is not None:
-            positive_integer("draft_k", self.draft_k)
+        if self.tau is not None:
+            object.__setattr__(self, "tau", float(self.tau))
         self._check_beams()
 
     def _check_beams(self) -> None:
-        if self.num_beams is not None:
-            positive_integer("num_beams", self.num_beams)
         if self.num_beams is not None and self.num_beams == 1:  # one beam is greedy search: one key for both
             object.__setattr__(self, "num_beams", None)
         if self.mode is Mode.GAD and self.block is not None and self.num_beams is None:
@@ -167,13 +175,13 @@ class DecodeOptions:
                              "set num_beams to 2 or more.")
         if self.length_penalty is not None and not is_finite_real(self.length_penalty):
             raise InputError(f"length_penalty must be a finite number, got {self.length_penalty!r}.")
+        if self.length_penalty is not None:
+            object.__setattr__(self, "length_penalty", float(self.length_penalty))
         if self.early_stopping is not None and not any(
                 self.early_stopping is value or (isinstance(value, str) and self.early_stopping == value)
                 for value in EARLY_STOPPING):
             raise InputError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}.")
         count = self.num_return_sequences
-        if count is not None:
-            positive_integer("num_return_sequences", count)
         if count is not None and count > self.num_beams:  # type: ignore[operator]
             raise InputError(f"num_return_sequences ({count}) must be at most num_beams ({self.num_beams}).")
 
@@ -191,7 +199,8 @@ class DecodeOptions:
     def of(cls, options: DecodeOptions | Mode | str | None = None, **fields: object) -> DecodeOptions:
         """``options``, or a DecodeOptions made from a mode and keyword ``fields`` (None values
         are left out): the keyword conveniences of ``Generator.generate(texts, mode="iad")``.
-        Giving both a DecodeOptions and fields is refused, as one would silently win."""
+        Giving both a DecodeOptions and fields is refused, and so is a mode given both as
+        ``options`` and as ``mode=``: in either case one would silently win."""
         given = {name: value for name, value in fields.items() if value is not None}
         if isinstance(options, DecodeOptions):
             if given:
@@ -199,6 +208,9 @@ class DecodeOptions:
                                  "dataclasses.replace(options, ...) changes a field.")
             return options
         if options is not None:
+            if "mode" in given:
+                raise InputError(f"give the mode either as options ({_shown(options)}) or as mode= "
+                                 f"({_shown(given['mode'])}), not both.")
             given["mode"] = options
         return cls(**given)
 
@@ -237,6 +249,12 @@ class DecodeOptions:
                                            early_stopping=rules.early_stopping,
                                            num_return_sequences=rules.num_return_sequences)
         self._check_length_penalty(resolved.length_penalty, limits)
+        if self.block is not None and limits.max_target_len is not None \
+                and self.block.max_block > limits.max_target_len:
+            # no block holds more than the bundle's output: a longer max_block only sized the
+            # sizer's arrays (and a static batch's width) for lengths no draft can have
+            resolved = dataclasses.replace(resolved, block=dataclasses.replace(
+                self.block, max_block=limits.max_target_len))
         return resolved
 
     @staticmethod

@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .bundle_schema import MAX_SEQUENCE_LEN
 from .decoding.alignment import MIN_REPEAT
 from .decoding.gad import DECAY
 from .decoding.loop import WIDTH_QUANTILE
-from .decoding.sizing import MAX_REST, is_finite_real, is_integer, positive_integer
+from .decoding.sizing import MAX_REST
 from .decoding.verifier import ENCODER_CALL_TOKENS, KEPT_MATRIX_SLOTS
 from .errors import InputError
+from .values import flag, is_finite_real, is_integer, positive_integer
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,8 @@ class Tuning:
 
     ``cost_ratio``: the prior cost of one more block position relative to a one-token
     verifier call (BlockOptions.cost_ratio; GAD measures the real one as it goes).
-    ``max_block``: IAD's longest draft block.
+    ``max_block``: IAD's longest draft block (at most ``MAX_SEQUENCE_LEN``; cut to the bundle's
+    ``max_target_len``, which no block can pass).
     ``beam_cost_ratio``: the prior cost of one more block position of a speculative beam
     search's iteration relative to a plain beam step, until the iterations measured have
     varied in width (decoding/hypothesis_drafts.py HypothesisDraft: IAD's and GAD's beams).
@@ -86,25 +89,32 @@ class Tuning:
     kept_matrix_slots: int = KEPT_MATRIX_SLOTS
 
     def __post_init__(self) -> None:
-        for name in ("max_block", "encoder_call_tokens", "min_repeat", "max_rest"):
-            positive_integer(f"tuning {name}", getattr(self, name))
+        # numbers are kept as Python's own (a numpy integer wraps around in arithmetic); max_block
+        # as BlockOptions bounds it (a block is never longer than a bundle's max_target_len, which
+        # the Generator cuts it to)
+        for name, most in (("max_block", MAX_SEQUENCE_LEN), ("encoder_call_tokens", None), ("min_repeat", None),
+                           ("max_rest", None)):
+            object.__setattr__(self, name, positive_integer(f"tuning {name}", getattr(self, name), most))
         if not is_integer(self.kept_matrix_slots) or self.kept_matrix_slots < 0:
             raise InputError(f"tuning kept_matrix_slots must be an integer of at least 0, got {self.kept_matrix_slots!r}.")
+        object.__setattr__(self, "kept_matrix_slots", int(self.kept_matrix_slots))
         for name in ("cost_ratio", "beam_cost_ratio"):
             value = getattr(self, name)
             if not is_finite_real(value) or value < 0:
                 raise InputError(f"tuning {name} must be a finite number >= 0, got {value!r}.")
+            object.__setattr__(self, name, float(value))
         for name in ("gad_decay", "width_quantile"):
             value = getattr(self, name)
             if not is_finite_real(value) or not 0 < value <= 1:
                 raise InputError(f"tuning {name} must be a number in (0, 1], got {value!r}.")
+            object.__setattr__(self, name, float(value))
         for name in ("shared_prior", "argmax_graph", "load_adaptive", "draft_payoff"):
-            if not isinstance(getattr(self, name), bool):
-                raise InputError(f"tuning {name} must be True or False, got {getattr(self, name)!r}.")
+            flag(f"tuning {name}", getattr(self, name))
         classes = self.length_classes
         if not isinstance(classes, tuple) or any(not is_integer(c) or c < 1
                                                  for c in classes) or list(classes) != sorted(set(classes)):
             raise InputError(f"tuning length_classes must be a tuple of ascending positive integers, got {classes!r}.")
+        object.__setattr__(self, "length_classes", tuple(int(c) for c in classes))
 
     def replace(self, **fields: object) -> Tuning:
         """A copy with ``fields`` changed (checked as a new record is)."""

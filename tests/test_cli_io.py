@@ -280,3 +280,40 @@ def test_a_line_longer_than_any_text_is_refused_without_keeping_it(cli_bundle, t
     assert [r["line"] for r in records] == [1, 2, 3] and records[1]["ids"] is None
     assert records[0]["ids"] and records[2]["ids"]
     assert f"aggdec: line 2: input is longer than {MAX_TEXT_BYTES:,} bytes" in captured.err
+
+
+@pytest.mark.parametrize("encoding, data, sign", [
+    ("UTF-16", "w1 w2\nw3\n".encode("utf-16"), "a byte order mark"),  # Python's utf-16 writes the mark
+    ("UTF-16", "w1 w2\nw3\n".encode("utf-16-be"), "a NUL byte beside each character"),
+    ("UTF-16", "w1 w2\nw3\n".encode("utf-16-le"), "a NUL byte beside each character"),
+    ("UTF-32", "w1 w2\nw3\n".encode("utf-32"), "a byte order mark"),
+    ("UTF-32", b"\x00\x00\xfe\xff" + "w1\n".encode("utf-32-be"), "a byte order mark"),
+])
+def test_an_input_in_utf16_or_utf32_is_refused_as_a_whole(cli_bundle, tmp_path, capsys,  # noqa: F811
+                                                           encoding, data, sign):
+    """Read as UTF-8, a UTF-16 file's first line was refused (byte 0xff) and each line after it
+    was decoded as garbage, exit 1; now one line saying what it looks like and what to do, exit 2,
+    and nothing written."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_bytes(data)
+    _one_error(capsys, ["generate", str(cli_bundle), "--input", str(source), "--output", str(target)],
+               f"input {str(source)!r} looks like {encoding} ({sign} at its start), and aggdec reads UTF-8; "
+               f"convert it to UTF-8 first (iconv -f {encoding} -t UTF-8).")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no output, not even a temporary file
+
+
+def test_nul_bytes_in_utf8_input_are_not_taken_for_utf16(cli_bundle, tmp_path, capsys):  # noqa: F811
+    """UTF-8 holds a NUL only as the character U+0000: lines of NULs, or a NUL among other
+    characters, are lines like any other (one output line each), not UTF-16."""
+    import io
+
+    from aggdec.cli import main
+    from aggdec.cli.generate import _lines
+
+    for data in (b"\x00\n\x00\n", b"\x00\n\x00\nw1\n", b"\x00\x00\x00\x00\nw1\n", b"w1\x00w2\n\x00\n", b"\r\n\r\nw1\n",
+                 b"w\x00"):
+        assert len(list(_lines(io.BytesIO(data), "test"))) == data.count(b"\n") + (not data.endswith(b"\n"))
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"\x00\n\x00\nw1 w2\n")
+    assert main(["generate", str(cli_bundle), "--input", str(source), "--max-new-tokens", "3"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3

@@ -77,3 +77,22 @@ def test_ctrl_c_keeps_what_was_written_and_exits_cleanly(cli_bundle):  # noqa: F
     # every line written is whole and is its input's answer, in order
     full = expected(cli_bundle, texts[: len(got)]) if len(got) > len(want) else want[: len(got)]
     assert got == full
+
+
+def test_a_batch_size_no_memory_holds_is_one_error_line_while_stdin_is_still_open(cli_bundle):  # noqa: F811
+    """On a pipe still open, a batch's buffers are made for all --batch-size rows at the first
+    line: 10**9 of them was numpy's MemoryError traceback (the same input through a closed
+    pipe ran, sized by its lines). Refused before any line is read, whether more come or not."""
+    process, lines = start(cli_bundle, "--batch-size", "1000000000")
+    try:
+        process.stdin.write(b"w1 w2 w3\n")
+        process.stdin.flush()
+        assert lines.get(timeout=120) is None  # no output line, and stdin is still open
+        assert process.wait(timeout=60) == 2
+        stderr = process.stderr.read().decode()
+    finally:
+        process.kill()
+    errors = [line for line in stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("aggdec: error: batch_size 1,000,000,000 needs cache buffers for "
+                                                     "1,000,000,000 rows at "), stderr
+    assert "more than this machine's physical memory" in errors[0]

@@ -84,6 +84,34 @@ def _open_input(path: str | None) -> BinaryIO:
 
 
 UTF8_BOM = b"\xef\xbb\xbf"
+# the byte order marks of the encodings an editor or a shell may write in place of UTF-8 (Windows
+# PowerShell's `>` writes UTF-16); UTF-32's first, as its little-endian mark starts with UTF-16's
+WIDE_MARKS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+              (b"\xfe\xff", "UTF-16"))
+
+
+def _refuse_wide_encoding(start: bytes, name: str) -> None:
+    """Refuse an input whose first bytes are UTF-16 or UTF-32, not UTF-8: a byte order mark of
+    either, or UTF-16 without one whose first characters are ASCII (each two-byte unit a NUL and
+    a byte that is not, the NUL always on the same side). Read as UTF-8, its first line was
+    refused and every line after it decoded as garbage; the whole input is one error instead.
+    UTF-8 holds a NUL only for the character U+0000, so text with a NUL here and there, or a
+    line of NULs, is not taken for UTF-16."""
+    found = next(((encoding, "a byte order mark") for mark, encoding in WIDE_MARKS if start.startswith(mark)), None)
+    if found is None and _nul_interleaved(start[:64]):
+        found = ("UTF-16", "a NUL byte beside each character")
+    if found is not None:
+        encoding, sign = found
+        raise InputError(f"input {name} looks like {encoding} ({sign} at its start), and aggdec reads UTF-8; "
+                         f"convert it to UTF-8 first (iconv -f {encoding} -t UTF-8).")
+
+
+def _nul_interleaved(start: bytes) -> bool:
+    """Whether ``start`` reads as ASCII in UTF-16: two or more two-byte units, each a NUL and a
+    byte that is not, the NUL on the same side in all, and not only line ends between them."""
+    units = [start[i : i + 2] for i in range(0, len(start) - 1, 2)]
+    return len(units) >= 2 and any(all(unit[side] == 0 and unit[1 - side] for unit in units)
+                                   and any(unit[1 - side] not in b"\r\n" for unit in units) for side in (0, 1))
 
 
 def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
@@ -100,7 +128,8 @@ def _lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
 def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
     """Input lines as they arrive, split on "\n" only ("\r\n" too): a form feed, NEL or U+2028
     inside a line is part of it, so that output line N always answers input line N. Lines stay
-    bytes: one that is not UTF-8 is refused on its own by the generator. Of a line longer than
+    bytes: one that is not UTF-8 is refused on its own by the generator, an input in UTF-16 or
+    UTF-32 as a whole, by its first bytes (:func:`_refuse_wide_encoding`). Of a line longer than
     MAX_TEXT_BYTES only MAX_TEXT_BYTES + 1 bytes are kept (the generator refuses it by its
     length): an input without an end of line (``--input /dev/zero``) ran out of memory."""
     from aggdec.runtime.generator import MAX_TEXT_BYTES  # the CLI's commands import lazily
@@ -120,6 +149,7 @@ def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
         raw, pending, size = b"".join(pending), [], 0
         return raw[:-1] if raw.endswith(b"\r") and len(raw) <= MAX_TEXT_BYTES else raw
 
+    first = True
     while True:
         try:
             chunk = stream.read(1 << 16)  # returns what has arrived, up to this much
@@ -127,6 +157,9 @@ def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
             raise InputError(f"cannot read input {name}: {exc.strerror or exc}.") from None
         if not chunk:
             break
+        if first:
+            _refuse_wide_encoding(chunk, name)
+            first = False
         *complete, rest = chunk.split(b"\n")
         for raw in complete:
             keep(raw)

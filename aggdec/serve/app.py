@@ -40,10 +40,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aggdec import __version__
-from aggdec.runtime.decoding.sizing import is_finite_real
+from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.errors import AggdecError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.options import Mode
+from aggdec.runtime.values import is_finite_real
 
 from .engine import Engine, EngineHooks, Overloaded, TooManyTexts, Warmup, warm_up
 from .metrics import Metrics
@@ -318,10 +319,21 @@ class Gate:
 
 # ---------------------------------------------------------------------- the app
 
+def check_settings(generator: Generator, settings: Settings) -> None:
+    """Refuse ``settings`` that ``generator`` cannot serve, before a server listens: a default
+    mode it cannot decode (GAD without a drafter), or a ``max_batch`` whose rows' buffers cannot
+    fit in this machine's memory (a decode loop makes them for all its rows at its first text:
+    the warm-up and every request after it failed, and the server answered 503 for good)."""
+    generator.check_options(settings.mode)
+    RowDecoder(generator).check_batch_size(settings.max_batch, "--max-batch")
+
+
 def create_app(generator: Generator, settings: Settings | None = None) -> FastAPI:
     """The API over ``generator``. Decode loops start, and the warm-up runs, when the app
-    starts (ASGI lifespan); `/readyz` answers 200 once it is warm."""
+    starts (ASGI lifespan); `/readyz` answers 200 once it is warm. Settings the generator
+    cannot serve are refused here (:func:`check_settings`)."""
     settings = settings or Settings()
+    check_settings(generator, settings)
     state = ServerState(settings=settings, generator=generator)
     metrics = state.metrics
     with contextlib.suppress(OSError):

@@ -131,8 +131,10 @@ def run_ray(bundle: str, host: str = "127.0.0.1", port: int = 8000, device: str 
 
     from aggdec.runtime.generator import Generator
 
-    Generator(bundle, device=device, threads=threads, **(generator_options or {})).check_options(
-        (settings or Settings()).mode)  # fail early
+    from .app import check_settings
+
+    check_settings(Generator(bundle, device=device, threads=threads, **(generator_options or {})),
+                   settings or Settings())  # fail early
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})

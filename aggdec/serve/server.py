@@ -60,8 +60,7 @@ def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, device: str = 
 
     settings = settings or Settings()
     generator = Generator(bundle, device=device, threads=threads, **(generator_options or {}))
-    generator.check_options(settings.mode)  # gad without a drafter: refused before listening
-    app = create_app(generator, settings)
+    app = create_app(generator, settings)  # settings it cannot serve (check_settings): refused before listening
     state: ServerState = app.state.aggdec
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
                             timeout_graceful_shutdown=5)

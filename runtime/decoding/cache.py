@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ..bundle_schema import CROSS_KEY_LAYOUTS
-from ..errors import CapacityError
+from ..errors import CapacityError, InputError
 from ..session import require_onnxruntime
 from .device_edits import DeviceEdits
 
@@ -130,6 +131,50 @@ def bucket(needed: int, limit: int) -> int:
     return min(size, limit)
 
 
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the system does not say
+    (``os.sysconf`` is missing on Windows, a name it does not know is a ValueError, and an
+    unknown value is -1)."""
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    if not isinstance(pages, int) or not isinstance(page, int) or pages <= 0 or page <= 0:
+        return None
+    return pages * page
+
+
+def check_rows(rows: int, row_bytes: int, name: str, value: int, per_value: int = 1) -> None:
+    """Refuse, before anything is allocated, ``rows`` rows of buffers of ``row_bytes`` each that
+    this machine cannot hold: an InputError naming the option ``name`` that asked for them (its
+    ``value`` takes ``per_value`` rows each: a beam search's ``num_beams``), the bytes a row and
+    the limit, instead of numpy's MemoryError (or its ValueError past 2**63 bytes) from deep in
+    the decode loop.
+
+    The limit is the machine's physical memory (where it is unknown, the largest array numpy can
+    make): a batch's buffers are made for all its rows at once, and zeros numpy has not touched
+    yet take no memory, so a batch larger than memory could start and then take all of it as
+    its rows fill. What is within it is no promise: other processes, a container's memory limit
+    and each call's own work memory are not counted, and a server holds such a batch per decode
+    loop and length class. Python's integers: ``rows * row_bytes`` cannot wrap around."""
+    memory = physical_memory()
+    limit, what = (memory, "this machine's physical memory") if memory is not None else (
+        int(np.iinfo(np.intp).max), "the largest array numpy can make")
+    rows, row_bytes = int(rows), max(1, int(row_bytes))
+    if rows * row_bytes <= limit:
+        return
+    most = limit // row_bytes // max(1, int(per_value))
+    beams = f" ({per_value} a text)" if per_value > 1 else ""
+    raise InputError(f"{name} {int(value):,} needs cache buffers for {rows:,} rows{beams} at {row_bytes:,} bytes a row "
+                     f"({_gib(rows * row_bytes)}), more than {what} ({_gib(limit)}); {name} can be at most "
+                     f"{most:,} here.")
+
+
+def _gib(size: int) -> str:
+    gib = size / 2**30
+    return f"{gib:,.1f} GiB" if gib < 1e6 else f"{gib:.3g} GiB"
+
+
 class _Flat:
     """One flat float allocation (float32, or float16 for fp16 bundles): a numpy array, or (with
     IO binding on CUDA, or :data:`ORT_BUFFERS_ON_CPU`) an onnxruntime value on ``device``."""
@@ -198,6 +243,9 @@ class SlotBuffers:
         ``static``: one shape for the batch's lifetime (verifier.StaticBatch): every slot is a
         row from the start, the capacities are the allocations, and rows are written into the
         slots they are given (:meth:`write_rows`), never moved; the layout never changes."""
+        # refused here, before any buffer is made, where no caller checked its rows already
+        check_rows(slots, self.slot_bytes(layers, heads, head_dim, d_model, max_target, max_source, keep_hidden, dtype,
+                                          cache_kind), "rows", slots)
         self.dtype = np.dtype(dtype)
         self.layers, self.heads, self.head_dim, self.d_model = layers, heads, head_dim, d_model
         self.slots, self.max_target, self.max_source = slots, max_target, max_source
@@ -234,6 +282,18 @@ class SlotBuffers:
             # past length 0, stay finite (an all-masked softmax may give NaN, and a NaN in a
             # masked cache position would poison the next row's 0-weighted sums)
             self.mask[:, 0] = 1
+
+    @staticmethod
+    def slot_bytes(layers: int, heads: int, head_dim: int, d_model: int, max_target: int, max_source: int,
+                   keep_hidden: bool, dtype: str = "float32", cache_kind: str = "attention") -> int:
+        """The bytes one slot of such buffers takes (the constructor's arguments): its own cache,
+        its cross keys and values, its encoder output if kept, its source mask. A shortlist
+        row's kept matrix, which grows with the lists and only in batches of a few slots, is
+        left out."""
+        own = layers * len(CACHE_KINDS[cache_kind]) * heads * max_target * head_dim
+        cross = 2 * layers * heads * max_source * head_dim
+        hidden = max_source * d_model if keep_hidden else 0
+        return (own + cross + hidden) * np.dtype(dtype).itemsize + 8 * (max_source + 1)
 
     # ------------------------------------------------------------------ shapes
 

@@ -8,13 +8,14 @@ accepted. The choice changes speed only, never the output.
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..bundle_schema import MAX_SEQUENCE_LEN
 from ..errors import InputError
+from ..values import flag, is_finite_real, positive_integer
 from .alignment import MIN_REPEAT
 
 
@@ -42,44 +43,24 @@ class BlockOptions:
     def __post_init__(self) -> None:
         # a caller's options (Generator.generate's ``block``): refused with a clear error, since a
         # NaN, a zero prior or a fractional block would otherwise fail deep in the loop or decode
-        # with nonsense lengths
-        for name in ("max_block", "max_rest", "min_repeat"):
-            positive_integer(name, getattr(self, name))
-        if not isinstance(self.adaptive, bool):
-            raise InputError(f"adaptive must be True or False, got {self.adaptive!r}.")
+        # with nonsense lengths. No block holds more than its bundle's max_target_len tokens
+        # (DecodeOptions.resolve cuts it to that), and none is above MAX_SEQUENCE_LEN: a larger
+        # max_block only made the sizer's arrays of 1..max_block take gigabytes
+        object.__setattr__(self, "max_block", positive_integer("max_block", self.max_block, MAX_SEQUENCE_LEN))
+        for name in ("max_rest", "min_repeat"):
+            object.__setattr__(self, name, positive_integer(name, getattr(self, name)))
+        flag("adaptive", self.adaptive)
         for name in ("cost_ratio", "prior_accepted", "prior_rejected"):
             value = getattr(self, name)
             if not is_finite_real(value) or value < 0:
                 raise InputError(f"{name} must be a finite number >= 0, got {value!r}.")
+            object.__setattr__(self, name, float(value))
         if self.prior_accepted + self.prior_rejected <= 0:
             raise InputError("prior_accepted + prior_rejected must be above 0 (pseudo-counts of a row's first "
                              f"estimate), got {self.prior_accepted!r} and {self.prior_rejected!r}.")
         if not is_finite_real(self.decay) or not 0 < self.decay <= 1:
             raise InputError(f"decay must be a number in (0, 1], got {self.decay!r}.")
-
-
-def is_integer(value: object) -> bool:
-    """An int-like option value (a bool is not one): what every integer knob is checked with."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def positive_integer(name: str, value: object) -> int:
-    """``value`` as an int if it is an integer of at least 1 (numpy's too); InputError naming ``name``."""
-    if not is_integer(value) or value < 1:  # type: ignore[operator]
-        raise InputError(f"{name} must be an integer of at least 1, got {value!r}.")
-    return int(value)  # type: ignore[call-overload]
-
-
-def is_finite_real(value: object) -> bool:
-    """A finite real option value (a bool is not one): what every real knob is checked with.
-    An int too large for a float (``10**400``) is not one: the option is used as a float, and
-    ``math.isfinite`` would raise OverflowError on it instead of answering."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
+        object.__setattr__(self, "decay", float(self.decay))
 
 
 MAX_REST = BlockOptions.max_rest  # the default (a Generator's Tuning.max_rest)

@@ -690,6 +690,16 @@ class Verifier:
             return (self.manifest.vocab_size,)
         return (self.manifest.top_k,) if len(names) == 2 else ()
 
+    def row_bytes(self, keep_hidden: bool, static_width: int | None = None) -> int:
+        """The bytes a batch allocates per row when it is made (:meth:`batch`'s arguments): its
+        buffers' slot (:meth:`SlotBuffers.slot_bytes`), and a call's token ids and positions
+        (:class:`Batch`); what decides how many rows fit in memory (cache.check_rows)."""
+        m = self.manifest
+        capacity = m.max_target_len + SLACK + (static_width or 0)
+        buffers = SlotBuffers.slot_bytes(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, capacity,
+                                         m.max_source_len, keep_hidden, ACTIVATION_DTYPES[m.precision], m.cache_kind)
+        return buffers + 8 * (2 * capacity + 1 + (static_width or 0))
+
     def slot_buffers(self, session: Session, slots: int, bound: bool, keep_hidden: bool,
                      static_width: int | None) -> SlotBuffers:
         """A batch's buffers for ``session`` (:class:`Batch`'s arguments)."""

@@ -266,3 +266,87 @@ def test_stats_batch_size_is_the_rows_decoded_together_not_the_maximum(bundle):
     assert max(r.stats.batch_size for r in capped) == 3
     streamed = dict(generator.stream(texts[:2], max_new_tokens=MAX_NEW, batch_size=16))
     assert all(r.stats.batch_size <= 2 for r in streamed.values())
+
+
+def _buffer_bytes(buffers: SlotBuffers) -> int:
+    """What a batch's buffers hold, counted from the arrays themselves."""
+    flats = [*buffers._self, *buffers._cross, *([buffers._hidden] if buffers._hidden is not None else [])]
+    return sum(flat._host.nbytes for flat in flats) + buffers.mask.nbytes + buffers._matrix_lens.nbytes
+
+
+def test_a_batch_size_whose_buffers_cannot_fit_in_memory_is_refused_before_any_input_is_read(bundle):
+    """A batch's cache buffers are made for all its rows at once. ``stream(slow_texts,
+    batch_size=200000)`` asked numpy for 49 GiB at the first text (a MemoryError, nothing
+    decoded), 2**62 for more than an array can hold (its bare ValueError), and the server's
+    decode loops the same at their first request. Refused as an option now, by this machine's
+    physical memory, before a text is read; a closed list's batch is sized by its texts."""
+    from aggdec.runtime.continuous import RowDecoder
+    from aggdec.runtime.decoding.arrivals import Arrivals
+    from aggdec.runtime.decoding.cache import physical_memory
+
+    generator = Generator(bundle("marian"))
+    m = generator.manifest
+    made = SlotBuffers(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, 3, m.max_target_len + 2, m.max_source_len,
+                       "cpu", False, True)
+    assert _buffer_bytes(made) == 3 * SlotBuffers.slot_bytes(m.decoder_layers, m.num_heads, m.head_dim, m.d_model,
+                                                             m.max_target_len + 2, m.max_source_len, True)
+    row = generator.verifier.row_bytes(False)
+    memory = physical_memory()
+    assert memory is not None and memory > row  # Linux says
+    too_many = memory // row + 1
+    read: list[int] = []
+
+    def texts():
+        read.append(1)
+        yield "w1 w2"
+
+    for batch_size in (too_many, 2**62, np.uint64(2**64 - 1)):
+        with pytest.raises(InputError, match=f"batch_size {int(batch_size):,} needs cache buffers for "
+                                             f"{int(batch_size):,} rows at {row:,} bytes a row .*, more than this "
+                                             f"machine's physical memory .*; batch_size can be at most "
+                                             f"{too_many - 1:,} here"):
+            generator.stream(texts(), batch_size=batch_size)
+        with pytest.raises(InputError, match="needs cache buffers"):  # a server's decode loop
+            RowDecoder(generator).rows(Arrivals(), "greedy", batch_size)
+    assert read == []
+    few = ["w1 w2", "w3"]
+    expected = [r.ids for r in generator.generate(few)]
+    for batch_size in (too_many, 2**62, np.uint64(2**64 - 1)):  # a closed list: as many rows as texts
+        assert [r.ids for r in generator.generate(few, batch_size=batch_size)] == expected
+
+
+def test_the_rows_a_batch_allocates_are_what_is_checked(bundle, monkeypatch):
+    """With room for the buffers of two rows: ``generate`` takes a batch size of any size over
+    two texts, refuses three texts at a batch of three; ``stream`` refuses a batch of three
+    whatever it is given, as its buffers are made for all of them; a batch made directly is
+    refused before numpy allocates. Where the system does not say its memory, numpy's largest
+    array is the bound."""
+    from aggdec.runtime.decoding import cache
+
+    generator = Generator(bundle("marian"))
+    row = generator.verifier.row_bytes(False)
+    monkeypatch.setattr(cache, "physical_memory", lambda: 2 * row)
+    three = ["w1 w2", "w3", "w4 w5 w6"]
+    expected = [r.ids for r in generator.generate(three, batch_size=2)]
+    assert [r.ids for r in generator.generate(three[:2], batch_size=1000)] == expected[:2]
+    with pytest.raises(InputError, match=f"batch_size 3 needs cache buffers for 3 rows at {row:,} bytes a row .*; "
+                                         "batch_size can be at most 2 here"):
+        generator.generate(three, batch_size=3)
+    with pytest.raises(InputError, match="batch_size 3 needs cache buffers for 3 rows"):
+        generator.stream(three[:1], batch_size=3)
+    assert sorted((i, r.ids) for i, r in generator.stream(three, batch_size=2)) == list(enumerate(expected))
+    m = generator.manifest
+    assert 3 * SlotBuffers.slot_bytes(m.decoder_layers, m.num_heads, m.head_dim, m.d_model, m.max_target_len + 2,
+                                      m.max_source_len, False) > 2 * row
+    with pytest.raises(InputError, match="rows 3 needs cache buffers for 3 rows"):
+        generator.verifier.batch(3, bound=True)
+    monkeypatch.undo()
+
+    def unknown(name):
+        raise ValueError(f"unrecognized configuration name {name!r}")
+
+    monkeypatch.setattr(cache.os, "sysconf", unknown)
+    assert cache.physical_memory() is None
+    with pytest.raises(InputError, match="more than the largest array numpy can make"):
+        generator.stream(three, batch_size=2**62)
+    assert [r.ids for r in generator.generate(three, batch_size=1000)] == expected

@@ -12,7 +12,7 @@ from aggdec.runtime import devices
 from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.decoding.arrivals import Arrivals, Work
 from aggdec.runtime.devices import OrtFactory, SessionRequest, register_device, registered_devices, session_factory
-from aggdec.runtime.errors import BundleError, BundleNotFoundError, InputError, ProviderError
+from aggdec.runtime.errors import BundleError, BundleNotFoundError, InputError, InputTypeError, ProviderError
 from aggdec.runtime.generator import Generator
 from aggdec.runtime.loader import OpenedBundle, open_bundle
 from aggdec.runtime.manifest import BundleFiles, Manifest
@@ -67,6 +67,37 @@ def test_open_bundle_refuses_before_decoding(bundle, tmp_path):
         handle.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(BundleError, match="verifier.onnx"):
         open_bundle(copy)
+
+
+@pytest.mark.parametrize("name, value", [("shortlist", "no"), ("io_binding", "off"), ("verify", "false"),
+                                         ("tf32", "yes"), ("int8_drafter", "x"), ("static_shapes", "no"),
+                                         ("cuda_graphs", 1), ("shortlist", 0), ("verify", None), ("io_binding", 1.0)])
+def test_every_flag_takes_a_bool_only(name, value, tmp_path):
+    """``shortlist="no"`` decoded with the shortlist, ``io_binding="off"`` bound and
+    ``verify="false"`` verified: a truthy string was True. Every flag is checked alike, before
+    any file is read (the bundle here does not exist), as an InputError that is a TypeError."""
+    optional = name in ("io_binding", "int8_drafter", "static_shapes")
+    allowed = "True, False or None \\(not given\\)" if optional else "True or False"
+    with pytest.raises(InputTypeError, match=f"^{name} must be {allowed}, got {value!r}") as refused:
+        Generator(tmp_path / "missing", **{name: value})
+    assert isinstance(refused.value, InputError) and isinstance(refused.value, TypeError)
+    if name != "static_shapes":  # a Generator's own
+        with pytest.raises(InputTypeError, match=f"^{name} must be"):
+            open_bundle(tmp_path / "missing", **{name: value})
+
+
+def test_a_bundle_or_engines_path_of_the_wrong_type_is_named(bundle):
+    """``Generator(5)``, ``Generator(None)``, ``Generator(b"...")`` and ``engines=5`` were
+    pathlib's bare TypeError, naming neither the argument nor the value."""
+    for value in (5, None, str(bundle("marian")).encode(), ["bundle"]):
+        with pytest.raises(InputTypeError, match=f"^bundle_dir must be a file system path \\(a str or pathlib.Path\\), "
+                                                 f"not {type(value).__name__}"):
+            Generator(value)
+        with pytest.raises(TypeError, match="^path must be a file system path"):
+            open_bundle(value)
+    with pytest.raises(InputTypeError, match="^engines must be a file system path .*, not int \\(5\\)"):
+        Generator(bundle("marian"), engines=5)
+    assert Generator(Path(bundle("marian"))).root == Generator(str(bundle("marian"))).root
 
 
 class CountingOrtFactory(OrtFactory):

@@ -109,3 +109,72 @@ def test_an_options_object_decodes_as_the_keywords_do(gad_bundle):  # noqa: F811
 def _fields(options: DecodeOptions) -> dict:
     """The options as keywords (BlockOptions kept as it is, where dataclasses.asdict would not)."""
     return {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
+
+
+def test_a_mode_given_both_as_options_and_as_mode_is_refused(gad_bundle):  # noqa: F811
+    """``generate(texts, "gad++", mode="greedy")`` decoded GAD++: the positional mode won
+    silently, and GAD++ may differ from the greedy asked for. Refused wherever options are taken."""
+    with pytest.raises(InputError, match="give the mode either as options \\('gad\\+\\+'\\) or as mode= "
+                                         "\\('greedy'\\), not both"):
+        DecodeOptions.of("gad++", mode="greedy")
+    with pytest.raises(InputError, match="not both"):
+        DecodeOptions.of(Mode.IAD, mode=Mode.IAD)  # the same mode twice too: one rule, no guessing
+    assert DecodeOptions.of("gad", draft_k=3) == DecodeOptions.of(None, mode="gad", draft_k=3)
+    generator = Generator(gad_bundle("marian"))
+    ids = generator.encode(TEXTS[:1])[0]
+    for call in (lambda: generator.generate(TEXTS, "gad++", mode="greedy"),
+                 lambda: generator.stream(TEXTS, "gad++", mode="greedy"),
+                 lambda: generator.generate_ids(ids, "iad", mode="gad"),
+                 lambda: generator.check_options("iad", mode="gad"),
+                 lambda: generator.resolve_options(Mode.GAD, mode="gad")):
+        with pytest.raises(InputError, match="give the mode either as options"):
+            call()
+
+
+def test_numpy_numbers_in_options_are_kept_as_pythons_own():
+    """``num_beams=np.uint64(2**64 - 1)``: the check against the bundle multiplied it in numpy,
+    which wrapped around with an overflow RuntimeWarning, and its message named a wrong number."""
+    import warnings
+
+    import numpy as np
+
+    options = DecodeOptions("gad++", beta=np.int64(2), tau=np.float32(0.5), draft_k=np.uint8(3))
+    assert (type(options.beta), type(options.tau), type(options.draft_k)) == (int, float, int)
+    beams = DecodeOptions(num_beams=np.uint64(2**64 - 1), num_return_sequences=np.int32(2),
+                          length_penalty=np.float64(1))
+    assert (type(beams.num_beams), type(beams.num_return_sequences), type(beams.length_penalty)) == (int, int, float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warning fails the test
+        with pytest.raises(InputError, match=f"num_beams {2**64 - 1} needs the verifier's top-{2 * (2**64 - 1)} "):
+            beams.resolve(OptionLimits(top_k=8, drafter_k=None))
+    block = BlockOptions(max_block=np.uint16(7), cost_ratio=np.float32(0.25), max_rest=np.int8(3))
+    assert (type(block.max_block), type(block.cost_ratio), type(block.max_rest)) == (int, float, int)
+
+
+def test_max_block_is_bounded_and_cut_to_the_bundles_longest_output(gad_bundle):  # noqa: F811
+    """``BlockOptions(max_block=10**9)`` had no bound: the sizer's arrays of 1..max_block took
+    gigabytes (the probe's process was killed for memory). No bundle has a longer output than
+    MAX_SEQUENCE_LEN, and no block is longer than its bundle's max_target_len."""
+    from aggdec.runtime.bundle_schema import MAX_SEQUENCE_LEN
+    from aggdec.runtime.tuning import Tuning
+
+    for value in (MAX_SEQUENCE_LEN + 1, 10**9, 2**64):
+        with pytest.raises(InputError, match=f"max_block must be an integer between 1 and {MAX_SEQUENCE_LEN:,}"):
+            BlockOptions(max_block=value)
+        with pytest.raises(InputError, match=f"tuning max_block must be an integer between 1 and {MAX_SEQUENCE_LEN:,}"):
+            Tuning(max_block=value)
+    limits = OptionLimits(top_k=8, drafter_k=K, max_target_len=20)
+    longest = BlockOptions(max_block=MAX_SEQUENCE_LEN, adaptive=False)
+    assert DecodeOptions("iad", block=longest).resolve(limits).block == BlockOptions(max_block=20, adaptive=False)
+    assert DecodeOptions("iad", block=BlockOptions(max_block=7)).resolve(limits).block.max_block == 7
+    generator = Generator(gad_bundle("marian"))
+    cap = generator.manifest.max_target_len
+    assert generator.resolve_options("iad", block=longest).block.max_block == cap
+    greedy = [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW)]
+    assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, mode="iad", block=longest)] == greedy
+    assert [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, mode="gad", num_beams=2, block=longest)
+            ] == [r.ids for r in generator.generate(TEXTS, max_new_tokens=MAX_NEW, num_beams=2)]
+    widest = Generator(gad_bundle("marian"), tuning=Tuning(max_block=MAX_SEQUENCE_LEN), static_shapes=True)
+    assert widest._block_options(None).max_block == cap
+    assert widest.static_width == 2 + max(cap, K)  # was 2 + 65,536 positions a row, every call
+    assert [r.ids for r in widest.generate(TEXTS, max_new_tokens=MAX_NEW, mode="iad")] == greedy

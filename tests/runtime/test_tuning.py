@@ -34,7 +34,8 @@ def test_profiles_hold_the_defaults_the_decoder_had():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"max_block": 0}, "max_block must be an integer of at least 1, got 0"),
+    ({"max_block": 0}, "max_block must be an integer between 1 and 65,536, got 0"),
+    ({"max_block": 10**7}, "max_block must be an integer between 1 and 65,536, got 10,000,000"),
     ({"min_repeat": 2.5}, "min_repeat must be an integer"),
     ({"cost_ratio": float("inf")}, "cost_ratio must be a finite number >= 0"),
     ({"beam_cost_ratio": -0.1}, "beam_cost_ratio must be a finite number >= 0"),

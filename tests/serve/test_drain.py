@@ -141,8 +141,12 @@ def test_serve_with_static_shapes_answers_greedys_tokens_in_every_lossless_mode(
 
 
 @pytest.mark.parametrize("args, needle", [(["--tf32"], "tf32 applies to device 'cuda'"),
-                                          (["--cuda-graphs"], "unrecognized arguments: --cuda-graphs")])
-def test_serve_refuses_gpu_options_it_cannot_honour_before_listening(bundle, args, needle):
+                                          (["--cuda-graphs"], "unrecognized arguments: --cuda-graphs"),
+                                          # its decode loops' buffers could never be made: the server started,
+                                          # then answered 503 to everything (the warm-up's MemoryError)
+                                          (["--max-batch", "1000000000"],
+                                           "aggdec: error: --max-batch 1,000,000,000 needs cache buffers for")])
+def test_serve_refuses_options_it_cannot_honour_before_listening(bundle, args, needle):
     result = subprocess.run([sys.executable, "-m", "aggdec", "serve", str(bundle("marian")), "--port", "0", *args],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
