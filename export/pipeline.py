@@ -19,8 +19,8 @@ from ..runtime.decoding.cache import KEYS_TRANSPOSED
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
 from .checkpoint_limits import check_parameters, check_sizes
-from .families import ARCHITECTURES, family_for
 from .codec_check import check_codec
+from .families import ARCHITECTURES, family_for
 from .piece_tokenizer import PieceTokenizerFiles, convert, is_piece_tokenizer
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import check_verifier_graphs, cpu_session, validation_cases
