@@ -43,6 +43,9 @@ DRAFTER_SIZE_LIMITS = {
 }
 PARAMETERS_PER_STORED_BYTE = 1.0
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+# a sharded checkpoint's map of tensor -> shard file, which transformers opens as it names them
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+MAX_INDEX_BYTES = 64 << 20  # real indexes list a few thousand tensors: tens of kilobytes
 
 
 def check_sizes(config: Any, where: str) -> None:
@@ -54,6 +57,55 @@ def check_sizes(config: Any, where: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
             raise ExportError(f"{where}: {name} must be an integer from 1 to {limit}, got {shown}.")
+
+
+def check_weight_index(src: Path) -> None:
+    """Refuse a sharded checkpoint's index (:data:`WEIGHT_INDEXES`) that names anything but regular
+    files in ``src`` itself. transformers opens each shard the index names: a FIFO held the
+    export blocked for good (signals did not end it), ``/dev/zero`` read until memory ran out,
+    and ``../elsewhere`` loaded weights from outside the checkpoint, past the size check below,
+    which counts the files in ``src``."""
+    import json
+    import os
+    import stat
+
+    for name in WEIGHT_INDEXES:
+        path = src / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        where = str(path)
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise ExportError(f"{where!r} is not a regular file.")
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_INDEX_BYTES + 1)
+        except OSError as exc:
+            raise ExportError(f"could not read {where!r}: {exc.strerror or exc}.") from None
+        if len(raw) > MAX_INDEX_BYTES:
+            raise ExportError(f"{where!r} is over {MAX_INDEX_BYTES >> 20} MiB; a weight index lists tensor names.")
+        try:
+            weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise ExportError(f"{where!r} is not a weight index (JSON with a weight_map object).") from None
+        if not isinstance(weight_map, dict):
+            raise ExportError(f"{where!r}: weight_map is not an object of tensor name -> file.")
+        root = src.resolve()
+        for shard in sorted({value for value in weight_map.values() if isinstance(value, str)}
+                            | {repr(value) for value in weight_map.values() if not isinstance(value, str)}):
+            shown = shard if len(shard) <= 80 else f"{shard[:80]}..."
+            plain = shard and "/" not in shard and "\\" not in shard and "\0" not in shard and shard not in (".", "..")
+            if not plain:
+                raise ExportError(f"{where!r} names the shard {shown!r}, which is not a file name in the checkpoint "
+                                  "folder; shards lie beside the index.")
+            target = src / shard
+            try:
+                regular = stat.S_ISREG(os.stat(target).st_mode)
+            except OSError:
+                raise ExportError(f"{where!r} names the shard {shown!r}, which the checkpoint folder does not "
+                                  "hold.") from None
+            if not regular or target.resolve().parent != root:
+                raise ExportError(f"{where!r} names the shard {shown!r}, which is not a regular file in the "
+                                  "checkpoint folder (a link out of it, a device or a FIFO).")
 
 
 def check_parameters(src: Path, config: Any) -> None:

@@ -18,7 +18,7 @@ from ..runtime.bundle_schema import CROSS_KEY_LAYOUTS
 from ..runtime.decoding.cache import KEYS_TRANSPOSED
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
-from .checkpoint_limits import check_parameters, check_sizes
+from .checkpoint_limits import check_parameters, check_sizes, check_weight_index
 from .codec_check import check_codec
 from .families import ARCHITECTURES, family_for
 from .piece_tokenizer import PieceTokenizerFiles, convert, is_piece_tokenizer
@@ -202,6 +202,7 @@ def _load(src: Path, config):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     _generation_config(src, config)  # a damaged generation_config.json is named before the model loads it
+    check_weight_index(src)
     check_parameters(src, config)
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager")
@@ -394,6 +395,9 @@ def export_bundle(
                               f"(forced_eos_token_id={forced_eos}); aggdec forces one.")
         forced_eos = forced_eos[0] if forced_eos else None
     start_id, eos_id = generation_ids(config, generation_config)
+    if config.pad_token_id is None:  # the verifier pads blocks and batches with it, as transformers' cases do
+        raise ExportError(f"{str(src / 'config.json')!r} sets no pad_token_id; aggdec pads batches with it (set the "
+                          "checkpoint's own pad token's id).")
     decoding_ids = {"decoder_start_token_id": start_id, "eos_token_id": eos_id, "pad_token_id": config.pad_token_id,
                     "forced_bos_token_id": forced_bos, "forced_eos_token_id": forced_eos}
     for field, value in decoding_ids.items():  # token ids at all, before the tokenizer is asked about them

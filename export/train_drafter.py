@@ -309,6 +309,12 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
                           "source-aligned positions to follow.")
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {str(out)!r} is a file; choose a directory.")
+    source, target = src.resolve(), out.resolve()
+    if target == source or source in target.parents:
+        # its drafter.safetensors beside the model would be counted as the model's weights (and a
+        # sharded checkpoint's glob could take it for a shard), as export refuses the same layout
+        raise ExportError(f"--out {str(out)!r} {'is' if target == source else 'is inside'} the checkpoint "
+                          f"directory {str(src)!r}; write the drafter somewhere else.")
     checkpoint = out / CHECKPOINT_DIR / CHECKPOINT_FILE
     if resume and not checkpoint.is_file():
         raise ExportError(f"nothing to resume: {str(checkpoint)!r} does not exist; run without --resume.")

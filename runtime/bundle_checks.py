@@ -183,13 +183,13 @@ def _check_tokenizer(manifest: Manifest, tokenizer_vocab_size: int, special_ids:
     m = manifest
     # the model's embedding may be larger than the tokenizer (padded rows), never smaller
     if tokenizer_vocab_size > m.vocab_size:
-        raise BundleError(f"tokenizer.json has {tokenizer_vocab_size} tokens but manifest vocab_size is "
+        raise BundleError(f"tokenizer.json has token ids up to {tokenizer_vocab_size - 1} but manifest vocab_size is "
                           f"{m.vocab_size}: the tokenizer belongs to another model; {ADVICE}")
     for field in SPECIAL_ID_FIELDS:
         value = getattr(m, field)
         if value is not None and value >= tokenizer_vocab_size:
-            raise BundleError(f"manifest {field} is {value} but tokenizer.json has only {tokenizer_vocab_size} "
-                              f"tokens; {ADVICE}")
+            raise BundleError(f"manifest {field} is {value} but tokenizer.json has token ids up to "
+                              f"{tokenizer_vocab_size - 1} only; {ADVICE}")
         # a tokenizer of the same size from another model has ordinary words at these ids: the
         # output would end, start or be dropped (decoding skips special tokens) at the wrong tokens
         if value is not None and special_ids is not None and value not in special_ids:

@@ -126,8 +126,11 @@ class TextCodec:
 
     @property
     def vocab_size(self) -> int:
-        """Ids the tokenizer can produce, added tokens included (for bundle_checks.check_consistency)."""
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+        """One past the largest id the tokenizer can produce, added tokens included (for
+        bundle_checks.check_consistency): not the count of its tokens, which a vocabulary whose
+        ids skip past the model's (123 tokens, ids up to 249) keeps within the model's size
+        while its words encode to ids the graphs lack."""
+        return max(self._tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     def encode(self, texts: list[str], first_index: int = 0, most: int | None = None) -> list[list[int]]:
         """Token ids with the special tokens the checkpoint's tokenizer adds (e.g. EOS).

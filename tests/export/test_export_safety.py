@@ -112,6 +112,49 @@ def test_corrupt_weights(source, tmp_path, capsys):
     assert_refused(capsys, "weight files hold only 64 bytes: the weights are cut short", source, tmp_path / "out")
 
 
+def _sharded(source: Path, shard: str) -> None:
+    """``source`` as a sharded checkpoint whose index maps every tensor to ``shard``."""
+    from safetensors import safe_open
+
+    (weights,) = source.glob("*.safetensors")
+    with safe_open(str(weights), "np") as handle:
+        names = list(handle.keys())
+    (source / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        name: shard for name in names}}))
+    weights.rename(source / "shard-1.safetensors")
+
+
+@pytest.mark.parametrize("shard, needle", [
+    ("fifo", "not a regular file in the checkpoint folder"),  # opened by transformers: blocked for good
+    ("/dev/zero", "not a file name in the checkpoint folder"),  # read until memory ran out
+    ("../outside.safetensors", "not a file name in the checkpoint folder"),  # weights from elsewhere, unsized
+    ("link", "not a regular file in the checkpoint folder"),  # a link out of the folder
+    ("absent.safetensors", "which the checkpoint folder does not hold"),
+])
+def test_a_sharded_index_may_name_only_regular_files_beside_it(source, tmp_path, capsys, shard, needle):
+    _sharded(source, shard)
+    if shard == "fifo":
+        os.mkfifo(source / "fifo")
+    if shard == "link":
+        (tmp_path / "outside.safetensors").write_bytes((source / "shard-1.safetensors").read_bytes())
+        (source / "link").symlink_to(tmp_path / "outside.safetensors")  # a name in the folder, a file out of it
+    assert_refused(capsys, needle, source, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+
+
+def test_a_sharded_checkpoint_of_shards_beside_its_index_exports(source, tmp_path, capsys):
+    _sharded(source, "shard-1.safetensors")
+    code, lines = export(capsys, source, tmp_path / "out")
+    assert code == 0, lines
+
+
+def test_a_config_without_a_pad_token_is_one_error_line(source, tmp_path, capsys):
+    config = json.loads((source / "config.json").read_text())
+    config["pad_token_id"] = None
+    (source / "config.json").write_text(json.dumps(config))
+    assert_refused(capsys, "sets no pad_token_id", source, tmp_path / "out")  # was int(None)'s TypeError
+
+
 @pytest.mark.parametrize("field, value, needle", [
     ("encoder_layers", 10**7, "encoder_layers must be an integer from 1 to 512, got 10000000"),  # built for minutes
     ("d_model", 10**6, "d_model must be an integer from 1 to 65536, got 1000000"),

@@ -175,6 +175,10 @@ def test_bad_paths_are_refused(tmp_path, fake_checkpoint):
     (finished / CONFIG_FILE).write_text("{}")
     with pytest.raises(ExportError, match="pass --resume .* or choose another --out"):
         train_drafter(fake_checkpoint, sources, finished, progress=False)
+    for inside in (fake_checkpoint, fake_checkpoint / "drafter"):  # it wrote into the checkpoint folder
+        with pytest.raises(ExportError, match="the checkpoint directory .*; write the drafter somewhere else"):
+            train_drafter(fake_checkpoint, sources, inside, progress=False)
+    assert not (fake_checkpoint / "drafter").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")

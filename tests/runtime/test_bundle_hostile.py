@@ -763,6 +763,21 @@ def test_a_post_processor_naming_an_id_past_the_vocabulary_is_refused_at_load(bu
     assert_cli_one_error(bundle_copy, capsys, needle)
 
 
+def test_a_vocabulary_whose_ids_pass_the_model_s_is_refused_at_load(bundle_copy, capsys):
+    """As many tokens as the model's rows, but ids past them: it loaded, and the first text with
+    such a word ended a whole `aggdec generate` run."""
+    def edit(tokenizer):
+        vocab = tokenizer["model"]["vocab"]
+        for index in range(5):
+            vocab[f"w{index}"] = 200 + index
+
+    _edit_tokenizer(bundle_copy, edit)
+    needle = "tokenizer.json has token ids up to 204 but manifest vocab_size is"
+    with pytest.raises(BundleError, match=needle):
+        Generator(bundle_copy, threads=1)
+    assert_cli_one_error(bundle_copy, capsys, needle)
+
+
 def test_a_tokenizer_that_fails_on_text_is_refused_at_load(bundle_copy, capsys):
     """A WordLevel model without its unknown token: tokenizers raises a bare Exception on any
     word it lacks, which reached the caller of generate (and a server's 500)."""
