@@ -158,6 +158,19 @@ def test_a_peer_that_cannot_be_imported_is_skipped_with_a_note(reference_bundle,
     assert "gec" not in report["summary"]["rows"][0]  # no targets in a plain source file
 
 
+def test_a_checkpoint_that_is_not_the_bundle_s_model_is_refused(reference_bundle, random_checkpoint, tmp_path):
+    """The peers would decode another model and the report compare the two ("= greedy 0.0%")."""
+    data = tmp_path / "data.txt"
+    data.write_text("Це речення .\n", encoding="utf-8")
+    result = aggdec("bench", str(reference_bundle), "--checkpoint", str(random_checkpoint("bart")), "--data",
+                    str(data), "--systems", "hf-greedy", "--out", str(tmp_path / "out"), "--work",
+                    str(tmp_path / "work"), "--no-progress")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "is not the model the bundle" in result.stderr and "its config.json has d_model" in result.stderr
+    assert not (tmp_path / "out" / "bench.json").exists()
+
+
 def test_peers_need_the_checkpoint(reference_bundle, tmp_path):
     data = tmp_path / "data.txt"
     data.write_text("Це речення .\n", encoding="utf-8")

@@ -90,6 +90,34 @@ def _check(options: BenchOptions) -> None:
             raise InputError(f"--round-trip {str(options.round_trip)!r} is not an aggdec bundle (no manifest.json).")
 
 
+def check_pair(bundle: Path, checkpoint: Path) -> None:
+    """Refuse a ``--checkpoint`` that is not the model ``bundle`` was exported from, as far as its
+    config says: the peers would decode another model, and the report compare the two ("=
+    greedy 0.0%"). A Marian folder makes a "marian-native" bundle; a Hugging Face checkpoint's
+    width and vocabulary are the manifest's."""
+    import json
+
+    from aggdec.export.marian.export import FAMILY as MARIAN_FAMILY
+    from aggdec.runtime.manifest import load_manifest
+
+    manifest = load_manifest(bundle)
+    where = f"--checkpoint {str(checkpoint)!r} is not the model the bundle {str(bundle)!r} was exported from"
+    if model_format(checkpoint) == "marian":
+        if manifest.family != MARIAN_FAMILY:
+            raise InputError(f"{where}: a Marian model folder, and the bundle is of the {manifest.family!r} family.")
+        return
+    if manifest.family == MARIAN_FAMILY:
+        raise InputError(f"{where}: a Hugging Face checkpoint, and the bundle was made from a Marian model folder.")
+    try:
+        config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the peers' own loading names what is wrong with it
+    for field, value in (("d_model", manifest.d_model), ("vocab_size", manifest.vocab_size)):
+        given = config.get(field) if isinstance(config, dict) else None
+        if isinstance(given, int) and not isinstance(given, bool) and given != value:
+            raise InputError(f"{where}: its config.json has {field} {given}, the bundle {value}.")
+
+
 def model_format(folder: Path) -> str | None:
     """"huggingface" (a save_pretrained folder), "marian" (Marian's own folder) or None."""
     if (folder / "config.json").is_file():
@@ -148,6 +176,8 @@ def run_bench(options: BenchOptions) -> int:
         bundle, checkpoint = exported_bundle(options.checkpoint, work)
     else:
         bundle, checkpoint = options.bundle, options.checkpoint
+        if checkpoint is not None:
+            check_pair(bundle, checkpoint)
 
     notes: list[str] = []
     generator = Generator(bundle)
