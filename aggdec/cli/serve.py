@@ -9,9 +9,6 @@ from aggdec.runtime.options import MODES
 
 from .arguments import add_gpu_arguments, finite_non_negative, gpu_options, port, positive_float, positive_int
 
-DEFAULT_MAX_TEXTS = 64  # --max-texts when not given and --max-queue is not lower
-
-
 def register(commands) -> argparse.ArgumentParser:
     """The `serve` subcommand, its arguments and what runs it."""
     parser = commands.add_parser(
@@ -63,15 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise InputError(f"--max-replicas {args.max_replicas} is below --replicas {args.replicas}.")
-    # A request of more texts than the queue holds could never be queued, even on an idle server
-    # (a 429 would have its client retry forever): refused here, before the bundle loads, for
-    # `--ray` too. Not given, --max-texts follows a lower --max-queue, so that `--max-queue 8`
-    # alone still starts a server (the engine answers 413 where it is built otherwise).
-    max_texts = min(DEFAULT_MAX_TEXTS, args.max_queue) if args.max_texts is None else args.max_texts
-    if max_texts > args.max_queue:
-        raise InputError(f"--max-texts {max_texts} is above --max-queue {args.max_queue}: a request of more texts "
-                         f"than the queue holds could never be admitted; give --max-texts {args.max_queue} or less, "
-                         "or a larger --max-queue.")
+    from aggdec.serve.engine import max_texts_within  # no web framework: before the bundle loads, for --ray too
+
+    max_texts = max_texts_within(args.max_texts, args.max_queue, ("--max-texts", "--max-queue"))
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401

@@ -46,7 +46,7 @@ from aggdec.runtime.generator import Generator
 from aggdec.runtime.options import Mode
 from aggdec.runtime.values import is_finite_real
 
-from .engine import Engine, EngineHooks, Overloaded, TooManyTexts, Warmup, warm_up
+from .engine import DEFAULT_MAX_TEXTS, Engine, EngineHooks, Overloaded, TooManyTexts, Warmup, warm_up
 from .metrics import Metrics
 
 GENERATE_PATH = "/v1/generate"
@@ -64,7 +64,7 @@ class Settings:
     max_wait_ms: float = 0.0
     max_queue: int = 256  # texts waiting for a slot, over every mode; past it: 429
     timeout_s: float = 30.0  # a request's deadline; past it: 504 and its rows are dropped
-    max_texts: int = 64  # texts per request; more: 413 (`aggdec serve` refuses one above max_queue)
+    max_texts: int = DEFAULT_MAX_TEXTS  # texts per request; more: 413 (engine.max_texts_within: at most max_queue)
     max_body_bytes: int = 1 << 20  # request body; larger: 413
     warmup_text: str = "warm up"
     warm_at_startup: bool = False  # True: the app's startup waits for the warm-up (Ray replicas)

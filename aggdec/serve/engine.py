@@ -42,6 +42,24 @@ class Overloaded(AggdecError, RuntimeError):
         self.retry_after = retry_after
 
 
+DEFAULT_MAX_TEXTS = 64  # texts a request may hold, where the queue holds as many
+
+
+def max_texts_within(max_texts: int | None, max_queue: int, names: tuple[str, str] = ("max_texts", "max_queue")) -> int:
+    """The texts a request may hold: ``max_texts``, or not given :data:`DEFAULT_MAX_TEXTS` or a
+    lower ``max_queue`` (so that a small queue alone still makes a server). One given above
+    ``max_queue`` is an InputError naming both (``names``: how the caller spells them): a
+    request of more texts than the queue holds could never be queued, and its 429 would be
+    retried for ever (:class:`TooManyTexts` is the engine's own answer to one)."""
+    if max_texts is None:
+        return min(DEFAULT_MAX_TEXTS, max_queue)
+    if max_texts > max_queue:
+        texts, queue = names
+        raise InputError(f"{texts} {max_texts} is above {queue} {max_queue}: a request of more texts than the queue "
+                         f"holds could never be admitted; give {texts} {max_queue} or less, or a larger {queue}.")
+    return max_texts
+
+
 class TooManyTexts(InputError):
     """A request has more texts than the queue holds at all (HTTP 413): no retry can admit it, so
     it is not :class:`Overloaded`, whose 429 and Retry-After would have a client retry forever."""

@@ -33,6 +33,7 @@ from typing import Any
 from ray import serve
 
 from .app import Settings
+from .engine import max_texts_within
 
 APP_NAME = "aggdec"
 
@@ -96,13 +97,8 @@ def app_builder(args: dict[str, str]):
         raise ValueError(f"app_builder takes bundle=DIR and any of {sorted(known - {'bundle'})}; "
                          f"got {sorted(args)}")
     max_queue = int(args.get("max_queue", 256))
-    # as `aggdec serve` has them: not given, max_texts follows a lower max_queue; given above it,
-    # refused (such a request could never be queued, and its 429 would be retried forever)
-    max_texts = int(args["max_texts"]) if "max_texts" in args else min(64, max_queue)
-    if max_texts > max_queue:
-        raise ValueError(f"app_builder's max_texts {max_texts} is above max_queue {max_queue}: a request of more "
-                         f"texts than the queue holds could never be admitted; give max_texts {max_queue} or less, "
-                         "or a larger max_queue")
+    # as `aggdec serve` has them (an InputError is a ValueError, as the checks above raise)
+    max_texts = max_texts_within(int(args["max_texts"]) if "max_texts" in args else None, max_queue)
     settings = Settings(mode=args.get("mode", "iad"), max_batch=int(args.get("max_batch", 32)),
                         max_wait_ms=float(args.get("max_wait_ms", 0)), max_queue=max_queue,
                         timeout_s=float(args.get("timeout_s", 30)), max_texts=max_texts,
