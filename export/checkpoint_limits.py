@@ -89,21 +89,25 @@ def check_weight_index(src: Path) -> None:
             raise ExportError(f"{where!r} is not a weight index (JSON with a weight_map object).") from None
         if not isinstance(weight_map, dict):
             raise ExportError(f"{where!r}: weight_map is not an object of tensor name -> file.")
-        for shard in sorted({value for value in weight_map.values() if isinstance(value, str)}
-                            | {repr(value) for value in weight_map.values() if not isinstance(value, str)}):
-            shown = shard if len(shard) <= 80 else f"{shard[:80]}..."
-            plain = shard and "/" not in shard and "\\" not in shard and "\0" not in shard and shard not in (".", "..")
+        shards: list = []  # each file once, in the index's order (a list: a hostile value may be unhashable)
+        for value in weight_map.values():
+            if value not in shards:
+                shards.append(value)
+        for shard in shards:
+            shown = repr(shard)[:80]
+            plain = (isinstance(shard, str) and shard and not any(c in shard for c in "/\\\0")
+                     and shard not in (".", ".."))
             if not plain:
-                raise ExportError(f"{where!r} names the shard {shown!r}, which is not a file name in the checkpoint "
+                raise ExportError(f"{where!r} names the shard {shown}, which is not a file name in the checkpoint "
                                   "folder; shards lie beside the index.")
             target = src / shard
             try:
                 regular = stat.S_ISREG(os.stat(target).st_mode)
             except OSError:
-                raise ExportError(f"{where!r} names the shard {shown!r}, which the checkpoint folder does not "
+                raise ExportError(f"{where!r} names the shard {shown}, which the checkpoint folder does not "
                                   "hold.") from None
             if not regular:
-                raise ExportError(f"{where!r} names the shard {shown!r}, which is not a regular file (a device, "
+                raise ExportError(f"{where!r} names the shard {shown}, which is not a regular file (a device, "
                                   "a FIFO or a directory).")
 
 
