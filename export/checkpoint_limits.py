@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.errors import ExportError
+from .safety import one_line
 
 # the largest value each size field may take; real seq2seq models stay far below (NLLB 54B:
 # 24 + 24 layers, d_model 2048, vocabulary 256k; T5-XXL d_ff 10240 and 128 heads of 128)
@@ -132,3 +133,33 @@ def check_parameters(src: Path, config: Any) -> None:
         raise ExportError(f"{str(src / 'config.json')!r} describes a model of {parameters:,} parameters, but its "
                           f"weight files hold only {stored:,} bytes: the weights are cut short, or the config "
                           "belongs to another model.")
+
+
+def load_model(src: Path) -> tuple[Any, list[str]]:
+    """``AutoModelForSeq2SeqLM.from_pretrained(src)`` in float32, refusing weight files that lack
+    a tensor the config's model has. transformers initializes a missing tensor at random and
+    only logs it, so the export would validate its graphs against that random draw and publish
+    a bundle of it. transformers leaves out of ``missing_keys`` what a model legitimately does
+    not store (tied weights, Marian's sinusoidal tables, a zero ``final_logits_bias``), so any
+    key left there was meant to be in the files: a tensor dropped, or a config with more or
+    larger layers than the files hold. Stored tensors the config has no place for
+    (``unexpected_keys``) are returned for the caller to report: transformers ignores them,
+    as the bundle then does."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    try:
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager",
+                                                            output_loading_info=True)
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, ...
+        raise ExportError(f"could not load the model weights from {str(src)!r} ({one_line(exc)}); give a directory "
+                          "written by save_pretrained() with model.safetensors or pytorch_model.bin.") from exc
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ExportError(f"the weight files in {str(src)!r} lack {len(missing)} tensor(s) its config.json describes "
+                          f"({shown}); transformers would fill them with random values. The files are incomplete, or "
+                          "config.json belongs to another model (more or larger layers than stored).")
+    model.eval()
+    model.requires_grad_(False)
+    return model, sorted(info.get("unexpected_keys") or ())

@@ -18,7 +18,7 @@ from ..runtime.bundle_schema import CROSS_KEY_LAYOUTS
 from ..runtime.decoding.cache import KEYS_TRANSPOSED
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
-from .checkpoint_limits import check_parameters, check_sizes, check_weight_index
+from .checkpoint_limits import check_parameters, check_sizes, check_weight_index, load_model
 from .codec_check import check_codec
 from .families import ARCHITECTURES, family_for
 from .piece_tokenizer import PieceTokenizerFiles, convert, is_piece_tokenizer
@@ -180,7 +180,7 @@ def _set_source_language(tokenizer, code: str) -> None:
                           "before a text after setting src_lang.")
 
 
-def _read_config(src: Path):
+def read_config(src: Path):
     """The checkpoint's config and family adapter: refuses a bad source before any heavy work."""
     from transformers import AutoConfig
 
@@ -198,19 +198,14 @@ def _read_config(src: Path):
 
 
 def _load(src: Path, config):
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    """The model, its tokenizer (the runtime's copy of a piece tokenizer), its generation config,
+    and the stored tensors the model has no place for (checkpoint_limits.load_model)."""
+    from transformers import AutoTokenizer
 
     _generation_config(src, config)  # a damaged generation_config.json is named before the model loads it
     check_weight_index(src)
     check_parameters(src, config)
-    try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager")
-    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, ...
-        raise ExportError(f"could not load the model weights from {str(src)!r} ({one_line(exc)}); give a directory "
-                          "written by save_pretrained() with model.safetensors or pytorch_model.bin.") from exc
-    model.eval()
-    model.requires_grad_(False)
+    model, unused = load_model(src)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same advice
@@ -219,7 +214,7 @@ def _load(src: Path, config):
         # Hub OPUS-MT checkpoints: source.spm/target.spm and vocab.json, for which transformers has no
         # fast tokenizer; the bundle gets the runtime's own copy of it, checked against it
         return model, convert(tokenizer, int(model.get_output_embeddings().weight.shape[0]), str(src)), \
-            _generation_config(src, config)
+            _generation_config(src, config), unused
     if not getattr(tokenizer, "is_fast", False):
         try:
             convertible = getattr(AutoTokenizer.from_pretrained(src, use_fast=True), "is_fast", False)
@@ -231,7 +226,7 @@ def _load(src: Path, config):
                   "(M2M100Tokenizer, for one, is not supported yet; NLLB checkpoints ship tokenizer.json).")
         raise ExportError(f"the tokenizer in {str(src)!r} is a slow ({type(tokenizer).__name__}) tokenizer; aggdec's "
                           f"runtime needs tokenizer.json. {advice}")
-    return model, tokenizer, _generation_config(src, config)
+    return model, tokenizer, _generation_config(src, config), unused
 
 
 def cleans_up_spaces(tokenizer) -> bool:
@@ -361,9 +356,13 @@ def export_bundle(
     check_options(opset, top_k, max_source_len, max_target_len)
     check_destination(src, out, force)
     started = time.perf_counter()
-    config, family = _read_config(src)
+    config, family = read_config(src)
     say(progress, f"[1/5] loading {src} ({family.name})")
-    model, tokenizer, generation_config = _load(src, config)
+    model, tokenizer, generation_config, unused = _load(src, config)
+    if unused:
+        say(progress, f"      note: the weight files hold {len(unused)} tensor(s) the config's model has no place for "
+                      f"({', '.join(unused[:3])}{', ...' if len(unused) > 3 else ''}); transformers ignores them, "
+                      "and so does the bundle")
     if source_language is not None:
         _set_source_language(tokenizer, source_language)
     vocab = int(model.get_output_embeddings().weight.shape[0])

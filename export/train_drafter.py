@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from ..runtime.errors import ExportError
 from ..runtime.decoding.alignment import source_position_offsets
-from .checkpoint_limits import DRAFTER_SIZE_LIMITS
+from .checkpoint_limits import DRAFTER_SIZE_LIMITS, check_parameters, check_weight_index, load_model
 from .drafter import CONFIG_FILE, POSITIONS, WEIGHTS_FILE, Drafter, drafter_inputs, new_drafter_from_verifier
 from .safety import one_line
 from .marian.export import is_marian_folder
@@ -353,15 +353,22 @@ def _read_sources(path: Path) -> list[str]:
 
 
 def _load_verifier(src: Path, device: torch.device) -> tuple[nn.Module, Any]:
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+    """The checkpoint's model, frozen (only the drafter learns), and tokenizer, with the checks
+    ``aggdec export`` makes of an untrusted checkpoint (sizes, weight index, weights that lack a
+    tensor) before and while loading it."""
+    from transformers import AutoTokenizer
 
-    from .families import family_for
+    from .pipeline import read_config
 
-    family_for(AutoConfig.from_pretrained(src))  # unsupported architectures fail before loading weights
-    model = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32).to(device)
-    model.eval()
-    model.requires_grad_(False)  # frozen: only the drafter learns
-    return model, AutoTokenizer.from_pretrained(src)
+    config, _family = read_config(src)  # unsupported architectures fail before loading weights
+    check_weight_index(src)
+    check_parameters(src, config)
+    model, _unused = load_model(src)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same one line
+        raise ExportError(f"could not load the tokenizer from {str(src)!r} ({one_line(exc)}).") from exc
+    return model.to(device), tokenizer
 
 
 def _distill_key(src: Path, sources: Sequence[str], max_new_tokens: int) -> str:

@@ -159,6 +159,51 @@ def test_a_config_without_a_pad_token_is_one_error_line(source, tmp_path, capsys
     assert_refused(capsys, "sets no pad_token_id", source, tmp_path / "out")  # was int(None)'s TypeError
 
 
+def _drop_tensor(checkpoint: Path, fragment: str) -> str:
+    """Deletes the first stored tensor whose name holds ``fragment``; returns its name."""
+    from safetensors.torch import load_file, save_file
+
+    (weights,) = checkpoint.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = next(key for key in tensors if fragment in key)
+    del tensors[name]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return name
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_weights_that_lack_a_tensor_are_refused(random_checkpoint, tmp_path, capsys, family):
+    """transformers fills a missing tensor with random values and only logs it: the export then
+    validated its graphs against that random draw and published it."""
+    source = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint(family), source)
+    dropped = _drop_tensor(source, "decoder")
+    error = assert_refused(capsys, "lack 1 tensor(s) its config.json describes", source, tmp_path / "out")
+    assert dropped in error
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+
+
+def test_a_config_with_more_layers_than_stored_is_refused(source, tmp_path, capsys):
+    config = json.loads((source / "config.json").read_text())
+    config["decoder_layers"] += 1
+    (source / "config.json").write_text(json.dumps(config))
+    error = assert_refused(capsys, "tensor(s) its config.json describes", source, tmp_path / "out")
+    assert f"model.decoder.layers.{config['decoder_layers'] - 1}." in error
+
+
+def test_stored_tensors_the_model_has_no_place_for_are_named_and_ignored(source, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    (weights,) = source.glob("*.safetensors")
+    tensors = load_file(weights)
+    tensors["model.decoder.stray.weight"] = tensors[next(iter(tensors))].clone()
+    save_file(tensors, weights, metadata={"format": "pt"})
+    code, lines = export(capsys, source, tmp_path / "out")
+    assert code == 0, lines
+    assert any("1 tensor(s) the config's model has no place for (model.decoder.stray.weight)" in line
+               for line in lines), lines
+
+
 @pytest.mark.parametrize("field, value, needle", [
     ("encoder_layers", 10**7, "encoder_layers must be an integer from 1 to 512, got 10000000"),  # built for minutes
     ("d_model", 10**6, "d_model must be an integer from 1 to 65536, got 1000000"),

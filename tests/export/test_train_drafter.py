@@ -194,6 +194,24 @@ def test_too_many_heldout_sources_are_refused(tmp_path, random_checkpoint):
                       TrainOptions(heldout=5), progress=False)
 
 
+def test_a_checkpoint_whose_weights_lack_a_tensor_is_refused_before_distilling(tmp_path, random_checkpoint):
+    """As `aggdec export` refuses it: transformers would train against a randomly filled tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source = tmp_path / "ckpt"
+    shutil.copytree(random_checkpoint("t5"), source)
+    (weights,) = source.glob("*.safetensors")
+    tensors = load_file(weights)
+    del tensors[next(key for key in tensors if "decoder" in key)]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ExportError, match=r"lack 1 tensor\(s\) its config.json describes"):
+        train_drafter(source, _sources(tmp_path / "s.txt", 5), tmp_path / "out", TrainOptions(heldout=1),
+                      progress=False)
+    assert not (tmp_path / "out" / "distill.jsonl").exists()
+
+
 def test_sources_that_are_not_utf8_are_one_error_naming_the_line(tmp_path, random_checkpoint):
     """It was a UnicodeDecodeError traceback."""
     sources = tmp_path / "s.txt"
