@@ -142,9 +142,10 @@ def load_model(src: Path) -> tuple[Any, list[str]]:
     a bundle of it. transformers leaves out of ``missing_keys`` what a model legitimately does
     not store (tied weights, Marian's sinusoidal tables, a zero ``final_logits_bias``), so any
     key left there was meant to be in the files: a tensor dropped, or a config with more or
-    larger layers than the files hold. Stored tensors the config has no place for
-    (``unexpected_keys``) are returned for the caller to report: transformers ignores them,
-    as the bundle then does."""
+    larger layers than the files hold. A weight holding NaN or infinity is refused by name (the
+    export's checks failed on it as if a graph were wrong). Stored tensors the config has no
+    place for (``unexpected_keys``) are returned for the caller to report: transformers
+    ignores them, as the bundle then does."""
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
@@ -160,6 +161,11 @@ def load_model(src: Path) -> tuple[Any, list[str]]:
         raise ExportError(f"the weight files in {str(src)!r} lack {len(missing)} tensor(s) its config.json describes "
                           f"({shown}); transformers would fill them with random values. The files are incomplete, or "
                           "config.json belongs to another model (more or larger layers than stored).")
+    for name, parameter in model.named_parameters():  # buffers may hold -inf masks on purpose; weights never
+        if not torch.isfinite(parameter).all():
+            bad = int((~torch.isfinite(parameter)).sum())
+            raise ExportError(f"the weights in {str(src)!r} hold {bad:,} NaN or infinite value(s) in {name}; the "
+                              "checkpoint is damaged (or was saved after training diverged).")
     model.eval()
     model.requires_grad_(False)
     return model, sorted(info.get("unexpected_keys") or ())

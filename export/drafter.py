@@ -23,6 +23,7 @@ import math
 import reprlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -304,6 +305,25 @@ def drafter_inputs(prefixes: list[list[int]], k: int, mask_id: int, pad_id: int,
             torch.tensor([len(full) - len(p) for full, p in zip(prefixes, seen)], dtype=torch.int64))
 
 
+class DrafterShape(NamedTuple):
+    """What a drafter takes of a Hugging Face verifier's shape (its feed-forward width the default)."""
+    family: str
+    d_model: int
+    num_heads: int
+    head_dim: int
+    ffn_dim: int
+
+
+def drafter_shape(model: nn.Module) -> DrafterShape:
+    from .families import family_for
+
+    family = family_for(model.config)
+    parts = family.decoder_parts(model)
+    ffn_dim = int(getattr(model.config, "decoder_ffn_dim", None) or getattr(model.config, "d_ff", None)
+                  or 4 * model.config.d_model)
+    return DrafterShape(family.name, int(model.config.d_model), parts.num_heads, parts.head_dim, ffn_dim)
+
+
 def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, seed: int = 0, window: int = 0,
                               encoder_layers: int = 0, positions: str = "output", ffn_dim: int | None = None
                               ) -> Drafter:
@@ -317,17 +337,15 @@ def new_drafter_from_verifier(model: nn.Module, layers: int = 2, k: int = 25, se
     """
     from .families import family_for
 
-    family = family_for(model.config)
-    parts = family.decoder_parts(model)
+    shape = drafter_shape(model)
+    parts = family_for(model.config).decoder_parts(model)  # the layers it copies from
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    ffn_dim = ffn_dim or int(getattr(model.config, "decoder_ffn_dim", None) or getattr(model.config, "d_ff", None)
-                             or 4 * model.config.d_model)
     max_positions = int(getattr(model.config, "max_position_embeddings", 512) or 512) + k + 1
     config = DrafterConfig(
-        vocab_size=vocab, d_model=int(model.config.d_model), num_heads=parts.num_heads, head_dim=parts.head_dim,
-        ffn_dim=ffn_dim, layers=layers, k=k, max_positions=max_positions,
+        vocab_size=vocab, d_model=shape.d_model, num_heads=shape.num_heads, head_dim=shape.head_dim,
+        ffn_dim=ffn_dim or shape.ffn_dim, layers=layers, k=k, max_positions=max_positions,
         pad_token_id=int(model.config.pad_token_id), eos_token_id=int(model.config.eos_token_id),
-        family=family.name, window=window, encoder_layers=encoder_layers, positions=positions,
+        family=shape.family, window=window, encoder_layers=encoder_layers, positions=positions,
     )
     torch.manual_seed(seed)
     drafter = Drafter(config)

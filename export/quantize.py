@@ -64,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.bundle_schema import MAX_TEXT_LEN
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, load_manifest, manifest_digest, hash_files
 from ..runtime.segmentation import SENTENCEPIECE, SENTENCEPIECE_FILE
@@ -763,6 +764,9 @@ def _check_options(precision: str, options: QuantizeOptions) -> None:
                           "quantization has neither the second pass nor 8-bit weights): pass encoder='per-row' "
                           "(--encoder-quantization per-row).")
     if options.float_products:
+        if len(options.float_products) > MAX_TEXT_LEN:  # the manifest records it: refused there after converting
+            raise ExportError(f"float_products is {len(options.float_products)} characters long; the manifest keeps "
+                              f"a pattern of at most {MAX_TEXT_LEN}.")
         try:
             re.compile(options.float_products)
         except re.error as exc:

@@ -38,9 +38,12 @@ import torch
 from torch import Tensor, nn
 
 from ..runtime.errors import ExportError
+from ..runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ..runtime.decoding.alignment import source_position_offsets
+from ..runtime.decoding.cache import physical_memory
 from .checkpoint_limits import DRAFTER_SIZE_LIMITS, check_parameters, check_weight_index, load_model
-from .drafter import CONFIG_FILE, POSITIONS, WEIGHTS_FILE, Drafter, drafter_inputs, new_drafter_from_verifier
+from .drafter import (CONFIG_FILE, POSITIONS, WEIGHTS_FILE, Drafter, drafter_inputs, drafter_shape,
+                      new_drafter_from_verifier)
 from .safety import one_line
 from .marian.export import is_marian_folder
 
@@ -57,6 +60,10 @@ _BETAS = (0.9, 0.999)
 _EPS = 1e-6
 _WEIGHT_DECAY = 0.01
 _CLIP_NORM = 1.0
+# far above any real run (a drafter trains for thousands of steps), and below what makes the
+# schedule's arithmetic and the report meaningless
+MAX_STEPS = 10**9
+MAX_EPOCHS = 10**6
 # Options that may change between a run and its --resume (they do not change what is learned).
 _RESUMABLE_CHANGES = frozenset({"steps", "epochs", "checkpoint_every", "device", "speed"})
 
@@ -165,6 +172,8 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
             raise ExportError(f"--heldout {options.heldout} leaves no sources to train on ({sources_path} has "
                               f"{len(sources)} the model can take); pass a smaller --heldout or more sources.")
         model = teacher.model.to(device)
+        config = teacher.model.config
+        check_training_memory(options, config.d_model, config.heads, config.ffn_dim, device)
         out.mkdir(parents=True, exist_ok=True)
         targets = _distill_marian(teacher, sources, src, out / DISTILL_FILE, options.max_new_tokens, progress)
         drafter = new_marian_drafter(model, layers=options.layers, k=options.k, seed=options.seed,
@@ -180,6 +189,8 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
         examples = _with_encoder_outputs(model, examples, layout, device, progress)
     else:
         model, tokenizer = _load_verifier(src, device)
+        shape = drafter_shape(model)
+        check_training_memory(options, shape.d_model, shape.num_heads, shape.ffn_dim, device)
         out.mkdir(parents=True, exist_ok=True)
         targets = _distill(model, tokenizer, sources, src, out / DISTILL_FILE, options.max_new_tokens, device,
                            progress)
@@ -210,7 +221,14 @@ def train_drafter(src_dir: str | Path, sources_file: str | Path, out_dir: str | 
                               f"({one_line(exc)}); run without --resume into another --out directory.") from None
         position = _Position(**saved["position"])
 
-    trained = _train_loop(drafter, model, optimizer, plan, layout, options, position, total, out, device, progress)
+    try:
+        trained = _train_loop(drafter, model, optimizer, plan, layout, options, position, total, out, device,
+                              progress)
+    except RuntimeError as exc:  # torch.OutOfMemoryError too: the CPU allocator raises a plain RuntimeError
+        if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in str(exc):
+            raise
+        raise ExportError(f"training ran out of memory ({one_line(exc)[:200]}); pass a smaller --batch-tokens, --k "
+                          "or --ffn-dim.") from None
     drafter.eval()
     drafter.cpu().save(out)
     drafter.to(device)
@@ -258,6 +276,32 @@ def run_from_args(args: Any) -> int:
 # ---------------------------------------------------------------------------------- validation
 
 
+def check_training_memory(options: TrainOptions, d_model: int, heads: int, verifier_ffn_dim: int,
+                          device: torch.device) -> None:
+    """Refuse, before distillation, a drafter whose training cannot fit this machine's memory
+    by a lower bound of what it needs. ``--k 65536`` trained for as long as distillation took,
+    then asked the allocator for 64 GiB: every training example is at least its k slots long,
+    and each layer keeps a heads x slots x slots attention map for the backward pass. The
+    weights count four times (the weights, their gradients, Adam's two moments) and each layer
+    keeps its feed-forward activations. Only the CPU's memory is known here (a GPU's is
+    torch's to report)."""
+    if device.type != "cpu":
+        return
+    memory = physical_memory()
+    if memory is None:
+        return
+    ffn = options.ffn_dim or verifier_ffn_dim
+    slots = options.k + 1  # the shortest sequence a training example makes: one prefix token and k slots
+    layers = options.layers + options.encoder_layers
+    weights = layers * (4 * d_model * d_model + 2 * d_model * ffn)
+    needed = 4 * (4 * weights + options.layers * (heads * slots * slots + 2 * slots * ffn))
+    if needed > memory:
+        raise ExportError(f"training this drafter needs at least {needed / 2**30:,.1f} GiB (k {options.k}: each of "
+                          f"{options.layers} layer(s) keeps a {heads} x {slots} x {slots} attention map; feed-forward "
+                          f"width {ffn}), more than this machine's {memory / 2**30:,.1f} GiB; pass a smaller "
+                          "--k or --ffn-dim.")
+
+
 def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume: bool) -> None:
     """Every argument check that needs no model, with one sentence saying how to fix it."""
     if options.k < 1:
@@ -270,8 +314,9 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"encoder_layers must be 0 (none) or more, got {options.encoder_layers}.")
     if options.positions not in POSITIONS:
         raise ExportError(f"positions must be one of {', '.join(POSITIONS)}, got {options.positions!r}.")
-    if options.window < 0:
-        raise ExportError(f"window must be 0 (the whole output) or a number of tokens, got {options.window}.")
+    if not 0 <= options.window <= MAX_SEQUENCE_LEN:  # a bundle's draft_window is held to the same
+        raise ExportError(f"window must be 0 (the whole output) or a number of tokens up to {MAX_SEQUENCE_LEN}, "
+                          f"got {options.window}.")
     # the drafter's modules are built from these before training starts: --k 1000000000 made a
     # position table of a billion rows, --layers 10**9 built modules for hours (the limits a
     # drafter.json is held to, export/checkpoint_limits.py)
@@ -284,10 +329,12 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
         raise ExportError(f"seed must be an integer of at most {2**32 - 1} either way, got {options.seed!r}.")
     if options.steps is not None and options.epochs is not None:
         raise ExportError("give either steps or epochs, not both.")
-    for name in ("steps", "epochs"):
+    for name, most in (("steps", MAX_STEPS), ("epochs", MAX_EPOCHS)):
         value = getattr(options, name)
         if value is not None and value < 1:
             raise ExportError(f"{name} must be at least 1, got {value}.")
+        if value is not None and value > most:
+            raise ExportError(f"{name} must be at most {most:,}, got {value:,}.")
     for name in ("batch_tokens", "checkpoint_every", "max_new_tokens"):
         if getattr(options, name) < 1:
             raise ExportError(f"{name} must be at least 1, got {getattr(options, name)}.")
@@ -298,7 +345,8 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
     if not options.learning_rate > 0:
         raise ExportError(f"learning_rate must be positive, got {options.learning_rate}.")
     if not sources.is_file():
-        raise ExportError(f"sources file {str(sources)!r} does not exist; pass a text file with one source per line.")
+        what = "is not a file" if sources.exists() else "does not exist"
+        raise ExportError(f"sources file {str(sources)!r} {what}; pass a text file with one source per line.")
     if not _source_text(sources).strip():
         raise ExportError(f"sources file {str(sources)!r} is empty; it needs one source per line.")
     if not (src / "config.json").is_file() and not is_marian_folder(src):

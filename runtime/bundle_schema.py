@@ -102,10 +102,13 @@ def _type(value: Any, kind: type, what: str) -> None:
         raise Invalid(f"must be {what}, got {type(value).__name__} {show(value)}")
 
 
+MAX_TEXT_LEN = 256  # a free-text manifest field (a pattern, a name): writers check against it first
+
+
 def text(value: Any, data: dict) -> None:
     _type(value, str, "a string")
-    if not value or len(value) > 256:
-        raise Invalid(f"must be a non-empty string of at most 256 characters, got {show(value)}")
+    if not value or len(value) > MAX_TEXT_LEN:
+        raise Invalid(f"must be a non-empty string of at most {MAX_TEXT_LEN} characters, got {show(value)}")
 
 
 def integer(low: int, high: int | str | None = None, below: bool = False) -> Rule:

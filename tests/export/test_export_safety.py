@@ -183,6 +183,19 @@ def test_weights_that_lack_a_tensor_are_refused(random_checkpoint, tmp_path, cap
     assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
 
 
+def test_weights_holding_nan_are_refused_by_name(source, tmp_path, capsys):
+    """They failed the export's position-independence check, as if a graph were wrong."""
+    from safetensors.torch import load_file, save_file
+
+    (weights,) = source.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = next(key for key in tensors if "fc1.weight" in key)
+    tensors[name][0, :3] = float("nan")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    error = assert_refused(capsys, "hold 3 NaN or infinite value(s) in", source, tmp_path / "out")
+    assert name in error
+
+
 def test_a_config_with_more_layers_than_stored_is_refused(source, tmp_path, capsys):
     config = json.loads((source / "config.json").read_text())
     config["decoder_layers"] += 1

@@ -838,6 +838,7 @@ def test_float_products_stay_float_and_the_bundle_stays_exact(tiny, tmp_path):
     (["--precision", "fp16", "--activations", "two-pass"], "--activations is for int8 bundles"),
     (["--precision", "fp16", "--float-products", "ssru"], "--float-products is for int8 bundles"),
     (["--float-products", "ssru("], "is not a regular expression"),
+    (["--float-products", "ssru|" * 60], "the manifest keeps a pattern of at most 256"),  # refused after converting
 ])
 def test_quantize_options_are_refused_with_one_line(tiny, tmp_path, capsys, flags, needle):
     _folder, bundle = tiny("ssru", "bin")

@@ -19,6 +19,7 @@ from aggdec.export.train_drafter import (
     DISTILL_FILE,
     REPORT_FILE,
     TrainOptions,
+    check_training_memory,
     run_from_args,
     train_drafter,
 )
@@ -150,6 +151,10 @@ def fake_checkpoint(tmp_path) -> Path:
     (TrainOptions(layers=10**9), "layers must be at most 512"),
     (TrainOptions(ffn_dim=10**12), "ffn_dim must be at most 1048576"),
     (TrainOptions(encoder_layers=10**8), "encoder_layers must be at most 512"),
+    # taken, then trained "forever" / refused by export once trained
+    (TrainOptions(steps=10**21), "steps must be at most 1,000,000,000"),
+    (TrainOptions(epochs=10**7), "epochs must be at most 1,000,000"),
+    (TrainOptions(window=10**11), "window must be 0 .* up to 65536"),
     # torch's seed overflowed after the model had loaded (a ValueError traceback)
     (TrainOptions(seed=2**64), "seed must be an integer of at most 4294967295 either way"),
     (TrainOptions(seed=-2**63), "seed must be an integer of at most 4294967295 either way"),
@@ -163,6 +168,8 @@ def test_bad_paths_are_refused(tmp_path, fake_checkpoint):
     sources = _sources(tmp_path / "s.txt", 5)
     with pytest.raises(ExportError, match="does not exist"):
         train_drafter(fake_checkpoint, tmp_path / "missing.txt", tmp_path / "out", progress=False)
+    with pytest.raises(ExportError, match="is not a file"):  # it said "does not exist"
+        train_drafter(fake_checkpoint, tmp_path, tmp_path / "out", progress=False)
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(ExportError, match="is empty"):
         train_drafter(fake_checkpoint, tmp_path / "empty.txt", tmp_path / "out", progress=False)
@@ -210,6 +217,17 @@ def test_a_checkpoint_whose_weights_lack_a_tensor_is_refused_before_distilling(t
         train_drafter(source, _sources(tmp_path / "s.txt", 5), tmp_path / "out", TrainOptions(heldout=1),
                       progress=False)
     assert not (tmp_path / "out" / "distill.jsonl").exists()
+
+
+def test_a_drafter_too_large_to_train_here_is_refused_before_distilling(tmp_path, random_checkpoint):
+    """--k 65536 distilled, then asked the allocator for 64 GiB of attention maps: a lower bound
+    of training's memory is checked against this machine's once the verifier has loaded."""
+    options = TrainOptions(k=65536, layers=512, heldout=1)  # 512 x heads x 65537^2 floats: terabytes
+    with pytest.raises(ExportError, match="training this drafter needs at least .* GiB .* more than this machine"):
+        train_drafter(random_checkpoint("t5"), _sources(tmp_path / "s.txt", 5), tmp_path / "out", options,
+                      progress=False)
+    assert not (tmp_path / "out" / "distill.jsonl").exists()
+    check_training_memory(TrainOptions(), 512, 8, 2048, torch.device("cpu"))  # a real drafter's size fits
 
 
 def test_sources_that_are_not_utf8_are_one_error_naming_the_line(tmp_path, random_checkpoint):
