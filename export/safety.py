@@ -86,6 +86,8 @@ def check_destination(src: Path, out: Path, force: bool) -> None:
         relation = "is" if target == source else "is inside" if source in target.parents else "contains"
         raise ExportError(f"OUT_DIR {str(out)!r} {relation} the checkpoint directory {str(src)!r}; "
                           "write the bundle somewhere else.")
+    if target == Path.cwd().resolve():  # replacing it renames "." (EBUSY), after the whole export
+        raise ExportError(f"OUT_DIR {str(out)!r} is the current directory; give the bundle a directory of its own.")
     if out.is_symlink():
         raise ExportError(f"OUT_DIR {str(out)!r} is a symbolic link; give the directory itself.")
     if out.exists() and not out.is_dir():

@@ -338,8 +338,9 @@ def _validate(src: Path, sources: Path, out: Path, options: TrainOptions, resume
     for name in ("batch_tokens", "checkpoint_every", "max_new_tokens"):
         if getattr(options, name) < 1:
             raise ExportError(f"{name} must be at least 1, got {getattr(options, name)}.")
-    if options.warmup_steps < 0 or options.heldout < 0:
-        raise ExportError("warmup_steps and heldout must not be negative.")
+    for name in ("warmup_steps", "heldout"):  # named alone: the command line has --heldout only
+        if getattr(options, name) < 0:
+            raise ExportError(f"{name} must not be negative, got {getattr(options, name)}.")
     if not 0.0 <= options.glancing <= 1.0:
         raise ExportError(f"glancing must be between 0 (off) and 1, got {options.glancing}.")
     if not options.learning_rate > 0:

@@ -44,3 +44,22 @@ def test_generate_refuses_options_the_bundle_cannot_honour(gad_bundle, tmp_path,
     assert main(["generate", str(bundle), "--input", str(source), "--mode", "gad", "--draft-k",
                  str(K), "--max-new-tokens", "6"]) == 0
     assert capsys.readouterr().out.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "", "out"], ["export", "src", ""], ["export", "src", "out", "--drafter", ""],
+    ["quantize", "", "out"], ["quantize", "bundle", " "],
+    ["train-drafter", "", "--sources", "s.txt", "--out", "o"], ["train-drafter", "src", "--sources", "", "--out", "o"],
+    ["train-drafter", "src", "--sources", "s.txt", "--out", ""],
+    ["generate", ""], ["generate", "b", "--output", ""], ["serve", ""], ["build-engines", ""],
+    ["bench", "", "--checkpoint", "c"], ["bench", "b", "--out", ""], ["bench", "b", "--work", ""],
+    ["loadtest", "http://127.0.0.1:1", "--bundle", ""],
+])
+def test_an_empty_path_argument_is_a_usage_error(argv, capsys, tmp_path, monkeypatch):
+    """The file system reads "" as the current directory: `aggdec export "" OUT` exported the
+    working directory, and an OUT_DIR of "" ran a whole export before failing to replace "."."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2 and "expected a path, got an empty string" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -16,6 +16,15 @@ def positive_int(text: str) -> int:
     return value
 
 
+def path_text(text: str) -> str:
+    """A file or directory argument: an empty one is refused, where the file system reads it as
+    the current directory (``aggdec export "" OUT`` exported the working directory; an OUT_DIR
+    of "" ran a whole export, then failed to replace ".")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
 def port(text: str) -> int:
     """A TCP port: 0 (any free one) .. 65535."""
     try:

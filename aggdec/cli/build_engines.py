@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .arguments import positive_int
+from .arguments import path_text, positive_int
 
 
 def register(commands) -> argparse.ArgumentParser:
@@ -21,8 +21,8 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
-    parser.add_argument("--out", metavar="DIR", help="where the engines go (default: BUNDLE.engines)")
+    parser.add_argument("bundle", metavar="BUNDLE", type=path_text, help="a directory written by `aggdec export`")
+    parser.add_argument("--out", metavar="DIR", type=path_text, help="where the engines go (default: BUNDLE.engines)")
     parser.add_argument("--fp16", action="store_true", help="allow fp16 kernels (faster; outputs may differ from fp32)")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 kernels (off: TensorRT's default is on)")
     parser.add_argument("--max-batch", type=positive_int, default=16, help="most rows per call (16)")

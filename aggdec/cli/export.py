@@ -8,6 +8,8 @@ import sys
 from aggdec.runtime.bundle_schema import PRECISIONS
 from aggdec.runtime.errors import AggdecError
 
+from .arguments import path_text
+
 
 def register(commands) -> argparse.ArgumentParser:
     """The `export` subcommand, its arguments and what runs it."""
@@ -19,15 +21,15 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", metavar="SRC_DIR", help="a local save_pretrained directory (model + tokenizer), or a "
+    parser.add_argument("src", metavar="SRC_DIR", type=path_text, help="a local save_pretrained directory (model + tokenizer), or a "
                                                        "Marian model folder as it ships (docs/marian.md)")
-    parser.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
+    parser.add_argument("out", metavar="OUT_DIR", type=path_text, help="the bundle directory to write")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     parser.add_argument("--top-k", type=int, default=8, help="candidates the verifier returns per position (8)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (17)")
     parser.add_argument("--max-source-len", type=int, help="longest source in tokens (default: the model's)")
     parser.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")
-    parser.add_argument("--drafter", metavar="DRAFTER_DIR", help="add drafter.onnx from `aggdec train-drafter` (GAD)")
+    parser.add_argument("--drafter", metavar="DRAFTER_DIR", type=path_text, help="add drafter.onnx from `aggdec train-drafter` (GAD)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (default), int8 for the CPU or fp16 for CUDA: the fp32 export, then "
                              "`aggdec quantize --precision`")

@@ -12,7 +12,9 @@ from typing import Any, BinaryIO, TextIO
 from aggdec.runtime.errors import EmptyTextError, InputError
 from aggdec.runtime.options import MODES, DecodeOptions
 
-from .arguments import add_gpu_arguments, early_stopping, finite_float, finite_non_negative, gpu_options, positive_int
+from .arguments import (
+    add_gpu_arguments, early_stopping, finite_float, finite_non_negative, gpu_options, path_text, positive_int,
+)
 
 
 def register(commands) -> argparse.ArgumentParser:
@@ -24,7 +26,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
+    parser.add_argument("bundle", metavar="BUNDLE", type=path_text, help="a directory written by `aggdec export`")
     parser.add_argument("--mode", choices=MODES, default="greedy",
                         help="decoding mode (greedy)")
     parser.add_argument("--beta", type=positive_int, help="gad++: accept drafts among the verifier's top-beta (3)")
@@ -50,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens to generate at most (default: the bundle's limit)")
     parser.add_argument("--device", choices=("cpu", "cuda", "tensorrt"), default="cpu",
                         help="where to run (cpu); tensorrt: engines from `aggdec build-engines` (not yet run on a GPU)")
-    parser.add_argument("--engines", metavar="DIR", help="tensorrt: the engines directory (default: BUNDLE.engines)")
+    parser.add_argument("--engines", metavar="DIR", type=path_text, help="tensorrt: the engines directory (default: BUNDLE.engines)")
     parser.add_argument("--threads", type=positive_int, help="intra-op threads (default: one per core, or per CPU the process is pinned to)")
     parser.add_argument("--batch-size", type=positive_int, default=16,
                         help="rows per verifier call, every mode; finished rows make room for the next inputs (16)")
@@ -63,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print load, warm-up and decoding time, iterations and tokens to stderr")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
                         help="text: one output per line; jsonl: one JSON object per line with text, ids, error, stats")
-    parser.add_argument("--output", metavar="FILE", help="write to FILE (atomically, at the end) instead of stdout")
+    parser.add_argument("--output", metavar="FILE", type=path_text, help="write to FILE (atomically, at the end) instead of stdout")
 
 
 def _open_input(path: str | None) -> BinaryIO:

@@ -7,7 +7,7 @@ import argparse
 from aggdec.runtime.errors import AggdecError
 from aggdec.runtime.options import MODES
 
-from .arguments import positive_float, positive_int
+from .arguments import path_text, positive_float, positive_int
 
 
 def register(commands) -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="the server, on loopback: http://127.0.0.1:8000")
-    parser.add_argument("--bundle", required=True, metavar="DIR", help="the bundle the server runs (for the greedy "
+    parser.add_argument("--bundle", required=True, metavar="DIR", type=path_text, help="the bundle the server runs (for the greedy "
                         "reference and the offline comparison)")
     parser.add_argument("--data", default="uagec-test", metavar="FILE",
                         help="sources: uagec-test (the ua-gec package) or a file, one per line (uagec-test)")
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="intra-op threads of the offline reference (set it to the server's --threads)")
     parser.add_argument("--max-new-tokens", type=positive_int, help="tokens to generate at most, sent with every request")
-    parser.add_argument("--out", default="loadtest-out", metavar="DIR", help="where the report goes (loadtest-out)")
+    parser.add_argument("--out", default="loadtest-out", type=path_text, metavar="DIR", help="where the report goes (loadtest-out)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ import sys
 from aggdec.runtime.bundle_schema import ENCODER_QUANTIZATION, PRECISIONS
 from aggdec.runtime.errors import AggdecError, InputError
 
+from .arguments import path_text
+
 
 def register(commands) -> argparse.ArgumentParser:
     """The `quantize` subcommand, its arguments and what runs it."""
@@ -20,8 +22,8 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("bundle", metavar="BUNDLE", help="an fp32 bundle written by `aggdec export`")
-    parser.add_argument("out", metavar="OUT_DIR", help="the bundle directory to write")
+    parser.add_argument("bundle", metavar="BUNDLE", type=path_text, help="an fp32 bundle written by `aggdec export`")
+    parser.add_argument("out", metavar="OUT_DIR", type=path_text, help="the bundle directory to write")
     parser.add_argument("--precision", choices=[p for p in PRECISIONS if p != "fp32"], default="int8",
                         help="int8 (default): per-row int8 products for the CPU; fp16: float16 graphs for CUDA")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")

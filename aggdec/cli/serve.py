@@ -7,7 +7,9 @@ import argparse
 from aggdec.runtime.errors import AggdecError, InputError
 from aggdec.runtime.options import MODES
 
-from .arguments import add_gpu_arguments, finite_non_negative, gpu_options, port, positive_float, positive_int
+from .arguments import (
+    add_gpu_arguments, finite_non_negative, gpu_options, path_text, port, positive_float, positive_int,
+)
 
 def register(commands) -> argparse.ArgumentParser:
     """The `serve` subcommand, its arguments and what runs it."""
@@ -22,7 +24,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("bundle", metavar="BUNDLE", help="a directory written by `aggdec export`")
+    parser.add_argument("bundle", metavar="BUNDLE", type=path_text, help="a directory written by `aggdec export`")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=port, default=8000, help="port to listen on, 0 = any free one (8000)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (cpu)")

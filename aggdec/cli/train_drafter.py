@@ -6,6 +6,8 @@ import argparse
 
 from aggdec.runtime.errors import AggdecError
 
+from .arguments import path_text
+
 
 def register(commands) -> argparse.ArgumentParser:
     """The `train-drafter` subcommand, its arguments and what runs it."""
@@ -16,9 +18,9 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", metavar="SRC_DIR", help="the verifier: a local save_pretrained directory, or a Marian model folder as it ships")
-    parser.add_argument("--sources", required=True, metavar="FILE", help="training sources, one per line")
-    parser.add_argument("--out", required=True, metavar="DIR", help="where the drafter and checkpoints go")
+    parser.add_argument("src", metavar="SRC_DIR", type=path_text, help="the verifier: a local save_pretrained directory, or a Marian model folder as it ships")
+    parser.add_argument("--sources", required=True, type=path_text, metavar="FILE", help="training sources, one per line")
+    parser.add_argument("--out", required=True, type=path_text, metavar="DIR", help="where the drafter and checkpoints go")
     parser.add_argument("--k", type=int, default=25, help="tokens drafted per call (25)")
     parser.add_argument("--layers", type=int, default=2, help="drafter decoder layers (2)")
     parser.add_argument("--ffn-dim", type=int, default=None,

@@ -55,6 +55,15 @@ def test_out_dir_and_checkpoint_must_not_overlap(source, capsys):
     assert sorted(p.name for p in source.iterdir()) == before
 
 
+def test_the_current_directory_is_refused_as_out_dir(source, tmp_path, capsys, monkeypatch):
+    """`aggdec export SRC . --force` in an empty directory ran the whole export, then failed to
+    rename "." (EBUSY)."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert_refused(capsys, "is the current directory", source, ".", "--force")
+    assert list((tmp_path / "here").iterdir()) == []
+
+
 def test_out_dir_that_is_a_file_is_refused(source, tmp_path, capsys):
     target = tmp_path / "notes.txt"
     target.write_text("mine")

@@ -155,6 +155,7 @@ def fake_checkpoint(tmp_path) -> Path:
     (TrainOptions(steps=10**21), "steps must be at most 1,000,000,000"),
     (TrainOptions(epochs=10**7), "epochs must be at most 1,000,000"),
     (TrainOptions(window=10**11), "window must be 0 .* up to 65536"),
+    (TrainOptions(heldout=-5), "heldout must not be negative, got -5"),  # it named warmup_steps, not an option there
     # torch's seed overflowed after the model had loaded (a ValueError traceback)
     (TrainOptions(seed=2**64), "seed must be an integer of at most 4294967295 either way"),
     (TrainOptions(seed=-2**63), "seed must be an integer of at most 4294967295 either way"),
