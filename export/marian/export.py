@@ -155,7 +155,8 @@ def shortlist_path(folder: MarianFolder, decoding: dict) -> Path | None:
         raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist must list the shortlist file first, "
                           f"got {shown(setting)}.")  # cut short: a yml alias can make it gigabytes
     path = folder.weights.parent / setting[0]
-    if path.parent != folder.weights.parent or not path.is_file():
+    # resolved, as the vocabularies are: a link in the folder to a file elsewhere is not in it
+    if path.resolve().parent != folder.weights.parent.resolve() or not path.is_file():
         raise ExportError(f"{str(folder.decoding_yml)!r}: option shortlist names {shown(setting[0])}, which is not a "
                           "file in the model folder.")
     return path

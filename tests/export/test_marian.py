@@ -966,6 +966,19 @@ def test_a_vocabulary_outside_the_model_folder_is_never_read(tmp_path, capsys):
         _refused(capsys, folder, tmp_path / "out", "which is not in the model folder")
 
 
+def test_a_shortlist_link_to_a_file_outside_the_model_folder_is_refused(tmp_path, capsys):
+    """The shortlist's name had to be in the folder, but a link there to a file elsewhere was
+    read; the vocabularies' check resolves links, and now the shortlist's does too."""
+    from tests.support.marian import shortlist_bytes
+
+    folder, config, _ = write_model(tmp_path / "model", "ssru")
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(shortlist_bytes(config["dim-vocabs"][0], 2, 4))
+    (folder / "lex.bin").symlink_to(outside)
+    _decoding_yml(folder, "shortlist", json.dumps(["lex.bin", False]))
+    _refused(capsys, folder, tmp_path / "out", "option shortlist names 'lex.bin', which is not a file in the model")
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 def test_a_fifo_named_like_a_vocabulary_is_not_read(tmp_path):
     """The folder's one *.spm was taken whatever it was: a FIFO blocked the export forever. Now
