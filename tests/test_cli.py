@@ -203,6 +203,9 @@ def test_bad_beam_arguments_are_one_error_line(cli_bundle, args, needle):
 def test_malformed_beam_arguments_get_argparses_usage_error(cli_bundle, args, needle):
     result = aggdec("generate", str(cli_bundle), *args, stdin="w1\n")
     assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+    # one `aggdec: error:` line, as the docs promise for every option error (argparse printed its usage block)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aggdec: error: aggdec generate: argument"), result.stderr
 
 
 def test_generate_with_static_shapes_gives_the_same_lines(cli_bundle):

@@ -20,8 +20,16 @@ from . import bench, build_engines, export, generate, loadtest, quantize, serve,
 COMMANDS = (export, quantize, train_drafter, generate, build_engines, serve, loadtest, bench)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors as every other error: one ``aggdec: error:`` line,
+    exit 2 (argparse prints the whole usage block first), naming the subcommand and its --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"aggdec: error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aggdec", description="Lossless aggressive decoding for seq2seq models.")
+    parser = _Parser(prog="aggdec", description="Lossless aggressive decoding for seq2seq models.")
     parser.add_argument("--version", action="version", version=f"aggdec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
