@@ -317,3 +317,14 @@ def test_nul_bytes_in_utf8_input_are_not_taken_for_utf16(cli_bundle, tmp_path, c
     source.write_bytes(b"\x00\n\x00\nw1 w2\n")
     assert main(["generate", str(cli_bundle), "--input", str(source), "--max-new-tokens", "3"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
+
+
+def test_a_text_output_holding_a_line_break_stays_one_line():
+    """A byte-fallback model wrote a lone carriage return into its text; read back with universal
+    newlines (or str.splitlines) the output had one line more than the input."""
+    from aggdec.cli.generate import _render
+    from aggdec.runtime.generator import GenerationResult
+
+    result = GenerationResult(text="a\rb\nc\u2028d\x85e\x0cf", ids=(), stats=None)
+    line = _render("text", 1, result, None)
+    assert line == "a b c d e f\n" and len(line.splitlines()) == 1

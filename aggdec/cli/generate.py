@@ -176,12 +176,16 @@ def _split_lines(stream: BinaryIO, name: str) -> Iterator[bytes]:
 # an exit status of 1. There is nothing to decode (the API and the server refuse such a text),
 # and in a document a blank line separates paragraphs: Marian and Bergamot pass it through so.
 BLANK = object()
+# Every character a reader may take for a line break (str.splitlines' set; universal newlines
+# split at \r too): an output holding one is written with a space there, so that output line N
+# stays input line N (a byte-fallback model can write a lone \r). --format jsonl keeps the text.
+_LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", " "))
 
 
 def _render(form: str, number: int, result, error: str | None) -> str:
     """One output line: the text (a refused input: empty), or a JSON object with ids, error, stats."""
     if form == "text":
-        return ("" if result is None or result is BLANK else result.text.replace("\n", " ")) + "\n"
+        return ("" if result is None or result is BLANK else result.text.translate(_LINE_BREAKS)) + "\n"
     import dataclasses
     import json
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from aggdec.export import export_bundle
-from aggdec.runtime.errors import ExportError, UnsupportedModelError
+from aggdec.runtime.errors import ExportError, InputError, UnsupportedModelError
 
 
 def _copy_with_generation(src, dst, **settings):
@@ -68,6 +68,11 @@ def test_generation_settings_that_change_greedy_are_refused_unless_ignored(rando
     assert all(ids[0] == 0 for ids in expected)  # the forced BOS
     got = [r.ids for r in Generator(tmp_path / "out").generate(texts, mode="iad", max_new_tokens=12, batch_size=4)]
     assert got == expected
+    assert [r.ids for r in Generator(tmp_path / "out").generate(texts, max_new_tokens=2)] == \
+        transformers_greedy(src, texts, 2, no_repeat_ngram_size=0, min_length=0)
+    # one new token is the forced BOS alone in transformers (the forced EOS here); it gave two tokens
+    with pytest.raises(InputError, match="max_new_tokens 1 leaves no token after this bundle's forced first"):
+        Generator(tmp_path / "out").generate(texts, max_new_tokens=1)
     # the refusal was not for nothing: transformers with the checkpoint's settings differs
     assert transformers_greedy(src, texts, 12) != expected
 
