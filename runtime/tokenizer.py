@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -210,6 +211,11 @@ class TextCodec:
         spans = []
         for index, (token, (start, end)) in enumerate(zip(encoding.ids, encoding.offsets)):
             if token == unk:
+                # a normalizer that composes (NFC, NFKC) maps "e" + U+0301 to one "é" whose offsets
+                # cover the "e" alone: the marks after it that no later token covers are its text too
+                following = encoding.offsets[index + 1][0] if index + 1 < len(encoding.offsets) else len(source)
+                while end < min(following, len(source)) and unicodedata.combining(source[end]):
+                    end += 1
                 word_start = start == 0 or source[start - 1].isspace()
                 after_marker = index > 0 and encoding.tokens[index - 1] == self._word_marker
                 marker = self._word_marker if self._word_marker and word_start and not after_marker else ""
