@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..runtime.errors import ExportError
 from ..runtime.bundle_schema import MAX_SEQUENCE_LEN
+from ..runtime.errors import ExportError
 from ..runtime.decoding.alignment import source_position_offsets
 from ..runtime.decoding.cache import physical_memory
 from .checkpoint_limits import DRAFTER_SIZE_LIMITS, check_parameters, check_weight_index, load_model
