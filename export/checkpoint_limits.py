@@ -135,9 +135,11 @@ def check_parameters(src: Path, config: Any) -> None:
                           "belongs to another model.")
 
 
-def load_model(src: Path) -> tuple[Any, list[str]]:
-    """``AutoModelForSeq2SeqLM.from_pretrained(src)`` in float32, refusing weight files that lack
-    a tensor the config's model has. transformers initializes a missing tensor at random and
+def load_model(src: Path, config: Any) -> tuple[Any, list[str]]:
+    """``AutoModelForSeq2SeqLM.from_pretrained(src)`` in float32, for export and train-drafter
+    alike: after :func:`check_weight_index` and :func:`check_parameters` (``config``: the
+    checkpoint's, as the caller read it), refusing weight files that lack a tensor the config's
+    model has. transformers initializes a missing tensor at random and
     only logs it, so the export would validate its graphs against that random draw and publish
     a bundle of it. transformers leaves out of ``missing_keys`` what a model legitimately does
     not store (tied weights, Marian's sinusoidal tables, a zero ``final_logits_bias``), so any
@@ -149,6 +151,8 @@ def load_model(src: Path) -> tuple[Any, list[str]]:
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
+    check_weight_index(src)
+    check_parameters(src, config)
     try:
         model, info = AutoModelForSeq2SeqLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager",
                                                             output_loading_info=True)

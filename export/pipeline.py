@@ -18,7 +18,7 @@ from ..runtime.bundle_schema import CROSS_KEY_LAYOUTS
 from ..runtime.decoding.cache import KEYS_TRANSPOSED
 from ..runtime.errors import ExportError
 from ..runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, hash_files
-from .checkpoint_limits import check_parameters, check_sizes, check_weight_index, load_model
+from .checkpoint_limits import check_sizes, load_model
 from .codec_check import check_codec
 from .families import ARCHITECTURES, family_for
 from .piece_tokenizer import PieceTokenizerFiles, convert, is_piece_tokenizer
@@ -203,9 +203,7 @@ def _load(src: Path, config):
     from transformers import AutoTokenizer
 
     _generation_config(src, config)  # a damaged generation_config.json is named before the model loads it
-    check_weight_index(src)
-    check_parameters(src, config)
-    model, unused = load_model(src)
+    model, unused = load_model(src, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same advice

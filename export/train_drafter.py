@@ -41,7 +41,7 @@ from ..runtime.bundle_schema import MAX_SEQUENCE_LEN
 from ..runtime.errors import ExportError
 from ..runtime.decoding.alignment import source_position_offsets
 from ..runtime.decoding.cache import physical_memory
-from .checkpoint_limits import DRAFTER_SIZE_LIMITS, check_parameters, check_weight_index, load_model
+from .checkpoint_limits import DRAFTER_SIZE_LIMITS, load_model
 from .drafter import (CONFIG_FILE, POSITIONS, WEIGHTS_FILE, Drafter, drafter_inputs, drafter_shape,
                       new_drafter_from_verifier)
 from .safety import one_line
@@ -410,9 +410,7 @@ def _load_verifier(src: Path, device: torch.device) -> tuple[nn.Module, Any]:
     from .pipeline import read_config
 
     config, _family = read_config(src)  # unsupported architectures fail before loading weights
-    check_weight_index(src)
-    check_parameters(src, config)
-    model, _unused = load_model(src)
+    model, _unused = load_model(src, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure gets the same one line

@@ -11,6 +11,7 @@ from .arguments import (
     add_gpu_arguments, finite_non_negative, gpu_options, path_text, port, positive_float, positive_int,
 )
 
+
 def register(commands) -> argparse.ArgumentParser:
     """The `serve` subcommand, its arguments and what runs it."""
     parser = commands.add_parser(
