@@ -415,12 +415,6 @@ class Generator:
         if max_new_tokens is None:
             max_new_tokens = ceiling
         max_new_tokens = positive_integer("max_new_tokens", max_new_tokens)
-        if max_new_tokens < len(start):
-            # transformers' one new token is then the forced BOS alone (or, with a forced EOS, that
-            # EOS in its place), which the loop, whose rows start after the forced BOS, does not give
-            raise InputError(f"max_new_tokens {max_new_tokens} leaves no token after this bundle's forced first "
-                             f"token (forced_bos_token_id {m.forced_bos_token_id}, which counts as one); give at "
-                             f"least {len(start)}.")
         if max_new_tokens > ceiling:
             # the cache holds max_target_len positions, the decoder start token's included
             raise InputError(f"max_new_tokens {max_new_tokens} exceeds this bundle's limit of {ceiling} "

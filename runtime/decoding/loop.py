@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -172,6 +172,38 @@ def decode(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: Dra
             cohort.batch.close()
 
 
+def _finished_at_admission(work: Work, limits: DecodeLimits, beams: BeamRules | None) -> Finished | None:
+    """transformers' answer for a source whose decoder prefix already fills its
+    ``max_new_tokens`` (a forced BOS, and one new token); None for any other source.
+
+    transformers forces that token with a logits processor at the first step; here it is the
+    prefix rows start from, so a row cannot give fewer tokens than the prefix. The forced tokens
+    are played as steps whose only finite candidate (log-prob 0) is that token, through the
+    same rules as decoded ones: a forced EOS takes the last one's place (``RowTrace.extend``),
+    and a beam group scores its hypotheses as transformers' search does (the first at 0, the
+    others from their -1e9 start)."""
+    row_limits = (work.limits or limits).for_source(len(work.source))
+    start = row_limits.start_ids
+    if len(start) - 1 < row_limits.max_new_tokens:
+        return None
+    forced = replace(row_limits, start_ids=start[:1])
+    seconds = {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0, "total": 0.0}
+    if beams is None:
+        trace = RowTrace(tokens=list(forced.start_ids))
+        trace.extend(list(start[1:]), forced)
+        return Finished(work.index, trace, seconds)
+    group = BEAM_GROUPS[beams.family](beams, forced)
+    n = beams.num_beams
+    for token in start[1:]:
+        if group.done:
+            break
+        group.step(np.zeros((n, 1), dtype=np.float32), np.full((n, 1), token, dtype=np.int64))
+    hypotheses = tuple(group.results())
+    group.trace.tokens = list(hypotheses[0].tokens)
+    group.trace.done = True
+    return Finished(work.index, group.trace, seconds, hypotheses)
+
+
 def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
              verification: Verification, slots: int, pad_id: int, bound: bool, linger: float,
              classes: Sequence[int], width_quantile: float, beams: BeamRules | None, static_width: int | None,
@@ -193,6 +225,11 @@ def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: D
         if arrived:
             joining: dict[int, list[Work]] = {}
             for item in arrived:
+                done = _finished_at_admission(item, limits, beams)
+                if done is not None:  # no slot, no encoding: its answer needs no verifier call
+                    work.forget(item.index)
+                    yield done
+                    continue
                 joining.setdefault(length_class(len(item.source), classes), []).append(item)
             for klass, group in joining.items():
                 cohort = cohorts.get(klass)
@@ -205,6 +242,8 @@ def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: D
                     cohort.seconds = clock
                 _admit(cohort.batch, group, cohort.rows, cohort.shares, limits, drafts, pad_id, beams)
             arrived = []
+            if not joining:  # every source that arrived was answered at admission
+                continue
         cohort = next_cohort(list(cohorts.values()))
         clock = cohort.seconds
         yield from _step(cohort, work, drafts, verification, pad_id, width_quantile)

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from aggdec.export import export_bundle
-from aggdec.runtime.errors import ExportError, InputError, UnsupportedModelError
+from aggdec.runtime.errors import ExportError, UnsupportedModelError
 
 
 def _copy_with_generation(src, dst, **settings):
@@ -45,7 +45,10 @@ def test_generation_settings_that_change_greedy_are_refused_unless_ignored(rando
     output, and aggdec does not apply them. Refused by default, naming both; with
     ignore_generation_settings the bundle equals transformers' generate with them neutral, and the
     forced BOS/EOS it also sets are still applied."""
+    from aggdec.runtime.continuous import RowDecoder
+    from aggdec.runtime.decoding.arrivals import Arrivals, Work
     from aggdec.runtime.generator import Generator
+    from tests.runtime.test_beam import transformers_beam
     from tests.runtime.test_lossless import random_texts, transformers_greedy
 
     src = _copy_with_generation(random_checkpoint("bart"), tmp_path / "ckpt", forced_bos_token_id=0,
@@ -70,9 +73,28 @@ def test_generation_settings_that_change_greedy_are_refused_unless_ignored(rando
     assert got == expected
     assert [r.ids for r in Generator(tmp_path / "out").generate(texts, max_new_tokens=2)] == \
         transformers_greedy(src, texts, 2, no_repeat_ngram_size=0, min_length=0)
-    # one new token is the forced BOS alone in transformers (the forced EOS here); it gave two tokens
-    with pytest.raises(InputError, match="max_new_tokens 1 leaves no token after this bundle's forced first"):
-        Generator(tmp_path / "out").generate(texts, max_new_tokens=1)
+    # one new token is the forced BOS alone in transformers (the forced EOS here); it gave two
+    # tokens. Every mode, and beams, with their score; nothing is decoded for it
+    expected_one = transformers_greedy(src, texts, 1, no_repeat_ngram_size=0, min_length=0)
+    assert expected_one == [(2,)] * len(texts)
+    generator = Generator(tmp_path / "out")
+    for mode in ("greedy", "iad"):
+        results = generator.generate(texts, mode=mode, max_new_tokens=1, batch_size=3)
+        assert [r.ids for r in results] == expected_one
+        assert all(r.stats.iterations == 0 for r in results)
+    # a server's rows each carry their own limits: rows answered at admission among decoded ones
+    rows = RowDecoder(generator)
+    work = Arrivals()
+    for index, text in enumerate(texts):
+        work.put(Work(index, rows.prepare(text)[1], rows.limits(1 if index % 2 else 12)))
+    work.close()
+    got = {done.index: rows.result(done).ids for done in rows.rows(work, "iad", 4)}
+    assert [got[index] for index in range(len(texts))] == [
+        expected_one[index] if index % 2 else expected[index] for index in range(len(texts))]
+    beams = generator.generate(texts[:3], max_new_tokens=1, num_beams=3, length_penalty=1.0)
+    assert [(r.ids, r.score) for r in beams] == [
+        (ids, score) for ((ids, score),) in transformers_beam(src, texts[:3], 1, 3, no_repeat_ngram_size=0,
+                                                              min_length=0)]
     # the refusal was not for nothing: transformers with the checkpoint's settings differs
     assert transformers_greedy(src, texts, 12) != expected
 

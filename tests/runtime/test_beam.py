@@ -33,9 +33,9 @@ SCORE_TOLERANCE = {"marian": 1e-4, "bart": 1e-4, "mbart": 1e-4, "t5": 1e-3, "mt5
 
 
 def transformers_beam(checkpoint_dir, texts, max_new_tokens, num_beams, length_penalty=1.0, early_stopping=False,
-                      num_return_sequences=1):
+                      num_return_sequences=1, **settings):
     """transformers' beam search, one text at a time: per text, a list of (ids after the start
-    token, sequence score), best first."""
+    token, sequence score), best first; ``settings``: more generate() arguments."""
     import torch
     from transformers import AutoTokenizer
 
@@ -47,7 +47,7 @@ def transformers_beam(checkpoint_dir, texts, max_new_tokens, num_beams, length_p
             out = model.generate(**tokenizer([text], return_tensors="pt"), do_sample=False, num_beams=num_beams,
                                  max_new_tokens=max_new_tokens, length_penalty=length_penalty,
                                  early_stopping=early_stopping, num_return_sequences=num_return_sequences,
-                                 return_dict_in_generate=True, output_scores=True)
+                                 return_dict_in_generate=True, output_scores=True, **settings)
         lengths = (out.beam_indices != -1).sum(dim=1).tolist()  # generated tokens of each sequence
         outputs.append([(tuple(seq[1 : 1 + length]), float(score)) for seq, length, score in
                         zip(out.sequences.tolist(), lengths, out.sequences_scores.tolist())])
