@@ -39,6 +39,7 @@ NO_DRAFT = np.zeros(0, dtype=np.int64)
 NO_DRAFT.flags.writeable = False
 
 WIDTH_QUANTILE = 0.5
+COSTS = ("encoder", "verifier", "drafter", "total")  # what a row's ``seconds`` splits its time into
 # a beam request's state, by whose rules it searches (BeamRules.family; the manifest's beam_rules)
 BEAM_GROUPS: dict[str, type[BeamGroup] | type[MarianBeamGroup]] = {"transformers": BeamGroup,
                                                                   "marian": MarianBeamGroup}
@@ -57,8 +58,7 @@ class Row:
     group: BeamGroup | MarianBeamGroup | None = None
     beam: int = 0
     # this row's share of each cost: a call's time is split evenly among the rows it served
-    seconds: dict[str, float] = field(default_factory=lambda: {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0,
-                                                               "total": 0.0})
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COSTS, 0.0))
     # its cohort's per-row shares (Cohort.shares) when it joined: the calls' shares it got since
     # are the difference, added to ``seconds`` when it leaves (:func:`_settle`)
     joined: dict[str, float] = field(default_factory=dict)
@@ -187,7 +187,7 @@ def _finished_at_admission(work: Work, limits: DecodeLimits, beams: BeamRules | 
     if len(start) - 1 < row_limits.max_new_tokens:
         return None
     forced = replace(row_limits, start_ids=start[:1])
-    seconds = {"encoder": 0.0, "verifier": 0.0, "drafter": 0.0, "total": 0.0}
+    seconds = dict.fromkeys(COSTS, 0.0)
     if beams is None:
         trace = RowTrace(tokens=list(forced.start_ids))
         trace.extend(list(start[1:]), forced)
@@ -198,10 +198,7 @@ def _finished_at_admission(work: Work, limits: DecodeLimits, beams: BeamRules | 
         if group.done:
             break
         group.step(np.zeros((n, 1), dtype=np.float32), np.full((n, 1), token, dtype=np.int64))
-    hypotheses = tuple(group.results())
-    group.trace.tokens = list(hypotheses[0].tokens)
-    group.trace.done = True
-    return Finished(work.index, group.trace, seconds, hypotheses)
+    return _group_finished(work.index, group, seconds)
 
 
 def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
@@ -464,13 +461,17 @@ def _finished(row: Row, rows: list[Row]) -> Finished:
     """The result of the request ``row`` decodes (``rows``: all of its rows: a beam group's N)."""
     if row.group is None:
         return Finished(row.index, row.trace, row.seconds)
-    group = row.group
+    seconds = {name: sum(other.seconds[name] for other in rows) for name in row.seconds}
+    return _group_finished(row.index, row.group, seconds)
+
+
+def _group_finished(index: int, group: BeamGroup | MarianBeamGroup, seconds: dict[str, float]) -> Finished:
+    """A done beam group's result: its returned hypotheses, the best one as its trace's tokens."""
     assert group.trace is not None
     hypotheses = tuple(group.results())
     group.trace.tokens = list(hypotheses[0].tokens)
     group.trace.done = True
-    seconds = {name: sum(other.seconds[name] for other in rows) for name in row.seconds}
-    return Finished(row.index, group.trace, seconds, hypotheses)
+    return Finished(index, group.trace, seconds, hypotheses)
 
 
 def _admit(batch: Batch, arrived: list[Work], rows: list[Row], shares: dict[str, float], limits: DecodeLimits,

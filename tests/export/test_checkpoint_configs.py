@@ -95,6 +95,9 @@ def test_generation_settings_that_change_greedy_are_refused_unless_ignored(rando
     assert [(r.ids, r.score) for r in beams] == [
         (ids, score) for ((ids, score),) in transformers_beam(src, texts[:3], 1, 3, no_repeat_ngram_size=0,
                                                               min_length=0)]
+    # more sequences: the forced one again from the other beams' -1e9 start (docs/beam-search.md)
+    (several,) = generator.generate(texts[:1], max_new_tokens=1, num_beams=3, num_return_sequences=3)
+    assert [(h.ids, h.score) for h in several.sequences] == [((2,), 0.0), ((2,), -1e9), ((2,), -1e9)]
     # the refusal was not for nothing: transformers with the checkpoint's settings differs
     assert transformers_greedy(src, texts, 12) != expected
 
