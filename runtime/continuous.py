@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from .decoding.arrivals import Arrivals
+from .decoding.beam import BeamRules
 from .decoding.cache import check_rows
 from .decoding.common import DecodeLimits
 from .decoding.loop import DraftSource, Finished
@@ -35,6 +36,11 @@ class RowDecoder:
         """The stopping rule for ``max_new_tokens`` (None: the bundle's limit), for a
         :class:`~.decoding.arrivals.Work` of its own; InputError if the bundle cannot honour it."""
         return self.generator._limits(max_new_tokens)
+
+    def beam_rules(self, options: DecodeOptions) -> BeamRules | None:
+        """The beam rules a source decoded with resolved ``options`` carries (``Work.beams``), for
+        a loop made for ``options.loop_options``; None without beam search."""
+        return options.rules(self.generator.option_limits)
 
     def rows(self, work: Arrivals, options: DecodeOptions | Mode | str | None = None, batch_size: int = 16,
              linger: float = 0.0, on_call: Callable[[int], None] | None = None) -> Iterator[Finished]:

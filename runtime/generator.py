@@ -157,6 +157,22 @@ class GenerationResult:
 MAX_TEXT_BYTES = 1 << 24
 
 
+def _kind_of(item: object) -> str:
+    """What a non-text item is, in words that fit a JSON value (a server's texts) and a Python one."""
+    if item is None:
+        return "null (None)"
+    if isinstance(item, bool):
+        return "a boolean"
+    if isinstance(item, (int, float)):
+        return "a number"
+    if isinstance(item, (list, tuple)):
+        return "a list"
+    if isinstance(item, dict):
+        return "an object (a dict)"
+    name = type(item).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _as_text(item: object, index: int) -> str:
     """``item`` as a text the tokenizer can take (UTF-8 bytes are decoded), or InputError naming ``index``."""
     if isinstance(item, (bytes, bytearray, str)) and len(item) > MAX_TEXT_BYTES:
@@ -170,7 +186,7 @@ def _as_text(item: object, index: int) -> str:
             raise InputError(f"text {index} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
                              f"{exc.start}).") from None
     if not isinstance(item, str):
-        raise InputError(f"text {index} is a {type(item).__name__}, not a string.")
+        raise InputError(f"text {index} is {_kind_of(item)}, not a string.")
     if not item.strip():
         raise EmptyTextError(f"text {index} is empty; give at least one non-space character.")
     try:

@@ -268,6 +268,13 @@ class DecodeOptions:
                              f"for outputs of up to {limits.max_target_len} tokens that leaves float32's range "
                              "past these bounds.")
 
+    @property
+    def loop_options(self) -> DecodeOptions:
+        """These options less a beam search's scoring (:data:`BEAM_OPTIONS`): what a decode loop
+        is made for. Each source carries its own scoring (``Work.beams``), so texts that differ
+        only in it share a loop (a server's lane) and its batches."""
+        return dataclasses.replace(self, **dict.fromkeys(BEAM_OPTIONS))
+
     def rules(self, limits: OptionLimits) -> BeamRules | None:
         """The beam search these resolved options ask for on a bundle with ``limits``: its rule
         family and, for Marian's, the word penalty of its decoding yml."""

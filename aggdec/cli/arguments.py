@@ -54,9 +54,9 @@ def finite_non_negative(text: str) -> float:
 
 
 def positive_float(text: str) -> float:
-    value = finite_non_negative(text)
+    value = finite_float(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 

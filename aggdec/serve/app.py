@@ -12,7 +12,8 @@ Failure behaviour, in the order a request meets it:
 - a body that is not UTF-8 JSON sent as ``application/json``, a wrong type, a number that is
   not finite or that no float holds, an unknown field, an option the bundle cannot honour: 422;
 - a path the API does not serve: 404; a method a path does not take: 405 with ``Allow``;
-- more texts than the queue has room for: 429 with ``Retry-After`` (nothing is queued);
+- more texts than the queue has room for, or a configuration that needs a decode loop while the
+  engine's most are busy: 429 with ``Retry-After`` (nothing is queued);
 - past ``timeout_s``: 504, and the request's unfinished rows are dropped from their batch;
 - the client disconnects: its unfinished rows are dropped at once (the answer, unread, is a 499);
 - a text that cannot be decoded (empty, too long, not a string): an error in its own output
@@ -50,6 +51,7 @@ from .engine import DEFAULT_MAX_TEXTS, Engine, EngineHooks, Overloaded, TooManyT
 from .metrics import Metrics
 
 GENERATE_PATH = "/v1/generate"
+CLIENT_CLOSED = 499  # nginx's "client closed request": how the latency metric counts a request whose client left
 
 
 @dataclass
@@ -199,6 +201,40 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _validation_message(errors: list[dict[str, Any]]) -> str:
+    """The first field's validation errors as one line: ``field: what it should be``. A union's
+    branches (``tau``: a float or an int) each give an error, located by the branch's name
+    (``tau.float``): named once, their wants joined with "or"."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    if first.get("type") == "json_invalid":  # FastAPI's: located by the character offset
+        return (f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'cannot be parsed')} "
+                f"(at character {first['loc'][-1]}).")
+
+    def field(error: dict[str, Any]) -> list[str]:
+        parts = [str(part) for part in error.get("loc", ()) if part != "body"]
+        return parts[:1] if parts and parts[0] in GenerateRequest.model_fields else parts
+
+    where = field(first)
+    wants = dict.fromkeys(str(error.get("msg", "invalid")).removeprefix("Value error, ")  # pydantic's prefix
+                          for error in errors if field(error) == where)
+    said = " or ".join(want if i == 0 else want.removeprefix("Input should be ") for i, want in enumerate(wants))
+    return f"{'.'.join(where) + ': ' if where else ''}{said}"
+
+
+def _unparsed(cause: BaseException | None) -> str:
+    """Why a body sent as JSON could not be read (``cause``: the parser's exception), for a 422."""
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the body is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset {cause.start}); "
+                "send UTF-8 JSON.")
+    if isinstance(cause, RecursionError):
+        return "the body nests arrays or objects too deeply to parse; a request is one flat object."
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int-from-string limit
+        return f"the body holds a number too long to parse ({cause}); options are small numbers."
+    return "the body could not be parsed: send UTF-8 JSON with Content-Type: application/json."
+
+
 def _sent_as_json(request: Request) -> bool:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -246,7 +282,7 @@ class Gate:
             return
         state, metrics = self.state, self.state.metrics
         started = time.perf_counter()
-        status = {"code": 500}
+        status: dict[str, int | None] = {"code": None}  # None: no answer begun
 
         async def timed_send(message) -> None:
             if message["type"] == "http.response.start":
@@ -256,13 +292,19 @@ class Gate:
         state.in_flight += 1
         metrics.in_flight.inc()
         try:
-            await self._serve(scope, receive, timed_send)
+            await self._serve(scope, receive, timed_send, status)
+        except asyncio.CancelledError:
+            # cancelled before an answer began: the client left and the server dropped the handler
+            # (Ray Serve's proxy does), not a server fault; a 500 here fired 5xx alerts for hang-ups
+            if status["code"] is None:
+                status["code"] = CLIENT_CLOSED
+            raise
         finally:
             state.in_flight -= 1
             metrics.in_flight.dec()
-            metrics.latency.labels(str(status["code"])).observe(time.perf_counter() - started)
+            metrics.latency.labels(str(status["code"] or 500)).observe(time.perf_counter() - started)
 
-    async def _serve(self, scope, receive, send) -> None:
+    async def _serve(self, scope, receive, send, status: dict[str, int | None]) -> None:
         state, metrics = self.state, self.state.metrics
         if state.draining:
             response = _error(503, "unavailable", "the server is shutting down; send this request elsewhere.",
@@ -294,7 +336,8 @@ class Gate:
         chunks, size = [], 0
         while True:
             message = await receive()
-            if message["type"] == "http.disconnect":
+            if message["type"] == "http.disconnect":  # gone before its body was read: nobody to answer
+                status["code"] = CLIENT_CLOSED
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -376,11 +419,7 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
             kind = request.headers.get("content-type")
             return _error(422, "invalid", f"send the body as JSON with Content-Type: application/json (this request "
                           f"{'has ' + repr(kind) if kind else 'has no Content-Type'}).", metrics, detail=errors)
-        first = errors[0] if errors else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        said = str(first.get("msg", "invalid request")).removeprefix("Value error, ")  # pydantic's prefix to ours
-        message = f"{where + ': ' if where else ''}{said}"
-        return _error(422, "invalid", message, metrics, detail=errors)
+        return _error(422, "invalid", _validation_message(errors), metrics, detail=errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -393,9 +432,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
             allowed = (exc.headers or {}).get("Allow", "")
             return _error(405, "method_not_allowed", f"{path} does not take {method}; use {allowed or 'another method'}.",
                           metrics, headers=exc.headers)
-        if exc.status_code == 400:  # FastAPI could not read the body (e.g. it is not UTF-8)
-            return _error(422, "invalid", "the body could not be parsed: send UTF-8 JSON with Content-Type: "
-                          "application/json.", metrics)
+        if exc.status_code == 400:  # FastAPI could not read the body: its parser's error is the cause
+            return _error(422, "invalid", _unparsed(exc.__cause__), metrics)
         return _error(exc.status_code, "invalid" if exc.status_code < 500 else "internal", str(exc.detail), metrics,
                       headers=exc.headers)
 
@@ -407,7 +445,8 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
     error_responses = {413: {"model": ErrorResponse, "description": "body or text count over the limit "
                                                                      "(max_texts, or more texts than max_queue)"},
                        422: {"model": ErrorResponse, "description": "malformed JSON, wrong types, bad options"},
-                       429: {"model": ErrorResponse, "description": "queue full; see Retry-After"},
+                       429: {"model": ErrorResponse, "description": "queue full, or every decode loop busy "
+                                                                     "with another configuration; see Retry-After"},
                        503: {"model": ErrorResponse, "description": "draining or not warm yet; see Retry-After"},
                        504: {"model": ErrorResponse, "description": "deadline passed; the work was dropped"}}
 
@@ -441,7 +480,7 @@ def create_app(generator: Generator, settings: Settings | None = None) -> FastAP
                 await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
                 if not waiting.done():  # the client left: drop its rows (finally); nobody reads this answer
                     waiting.cancel()
-                    return Response(status_code=499)  # nginx's "client closed request", for the latency metric
+                    return Response(status_code=CLIENT_CLOSED)  # for the latency metric
                 _, late = waiting.result()
                 if late:
                     engine.cancel(handles)

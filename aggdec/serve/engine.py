@@ -1,8 +1,11 @@
 """The server's decoding engine: long-lived batched decode loops fed by requests.
 
-Each decoding configuration a request asks for (its resolved :class:`DecodeOptions`) gets a *lane*:
-an :class:`~aggdec.runtime.decoding.arrivals.Arrivals` queue that is never closed and one
-decoder thread running :meth:`RowDecoder.rows` over it. A request's texts are tokenized and
+Each decoding configuration a request asks for gets a *lane*: an
+:class:`~aggdec.runtime.decoding.arrivals.Arrivals` queue that is never closed and one decoder
+thread running :meth:`RowDecoder.rows` over it. A configuration is what needs a loop of its
+own (:attr:`DecodeOptions.loop_options`: the mode, num_beams, draft_k, beta, tau); a beam
+search's scoring (length_penalty, early_stopping, num_return_sequences) travels with each text,
+so requests that differ only in it share a lane. A request's texts are tokenized and
 put on their lane's queue; they join the running batch as soon as a slot is free
 (continuous batching), and each finished row resolves the request's asyncio future through
 ``loop.call_soon_threadsafe``, so the event loop never waits on a decode. Texts of different
@@ -31,7 +34,9 @@ from aggdec.runtime.continuous import RowDecoder
 from aggdec.runtime.generator import GenerationResult, Generator
 from aggdec.runtime.options import DecodeOptions, Mode
 
-MAX_LANES = 8  # decode loops (distinct configurations) alive at once; idle ones are closed to make room
+# decode loops alive at once besides the default configuration's, which always gets one: each holds
+# batch buffers for max_batch rows, so their number bounds memory; idle ones are closed to make room
+MAX_LANES = 8
 
 
 class Overloaded(AggdecError, RuntimeError):
@@ -122,12 +127,13 @@ class Lane:
     def alive(self) -> bool:
         return self.failure is None and not self.work.closed
 
-    def submit(self, index: int, text: str, ids: list[int], limits, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    def submit(self, index: int, text: str, ids: list[int], limits, beams,
+               loop: asyncio.AbstractEventLoop) -> asyncio.Future:
         future = loop.create_future()
         with self._lock:
             self._pending[index] = _Pending(future, loop, text)
         self.last_used = time.monotonic()
-        self.work.put(Work(index, ids, limits))
+        self.work.put(Work(index, ids, limits, beams))
         return future
 
     def cancel(self, index: int) -> None:
@@ -170,6 +176,13 @@ class Lane:
             self.thread.join(wait)
 
 
+def _described(config: DecodeOptions) -> str:
+    """A lane's configuration as a message names it: the mode and each option it sets."""
+    options = [f"{name} {getattr(config, name)}" for name in ("num_beams", "draft_k", "beta", "tau")
+               if getattr(config, name) is not None]
+    return ", ".join([f"mode {config.mode.value}", *options])
+
+
 def _resolve_later(pending: _Pending, result=None, error: BaseException | None = None) -> None:
     def settle() -> None:
         if pending.future.done():  # the request gave up (deadline, disconnect)
@@ -203,7 +216,8 @@ class Engine:
         self.max_wait = max_wait
         self.max_queue = max_queue
         self.hooks = hooks or EngineHooks()
-        self._lanes: dict[DecodeOptions, Lane] = {}
+        self._lanes: dict[DecodeOptions, Lane] = {}  # by DecodeOptions.loop_options
+        self._default: DecodeOptions | None = None  # _default_loop's, once known
         self._lock = threading.Lock()
         self._indexes = itertools.count()
         self._finished: deque[float] = deque(maxlen=256)  # completion times, for Retry-After
@@ -308,10 +322,11 @@ class Engine:
                 raise Overloaded(f"the queue is full: {queued} texts wait, room for {room} more of at most "
                                  f"{self.max_queue}; this request has {len(accepted)}. Retry later.",
                                  retry_after=self.retry_after())
-            lane = self._lane(config) if accepted else None
+            lane = self._lane(config.loop_options) if accepted else None
+            beams = self.rows.beam_rules(config)
             for handle, text, ids in accepted:
                 handle.lane, handle.index = lane, next(self._indexes)
-                handle.future = lane.submit(handle.index, text, ids, limits, loop)
+                handle.future = lane.submit(handle.index, text, ids, limits, beams, loop)
         return handles
 
     def cancel(self, handles: Sequence[Handle]) -> None:
@@ -327,14 +342,29 @@ class Engine:
             return lane
         if lane is not None:  # its loop failed: its rows were failed; a new loop takes over
             del self._lanes[config]
-        if len(self._lanes) >= MAX_LANES:
-            idle = sorted((l for l in self._lanes.values() if l.active == 0), key=lambda l: l.last_used)
+        default = self._default_loop()
+        others = [lane for key, lane in self._lanes.items() if key != default]
+        if config != default and len(others) >= MAX_LANES:
+            idle = sorted((lane for lane in others if lane.active == 0), key=lambda lane: lane.last_used)
             if not idle:
-                raise Overloaded(f"{MAX_LANES} decoding configurations are busy; retry later.", retry_after=1)
+                raise Overloaded(
+                    f"this request's decoding configuration ({_described(config)}) would need a decode loop of its "
+                    f"own, and the {MAX_LANES} that the server runs besides its default one are all busy with other "
+                    "configurations; retry later, or send the server's default options or those of a busy one "
+                    "(only mode, num_beams, draft_k, beta and tau make a configuration).", retry_after=1)
             idle[0].close()
             del self._lanes[idle[0].config]
         lane = self._lanes[config] = Lane(self, config)
         return lane
+
+    def _default_loop(self) -> DecodeOptions | None:
+        """The loop options of a request that names none (None: the default mode cannot decode)."""
+        if self._default is None:
+            try:
+                self._default = self.config().loop_options
+            except AggdecError:  # e.g. GAD without a drafter: every such request is refused anyway
+                return None
+        return self._default
 
     def close(self, wait: float | None = 5.0) -> None:
         """Stop every lane (unfinished rows fail); no more requests are taken."""

@@ -29,9 +29,11 @@ class Metrics:
                                          "Tokens each finished text gained per verifier call (mean over its calls).",
                                          buckets=TOKENS_PER_CALL_BUCKETS, registry=r)
         self.tokens = Counter("aggdec_generated_tokens", "Tokens generated.", registry=r)
-        self.row_calls = Counter("aggdec_verifier_row_calls", "Verifier calls, counted per row they served.",
-                                 registry=r)
-        self.texts = Counter("aggdec_texts", "Texts answered with an output.", registry=r)
+        self.row_calls = Counter("aggdec_verifier_row_calls", "Verifier calls, counted once per finished text "
+                                 "they decoded (a beam-search text once per call, whatever its num_beams; "
+                                 "aggdec_batch_rows counts rows).", registry=r)
+        self.texts = Counter("aggdec_texts", "Texts decoded to an output (as each finishes: one whose client "
+                             "has just left counts too).", registry=r)
         self.errors = Counter("aggdec_errors", "Errors by kind (per item for `input`, per request otherwise).",
                               ["kind"], registry=r)
         for kind in ERROR_KINDS:

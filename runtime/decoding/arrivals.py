@@ -14,16 +14,22 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from .beam import BeamRules
 from .common import DecodeLimits
 
 
 @dataclass(frozen=True)
 class Work:
-    """One source to decode: the caller's index, its ids, and its own limits (None: the loop's)."""
+    """One source to decode: the caller's index, its ids, its own limits and its own beam
+    scoring (None: the loop's). ``beams`` changes only how the source's hypotheses are scored
+    and returned (length_penalty, early_stopping, num_return_sequences): its ``num_beams`` and
+    rule family are the loop's, which sized its batch, so that requests differing only in
+    those share one loop."""
 
     index: int
     source: list[int]
     limits: DecodeLimits | None = None
+    beams: BeamRules | None = None
 
 
 # takes a queued source may be passed over for shorter ones before it goes first: without it,
@@ -108,9 +114,19 @@ class Arrivals:
             return self._abandoned
 
     def cancel(self, index: int) -> None:
-        """Drop work ``index``: removed from the queue if still waiting, from its batch if decoding."""
+        """Drop work ``index``: removed from the queue at once if still waiting (it no longer
+        counts in ``len``: a server's queue-full check and queue-depth gauge read it), from its
+        batch at the loop's next call if decoding."""
         with self._changed:
-            if index in self._live:  # a finished one has nothing left to drop
+            if index not in self._live:  # a finished one has nothing left to drop
+                return
+            for position, work in enumerate(self._queue):
+                if work.index == index:
+                    del self._queue[position]  # what is left stays in order of length if it was
+                    self._live.discard(index)
+                    self._passed.pop(index, None)
+                    break
+            else:
                 self._cancelled.add(index)
             self._changed.notify_all()
 
@@ -154,7 +170,6 @@ class Arrivals:
                 deadline = time.monotonic() + linger
                 self._changed.wait_for(lambda: len(self._queue) >= count or self._closed,
                                        max(0.0, deadline - time.monotonic()))
-            self._drop_cancelled()
             if self._ascending:  # shortest first is oldest first: no search
                 chosen = [self._queue.popleft() for _ in range(min(count, len(self._queue)))]
             else:
@@ -175,13 +190,3 @@ class Arrivals:
             if chosen:
                 self._changed.notify_all()  # room for a waiting producer
             return chosen
-
-    def _drop_cancelled(self) -> None:
-        if self._cancelled and self._queue:
-            kept = deque(work for work in self._queue if work.index not in self._cancelled)
-            for work in self._queue:
-                if work.index in self._cancelled:
-                    self._cancelled.discard(work.index)
-                    self._live.discard(work.index)
-                    self._passed.pop(work.index, None)
-            self._queue = kept

@@ -192,13 +192,24 @@ def _finished_at_admission(work: Work, limits: DecodeLimits, beams: BeamRules | 
         trace = RowTrace(tokens=list(forced.start_ids))
         trace.extend(list(start[1:]), forced)
         return Finished(work.index, trace, seconds)
-    group = BEAM_GROUPS[beams.family](beams, forced)
-    n = beams.num_beams
+    rules = _row_rules(work, beams)
+    group = BEAM_GROUPS[rules.family](rules, forced)
+    n = rules.num_beams
     for token in start[1:]:
         if group.done:
             break
         group.step(np.zeros((n, 1), dtype=np.float32), np.full((n, 1), token, dtype=np.int64))
     return _group_finished(work.index, group, seconds)
+
+
+def _row_rules(work: Work, beams: BeamRules) -> BeamRules:
+    """The beam rules ``work``'s hypotheses are scored by: its own, or the loop's ``beams``.
+    Its own may change the scoring only: the loop's batch holds ``num_beams`` rows a source."""
+    rules = work.beams or beams
+    if (rules.num_beams, rules.family) != (beams.num_beams, beams.family):
+        raise ValueError(f"source {work.index} asks for {rules.num_beams} beams ({rules.family} rules) in a loop of "
+                         f"{beams.num_beams} ({beams.family} rules)")
+    return rules
 
 
 def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
@@ -488,7 +499,11 @@ def _admit(batch: Batch, arrived: list[Work], rows: list[Row], shares: dict[str,
     for work in arrived:
         # a per-source cap (Marian's max-length-factor) is set here, from the row's own source
         row_limits = (work.limits or limits).for_source(len(work.source))
-        group = None if beams is None else BEAM_GROUPS[beams.family](beams, row_limits)
+        if beams is None:
+            group = None
+        else:
+            rules = _row_rules(work, beams)
+            group = BEAM_GROUPS[rules.family](rules, row_limits)
         for beam in range(copies):
             row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
                       limits=row_limits, group=group, beam=beam)

@@ -73,7 +73,7 @@ def test_a_bad_item_is_its_own_error_and_the_others_go_on(bundle):
     errors = {i: str(r) for i, r in got.items() if isinstance(r, InputError)}
     assert sorted(errors) == [1, 2, 3, 4, 6]
     assert "empty" in errors[1] and "UTF-8" in errors[2] and "surrogate" in errors[3]
-    assert "int" in errors[4] and "tokens long" in errors[6]
+    assert errors[4] == "text 4 is a number, not a string." and "tokens long" in errors[6]
     good = ["w1 w2", "w5 w6", "w7"]
     expected = [r.ids for r in generator.generate(good, max_new_tokens=MAX_NEW)]
     assert [got[0].ids, got[5].ids, got[7].ids] == expected
@@ -174,3 +174,22 @@ def test_cancelling_finished_or_unknown_work_leaves_nothing_behind():
     queue.cancel(0)
     queue.cancel(99)
     assert queue.cancelled() == set()
+
+
+def test_cancelled_waiting_work_leaves_the_queue_at_once():
+    """A queued source that is cancelled stops counting in ``len`` at once (a server's queue-full
+    check and queue-depth gauge read it): it stayed until the loop next took work, and while
+    long rows held the batch, texts of clients long gone made others' requests 429s. One being
+    decoded is dropped by the loop (``cancelled``); a full queue's producer gets the room."""
+    queue = Arrivals(capacity=3)
+    for index, length in enumerate((1, 2, 3)):
+        queue.put(Work(index, [7] * length))
+    (decoding,) = queue.take(1, wait=False)
+    queue.put(Work(3, [7] * 4))
+    assert len(queue) == 3 and queue.put(Work(4, [7]), timeout=0.01) is False
+    queue.cancel(2)
+    assert len(queue) == 2 and queue.cancelled() == set()
+    queue.cancel(decoding.index)
+    assert len(queue) == 2 and queue.cancelled() == {decoding.index}
+    assert queue.put(Work(4, [7] * 5), timeout=0.01) is True
+    assert [work.index for work in queue.take(5, wait=False)] == [1, 3, 4]  # still shortest first

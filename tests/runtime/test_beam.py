@@ -386,3 +386,38 @@ def test_speculative_beam_vetoed_where_drafted_iterations_were_slower(editing_bu
         drafted = r.stats.drafted
         assert all(d <= 4 for d in drafted), drafted  # tries: at most one token for each of 4 rows
         assert sum(1 for d in drafted if d) <= 1 + len(drafted) // 4, drafted
+
+
+def test_sources_of_one_loop_each_keep_their_own_beam_scoring(bundle):
+    """A server keeps one decode loop for every beam request of the same mode and num_beams:
+    each source carries its length_penalty, early_stopping and num_return_sequences
+    (``Work.beams``), and gets what ``generate`` gives with those options alone."""
+    import dataclasses
+
+    from aggdec.runtime.continuous import RowDecoder
+    from aggdec.runtime.decoding.arrivals import Arrivals, Work
+
+    generator = Generator(bundle("bart"))
+    rows = RowDecoder(generator)
+    texts = random_texts(seed=6, count=6)
+    scorings = [dict(length_penalty=0.6, early_stopping="never", num_return_sequences=3),
+                dict(length_penalty=2.0, early_stopping=True), dict(length_penalty=-1.0, num_return_sequences=2)]
+    loop = generator.resolve_options("iad", num_beams=3)
+    assert all(generator.resolve_options("iad", num_beams=3, **scoring).loop_options.resolve(
+        generator.option_limits) == loop for scoring in scorings)
+    work = Arrivals()
+    for index, text in enumerate(texts):
+        options = generator.resolve_options("iad", num_beams=3, **scorings[index % 3])
+        work.put(Work(index, rows.prepare(text)[1], rows.limits(MAX_NEW), rows.beam_rules(options)))
+    work.close()
+    got = {done.index: rows.result(done, texts[done.index]) for done in rows.rows(work, loop.loop_options, 6)}
+    for index, text in enumerate(texts):
+        (want,) = generator.generate([text], mode="greedy", num_beams=3, max_new_tokens=MAX_NEW, **scorings[index % 3])
+        assert [(h.ids, h.score) for h in got[index].sequences] == [(h.ids, h.score) for h in want.sequences]
+    # the loop's batch holds num_beams rows a source: a source asking for other beams is refused
+    work = Arrivals()
+    other = dataclasses.replace(rows.beam_rules(loop), num_beams=2)
+    work.put(Work(0, rows.prepare(texts[0])[1], None, other))
+    work.close()
+    with pytest.raises(ValueError, match="asks for 2 beams"):
+        list(rows.rows(work, loop, 6))

@@ -87,7 +87,8 @@ def test_a_bad_item_gets_its_own_error_and_the_others_are_decoded(server, genera
         assert item["error"]["message"].startswith(f"text {index} ")
     assert "empty" in outputs[1]["error"]["message"]
     assert "tokens long" in outputs[2]["error"]["message"]
-    assert "not a string" in outputs[3]["error"]["message"]
+    assert outputs[3]["error"]["message"] == "text 3 is a number, not a string."  # JSON's words, not "a int"
+    assert outputs[4]["error"]["message"] == "text 4 is null (None), not a string."
 
 
 @pytest.mark.parametrize("body", [
@@ -330,7 +331,18 @@ def test_a_client_that_disconnects_has_its_rows_dropped_and_the_server_keeps_ser
 
 @pytest.mark.parametrize("method, path, body, headers, status, kind, needle", [
     ("POST", "/v1/generate", b'{"texts": ["\xff\xfe"]}', {"content-type": "application/json"}, 422, "invalid",
-     "send UTF-8 JSON with Content-Type: application/json"),  # FastAPI's own 400 {"detail": ...} before
+     "the body is not UTF-8 (byte 0xff at offset 12); send UTF-8 JSON."),  # FastAPI's own 400 {"detail": ...} before
+    # JSON that Python's parser gives up on: it said "send UTF-8 JSON", which the client had done
+    # (within the fixture's 4096-byte bodies; a number over 4,300 digits: test_a_number_too_long_to_parse...)
+    ("POST", "/v1/generate", b'{"texts": ' + b"[" * 2000 + b"]" * 2000 + b"}", {"content-type": "application/json"},
+     422, "invalid", "the body nests arrays or objects too deeply to parse"),
+    ("POST", "/v1/generate", b'{"texts": ["w1"', {"content-type": "application/json"}, 422, "invalid",
+     "the body is not valid JSON: Expecting ',' delimiter (at character 15)."),
+    # a union's branches named once, not as "tau.float: ..." (the first of them)
+    ("POST", "/v1/generate", b'{"texts": ["w1"], "mode": "gad++", "tau": "x"}', {"content-type": "application/json"},
+     422, "invalid", "tau: Input should be a valid number or a valid integer"),
+    ("POST", "/v1/generate", b'{"texts": ["w1"], "num_beams": 2, "early_stopping": "sometimes"}',
+     {"content-type": "application/json"}, 422, "invalid", "early_stopping: Input should be a valid boolean or 'never'"),
     ("POST", "/v1/generate", b'{"texts": ["w1"]}', {}, 422, "invalid", "this request has no Content-Type"),
     ("POST", "/v1/generate", b'{"texts": ["w1"]}', {"content-type": "text/plain"}, 422, "invalid",
      "send the body as JSON with Content-Type: application/json (this request has 'text/plain')"),
@@ -351,6 +363,16 @@ def test_every_error_has_the_documented_shape_and_is_counted(server, method, pat
     if status == 405:
         assert response.headers["allow"]
     assert metrics(server)[f"aggdec_errors_total{{kind={kind}}}"] == before + 1
+
+
+def test_a_number_too_long_to_parse_is_named_as_such(generator):
+    """Python's JSON parser refuses integers of over 4,300 digits; the 422 said "send UTF-8 JSON",
+    which the client had done."""
+    with Running(generator, max_batch=2) as running:
+        response = running.client.post("/v1/generate", content=b'{"texts": ["w1"], "max_new_tokens": 1' + b"0" * 5000
+                                       + b"}", headers={"content-type": "application/json"})
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["message"].startswith("the body holds a number too long to parse")
 
 
 def test_draft_k_over_http_is_checked_against_the_drafter(gad_bundle):  # noqa: F811
