@@ -4,7 +4,7 @@ Decodes the same sentences with plain beam N and IAD beam N, interleaved call by
 (``--batch-size`` texts a call, one thread), and prints: each system's total seconds and its
 seconds inside onnxruntime, its verifier calls, for IAD the beam steps per call (how often
 replay held) and the draft lengths chosen, whether drafted iterations measured faster per step
-than plain ones (``Generator.beam_payoff``), the cost of an iteration per width for the batch's
+than plain ones (``Generator.beam_gate``), the cost of an iteration per width for the batch's
 rows (``Generator.beam_costs``: a one-token iteration, host work included, and the cost of one
 more position relative to it), and with ``--profile`` the functions where each system's time
 outside onnxruntime goes (cProfile).
@@ -85,7 +85,7 @@ def main() -> None:
         "iad_mean_steps_per_call": round(sum(k * v for k, v in steps.items()) / max(1, sum(steps.values())), 3),
         "iad_draft_tokens_per_row_per_call": {str(k): v for k, v in sorted(drafted.items())},
         "batch_size": args.batch_size,
-        "drafting_pays_measured": generator.beam_payoff.pays(args.beams * args.batch_size),
+        "drafting_pays_measured": generator.beam_gate.payoff.pays(args.beams * args.batch_size),
         "measured_iteration_cost": {"rows": args.beams * args.batch_size, "one_token_ms": round(1000 * one_token, 4),
                                "per_extra_position": round(ratio, 4)},
     }

@@ -334,12 +334,13 @@ class Generator:
         # and its iterations' costs by width: whole iterations, host work included (its own:
         # GAD's and IAD's fits time the verifier call alone)
         self.beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
-        self.beam_payoff = ReplayPayoff()  # drafted against plain iterations, per step (its veto)
+        # drafted against plain iterations, per beam step: its veto, and the rests between tries
+        self.beam_gate = DraftGate(decay=ReplayPayoff.DECAY, min_weight=ReplayPayoff.MIN_WEIGHT)
         # GAD's beam search keeps its own: a drafter's replay rate, and iterations that pay for a
         # drafter call, are not IAD's
         self.gad_replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
         self.gad_beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
-        self.gad_beam_payoff = ReplayPayoff()
+        self.gad_beam_gate = DraftGate(decay=ReplayPayoff.DECAY, min_weight=ReplayPayoff.MIN_WEIGHT)
         # static shapes: every call this many tokens a row, the widest block any mode may ask:
         # a row's pending tokens (at most SLACK) and the longest draft (IAD's block, the drafter's
         # k). A longer wish (a caller's BlockOptions) is cut to fit: a shorter draft changes
@@ -381,7 +382,7 @@ class Generator:
         for name, session in self._sessions.items():
             session.seconds = before[name]
         self.gad_costs.reset()  # first calls are slow: not what the next decodes will cost
-        for measured in (self.beam_costs, self.beam_payoff, self.gad_beam_costs, self.gad_beam_payoff,
+        for measured in (self.beam_costs, self.beam_gate, self.gad_beam_costs, self.gad_beam_gate,
                          *self.gad_gates.values()):
             measured.reset()
         for prior in (*self.draft_priors.values(), self.replay_prior, self.gad_replay_prior):
@@ -695,7 +696,7 @@ class Generator:
                                                          cost_ratio=self.tuning.beam_cost_ratio)
             return Strategy(HypothesisSourceDraft(block, self.replay_prior,
                                                   self.beam_costs if measured else None,
-                                                  self.beam_payoff if measured else None), GREEDY, beams)
+                                                  self.beam_gate if measured else None), GREEDY, beams)
         if mode is Mode.IAD:
             # a caller's own BlockOptions size the blocks with their cost_ratio, not the measured
             # call costs, so the same options draft the same blocks whatever the timings
@@ -711,7 +712,7 @@ class Generator:
             block = dataclasses.replace(block, max_block=min(block.max_block, int(options.draft_k)))
             return Strategy(HypothesisDrafterDraft(self.drafter, self.manifest.pad_token_id, block,
                                                    self.gad_replay_prior, self.gad_beam_costs if measured else None,
-                                                   self.gad_beam_payoff if measured else None),
+                                                   self.gad_beam_gate if measured else None),
                             GREEDY, beams)
         drafts = DrafterDraft(self.drafter, self.manifest.pad_token_id, options.draft_k, cost_ratio=tuning.cost_ratio,
                               costs=self.gad_costs, prior=self.draft_priors[mode], decay=tuning.gad_decay,

@@ -37,7 +37,7 @@ from .alignment import MIN_REPEAT, source_position_offsets
 from .hypothesis_drafts import HypothesisDraft
 from .loop import NO_DRAFT, Row
 from .repetition import RepeatDrafts
-from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost, DraftGate, ReplayPayoff
+from .sizing import MAX_REST, AcceptancePrior, BlockOptions, BlockSizer, CallCost, DraftGate
 from .verifier import Batch
 
 
@@ -278,7 +278,7 @@ class HypothesisDrafterDraft(HypothesisDraft):
     """GAD's draft source for beam search: each row's hypothesis (its tokens so far, the decoder
     start included) gets the drafter's draft after it, one drafter call for the batch's rows,
     as many tokens as the batch's draft length (:class:`HypothesisDraft`: the sizing, rests and
-    payoff every beam draft source shares).
+    gate every beam draft source shares).
 
     The drafter reads each row's own prefix, so the N rows of a group get N drafts, each after
     its own hypothesis: a step replays while every hypothesis it selects continues one of them.
@@ -288,9 +288,9 @@ class HypothesisDrafterDraft(HypothesisDraft):
     so the same options draft the same blocks whatever the timings."""
 
     def __init__(self, drafter: Drafter, pad_id: int, options: BlockOptions, prior: AcceptancePrior | None = None,
-                 costs: CallCost | None = None, payoff: ReplayPayoff | None = None) -> None:
+                 costs: CallCost | None = None, gate: DraftGate | None = None) -> None:
         """``options.max_block``: at most the drafter's k (a draft longer than it drafts k)."""
-        super().__init__(options, prior, costs, payoff)
+        super().__init__(options, prior, costs, gate)
         self.drafter = drafter
         self.pad_id = pad_id
         self.memory = drafter.memory  # the batch keeps it per row (Batch): once per source, for its N rows

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .loop import NO_DRAFT, Row
-from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost, ReplayPayoff
+from .sizing import AcceptancePrior, BlockOptions, BlockSizer, CallCost, DraftGate
 from .verifier import Batch
 
 # A batch whose drafts do not pay rests this many plain beam steps before its first retry
@@ -38,27 +38,33 @@ class HypothesisDraft:
     the call is expected to replay, summed over its groups, per unit of the cost of an
     iteration k positions wider (``costs``: whole iterations measured at the batch's rows, see
     :meth:`_measured`; else the options' ``cost_ratio``), plus what drafting costs besides the
-    verifier call (:meth:`_fixed_cost`: GAD's drafter call), unless ``payoff`` measured drafted
+    verifier call (:meth:`_fixed_cost`: GAD's drafter call), unless ``gate`` measured drafted
     iterations slower per step than plain ones. Each group's expected steps come from a
     :class:`BlockSizer` of its own: replay holds while every hypothesis a step selects lies on
     a drafted path, so a group's "acceptance" is the steps its calls replayed past the first
     (reported by the loop through :meth:`observe`), starting from what earlier groups saw
     (``prior``). Where no k beats a plain step, the batch takes plain beam steps (no draft: a
     plain iteration's work) and tries 1-token drafts once after a rest of :data:`FIRST_REST`
-    steps, doubling with each failed try (as GAD's rows do)."""
+    steps, doubling with each failed try (as GAD's rows do). Where ``gate`` measured drafted
+    iterations slower per step at the batch's width, its rests decide instead: shared by the
+    Generator's decodes and sized so that a try costs at most a small share of the plain steps
+    around it (:class:`DraftGate`). A batch's own rests start again with each decode, and a
+    try's cost is what the measured loss says: GAD's drafter call costs several plain steps, so
+    a decode of one sentence at a time tried after 4 and 8 of its 25 steps, every sentence, and
+    GAD beam 4 ran at 0.75x plain beam 4 having drafted almost nothing."""
 
     memory = None  # what the batch keeps of each row's encoder output for the drafts (GAD: the drafter's)
 
     def __init__(self, options: BlockOptions, prior: AcceptancePrior | None = None,
-                 costs: CallCost | None = None, payoff: ReplayPayoff | None = None) -> None:
+                 costs: CallCost | None = None, gate: DraftGate | None = None) -> None:
         """``options``: ``max_block`` caps a draft; with ``adaptive`` False every row that can
         drafts ``max_block`` tokens (what the tests use to replay as much as they can).
-        ``payoff``: drafted against plain iterations' time per step, measured; where drafted
-        ones were the slower, the batch rests as where the cost model says drafts do not pay."""
+        ``gate``: drafted against plain iterations' time per beam step, measured (the
+        Generator's, shared); where drafted ones were the slower, its rests decide when to try."""
         self.options = options
         self.prior = prior  # replayed steps of the groups before (the Generator's, shared)
         self.costs = costs
-        self.payoff = payoff
+        self.gate = gate
         self.seconds = 0.0  # time in graphs of its own (GAD's drafter)
         self._iterations: dict[int, _Iteration] = {}  # per batch: its last iteration
         self._current: _Iteration | None = None  # the iteration the loop's observe() calls are about
@@ -89,7 +95,7 @@ class HypothesisDraft:
             group.draft_state = BlockSizer(self.options, self.prior)
 
     def propose(self, batch: Batch, rows: Sequence[Row], rooms: Sequence[int]) -> list[np.ndarray]:
-        if self.costs is not None or self.payoff is not None:  # else nothing reads the timings
+        if self.costs is not None or self.gate is not None:  # else nothing reads the timings
             self._measured(batch)
             self._current = self._iterations[id(batch)] = _Iteration(time.perf_counter())
         size = self._size(batch, rows)
@@ -117,7 +123,7 @@ class HypothesisDraft:
         """The batch's last iteration, from its proposal to its last group's selection (its
         encoder calls and other cohorts' calls left out), as the cost of its call's width (the
         drafts' own graph left out: :meth:`_fixed_cost` counts it), and its whole time per
-        beam step for ``payoff``. A replaying call's host work (alignment, a beam step per
+        beam step for ``gate``. A replaying call's host work (alignment, a beam step per
         replayed step, a rebinding for a new width) is a sizeable part of a small model's step
         (reference model, CPU, batch 1: plain beam 4 spends about a third of its time outside
         onnxruntime), and a drafted call must pay for it too."""
@@ -127,13 +133,15 @@ class HypothesisDraft:
         seconds = done.ended - done.started
         if self.costs is not None:
             self.costs.observe(last[0], seconds - done.drafting, last[2])
-        if self.payoff is not None:
-            self.payoff.observe(last[2], last[0] > 1, seconds, done.steps / done.groups)
+        if self.gate is not None:
+            self.gate.payoff.observe(last[2], last[0] > 1, seconds, done.steps / done.groups)
 
     def _size(self, batch: Batch, rows: Sequence[Row]) -> int:
         """The batch's draft length for this call (0: a plain beam step)."""
         if not self.options.adaptive:
             return self.options.max_block
+        if self.gate is not None and self.gate.payoff.pays(len(rows)) is False:
+            return 1 if self.gate.drafts(len(rows)) else 0  # a try: one token, its replay observed
         rests = self._rests.setdefault(id(batch), _Rests())
         if rests.left > 0:  # resting: nothing to weigh
             rests.left -= 1
@@ -146,7 +154,7 @@ class HypothesisDraft:
         expected = sum(group.draft_state.expected() for group in groups.values())
         value = expected / (cost + self._fixed_cost(len(rows)))  # beam steps per unit of cost; a plain step: one per group
         best = int(np.argmax(value))
-        if value[best] >= len(groups) and (self.payoff is None or self.payoff.pays(len(rows)) is not False):
+        if value[best] >= len(groups):
             rests.length = FIRST_REST
             rests.probe = False
             return best + 1

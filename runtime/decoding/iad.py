@@ -112,7 +112,7 @@ def _source_match(output: np.ndarray, source: np.ndarray, at: int | None) -> int
 class HypothesisSourceDraft(HypothesisDraft):
     """IAD's draft source for beam search: each row's hypothesis, aligned afresh with its source
     at every call, drafts the source tokens after the aligned position, as many as the batch's
-    draft length (:class:`HypothesisDraft`: the sizing, rests and payoff every beam draft
+    draft length (:class:`HypothesisDraft`: the sizing, rests and gate every beam draft
     source shares).
 
     A beam row's hypothesis changes from call to call (a step may give the row another

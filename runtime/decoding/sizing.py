@@ -298,10 +298,11 @@ class ReplayPayoff:
     drafting where drafted iterations were the slower. Shared by a Generator's decodes
     (thread-safe)."""
 
+    DECAY = 0.97  # per iteration of each kind
     MIN_WEIGHT = 4.0  # decayed iterations of each kind before the comparison is trusted
     LONGEST_REST = 4096  # the longest rest :meth:`rest` gives (a try now and then, whatever it lost)
 
-    def __init__(self, decay: float = 0.97, min_weight: float = MIN_WEIGHT) -> None:
+    def __init__(self, decay: float = DECAY, min_weight: float = MIN_WEIGHT) -> None:
         """``min_weight``: the decayed iterations of each kind before a verdict (a GAD batch's
         iteration measures every row's tokens, a beam one a few groups' steps)."""
         self.decay = decay

@@ -378,14 +378,21 @@ def test_speculative_beam_vetoed_where_drafted_iterations_were_slower(editing_bu
     options = dict(num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW, batch_size=1)
     plain = generator.generate(texts, **options)
     for _ in range(50):  # drafted iterations 10x slower a step, at 4 rows
-        generator.beam_payoff.observe(4, True, 0.010, 1.0)
-        generator.beam_payoff.observe(4, False, 0.001, 1.0)
+        generator.beam_gate.payoff.observe(4, True, 0.010, 1.0)
+        generator.beam_gate.payoff.observe(4, False, 0.001, 1.0)
     spec = generator.generate(texts, mode="iad", **options)
     assert [r.sequences for r in spec] == [r.sequences for r in plain]
     for r in spec:
         drafted = r.stats.drafted
         assert all(d <= 4 for d in drafted), drafted  # tries: at most one token for each of 4 rows
         assert sum(1 for d in drafted if d) <= 1 + len(drafted) // 4, drafted
+    # the rests between tries are the Generator's, sized by what a try lost (here 9 plain steps'
+    # time: a rest of hundreds of steps), not a batch's own: one decode a sentence tried after
+    # 4 and 8 plain steps of every sentence, and GAD beam 4, whose drafter call costs several
+    # steps, ran at 0.75x plain beam 4 one sentence at a time
+    alone = [generator.generate([text], mode="iad", **options)[0] for text in texts]
+    assert [r.sequences for r in alone] == [r.sequences for r in plain]
+    assert all(not any(r.stats.drafted) for r in alone), [r.stats.drafted for r in alone]
 
 
 def test_sources_of_one_loop_each_keep_their_own_beam_scoring(bundle):
