@@ -36,6 +36,9 @@ SIZE_LIMITS = {
     **dict.fromkeys(("encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "intermediate_size"), 1 << 20),
     **dict.fromkeys(("vocab_size", "decoder_vocab_size"), 1 << 24),
     "max_position_embeddings": 1 << 20,
+    # T5's relative positions: the export tabulates max_distance + 1 buckets (families._t5_position_bias)
+    "relative_attention_num_buckets": 1 << 16,
+    "relative_attention_max_distance": 1 << 20,
 }
 # The same for a GAD drafter (drafter.json, and `aggdec train-drafter`'s options): its modules
 # are built from these before a weight is read. k and the positions are bounded by the longest

@@ -258,12 +258,18 @@ ARCHITECTURES = {
 }
 
 
+MIN_T5_BUCKETS = 4  # the encoder's bidirectional buckets: num_buckets // 2 a direction, half of them exact
+MIN_TARGET_POSITIONS = 2  # the decoder start token and one generated token
+
+
 def _unsupported_config(config: object) -> str | None:
     """What a checkpoint of a supported class sets that aggdec cannot reproduce, or None.
 
-    T5 relative-position buckets whose max distance is not above the decoder's exact buckets:
-    transformers' bucket formula is then undefined (a NaN or negative bucket, an index error in
-    transformers itself), so there is nothing to reproduce.
+    T5 relative-position buckets for which transformers' bucket formula is undefined (a division
+    by zero, a NaN or negative bucket, an index error in transformers itself), so there is nothing
+    to reproduce: fewer than :data:`MIN_T5_BUCKETS` (the encoder, bidirectional, has
+    ``num_buckets // 2`` buckets a direction and ``num_buckets // 2 // 2`` exact ones, and divides
+    by that), or a max distance not above the decoder's exact buckets (``num_buckets // 2``).
 
     Separate source and target vocabularies (Marian's ``decoder_vocab_size`` other than
     ``vocab_size``, as some OPUS-MT models have): a bundle holds one tokenizer for both sides,
@@ -271,6 +277,11 @@ def _unsupported_config(config: object) -> str | None:
     wrong vocabulary."""
     buckets = getattr(config, "relative_attention_num_buckets", None)
     distance = getattr(config, "relative_attention_max_distance", None)
+    if buckets is not None and int(buckets) < MIN_T5_BUCKETS:
+        # the encoder's exact buckets are num_buckets // 2 // 2 = 0: transformers divides by zero
+        return (f"its relative_attention_num_buckets {buckets} is below {MIN_T5_BUCKETS}: the encoder's bidirectional "
+                f"buckets ({buckets} // 2 = {int(buckets) // 2} a direction) hold {int(buckets) // 2 // 2} exact ones, "
+                "by which transformers' bucket formula divides, so its relative-position buckets are undefined")
     if buckets is not None and distance is not None and int(distance) <= int(buckets) // 2:
         # the decoder's exact buckets are num_buckets // 2; past them transformers' bucket is
         # log(d / exact) / log(max_distance / exact): a division by log(1) or a negative bucket
@@ -284,6 +295,23 @@ def _unsupported_config(config: object) -> str | None:
     return None
 
 
+def _too_few_positions(family: Family, config: object) -> str | None:
+    """Why the checkpoint's position table holds too few target positions for any decoding (fewer
+    than :data:`MIN_TARGET_POSITIONS`), or None. M2M100's positions start after its pad id, so a
+    pad id past its table (which transformers cannot even build) leaves none."""
+    pad = getattr(config, "pad_token_id", None)
+    if family is M2M100 and (isinstance(pad, bool) or not isinstance(pad, int | None)):
+        return None  # not an id: the export names it as such
+    limit = family.position_limit(config)
+    if limit is None or limit >= MIN_TARGET_POSITIONS:
+        return None
+    fields = f"max_position_embeddings {config.max_position_embeddings}"
+    if family is M2M100:
+        fields += f" (whose positions start after its pad_token_id {pad})"
+    return (f"its {fields} leaves {max(limit, 0)} target position(s), and a bundle needs at least "
+            f"{MIN_TARGET_POSITIONS} (the decoder start token and one generated token)")
+
+
 def family_for(config: object) -> Family:
     """The adapter of ``config``'s class; UnsupportedModelError naming what is not supported."""
     name = type(config).__name__
@@ -295,7 +323,7 @@ def family_for(config: object) -> Family:
             f"aggdec cannot export a checkpoint with {name} (model_type {getattr(config, 'model_type', '?')!r}); "
             f"supported architectures: {supported}."
         ) from None
-    reason = _unsupported_config(config)
+    reason = _unsupported_config(config) or _too_few_positions(family, config)
     if reason is not None:
         raise UnsupportedModelError(f"aggdec cannot export this {ARCHITECTURES[name]} checkpoint: {reason}.")
     return family

@@ -418,8 +418,11 @@ def export_bundle(
 
     say(progress, "[2/5] computing torch references")
     pad_id = int(config.pad_token_id)
-    encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed)
-    draft_cases = drafter_cases(drafter, model, vocab, pad_id, start_id) if drafter else []
+    # at most the bundle's lengths: transformers' own forward cannot pass a checkpoint's position table
+    encoder_cases, verifier_cases = reference_cases(model, vocab, pad_id, suppressed, max_source=max_source,
+                                                    max_target=max_target)
+    draft_cases = drafter_cases(drafter, model, vocab, pad_id, start_id, max_source=max_source,
+                                max_target=max_target) if drafter else []
 
     tmp = None
     try:
@@ -429,11 +432,11 @@ def export_bundle(
                        + (" (with its source layers)" if drafter.config.encoder_layers else ""))
         say(progress, f"[3/5] tracing {graph_names} to ONNX")
         encoder_graph = EncoderGraph(model, family.encoder(model), parts, cross_key_layout).eval()
-        trace(encoder_graph, encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+        trace(encoder_graph, encoder_dummy(vocab, max_source), tmp / enc_spec.file, enc_spec, opset)
         fold_reshapes(tmp / enc_spec.file)  # before validate(), which proves the values unchanged
         verifiers = trace_verifiers(lambda head: VerifierGraph(model, parts, top_k, suppressed, vocab, head,
                                                                cross_key_layout),
-                                    verifier_dummy(layers, heads, head_dim, cross_key_layout), tmp,
+                                    verifier_dummy(layers, heads, head_dim, cross_key_layout, vocab), tmp,
                                     lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head,
                                                                cross_key_layout=cross_key_layout, vocab=vocab,
                                                                head_positions=True), opset,

@@ -208,15 +208,18 @@ class Case:
 def validation_cases(manifest: Manifest, seed: int = 0, batches: tuple[int, ...] = BATCHES) -> list[Case]:
     """Random sources, prefixes and blocks at the export validation's shapes; rows after the
     first keep only part of their prefix, as after a rejected draft. ``batches``: the batch
-    sizes (a graph with another path for wide calls adds one that takes it)."""
+    sizes (a graph with another path for wide calls adds one that takes it). A source has at
+    most the bundle's max_source_len tokens (the encoder reads a checkpoint's position table
+    as it is; the verifier clamps a position past its table, so its shapes stay the same)."""
     rng = np.random.default_rng(seed)
     vocab, pad = manifest.vocab_size, manifest.pad_token_id
     low = min(3, vocab - 1)
+    source_len = min(SOURCE_LEN, manifest.max_source_len)
     cases = []
     for batch in batches:
-        lengths = [SOURCE_LEN] + [int(rng.integers(2, SOURCE_LEN + 1)) for _ in range(batch - 1)]
-        ids = np.full((batch, SOURCE_LEN), pad, dtype=np.int64)
-        mask = np.zeros((batch, SOURCE_LEN), dtype=np.int64)
+        lengths = [source_len] + [int(rng.integers(2, source_len + 1)) for _ in range(batch - 1)]
+        ids = np.full((batch, source_len), pad, dtype=np.int64)
+        mask = np.zeros((batch, source_len), dtype=np.int64)
         for row, length in enumerate(lengths):
             ids[row, :length] = rng.integers(low, vocab, size=length)
             mask[row, :length] = 1

@@ -144,11 +144,24 @@ def drafter_dummy(drafter, d_model: int):
     return (ids, mask, start, offset, torch.randn(2, 5, d_model), torch.ones(2, 5, dtype=torch.int64))
 
 
-def encoder_dummy():
+def dummy_ids(vocab: int, *shape: int):
+    """Random token ids to trace with: ids 3..9 as ever, kept below ``vocab`` (any vocabulary of at
+    least one token; an id past the embedding table ends the trace in an IndexError)."""
+    import torch
+
+    low, high = min(3, vocab - 1), min(10, vocab)
+    return torch.randint(low, high, shape)
+
+
+def encoder_dummy(vocab: int, max_source: int | None = None):
+    """Sources to trace the encoder with: 2 of 5 tokens, or of ``max_source`` where that is fewer (an
+    encoder reads its checkpoint's position table, which may hold fewer than 5)."""
     import torch
 
     # distinct sizes so the tracer cannot confuse one dim with another
-    return (torch.randint(3, 10, (2, 5)), torch.ones(2, 5, dtype=torch.int64))
+    source = min(5, max_source or 5)
+    batch = 3 if source == 2 else 2
+    return (dummy_ids(vocab, batch, source), torch.ones(batch, source, dtype=torch.int64))
 
 
 def cross_dummy(layers: int, heads: int, head_dim: int, batch: int, source: int, cross_key_layout: str):
@@ -161,13 +174,13 @@ def cross_dummy(layers: int, heads: int, head_dim: int, batch: int, source: int,
                  for name in cross_names(layers))
 
 
-def verifier_dummy(layers: int, heads: int, head_dim: int, cross_key_layout: str):
+def verifier_dummy(layers: int, heads: int, head_dim: int, cross_key_layout: str, vocab: int):
     import torch
 
     # distinct sizes so the tracer cannot confuse one dim with another
     batch, new, capacity, source = 2, 3, 9, 5
     return (
-        torch.randint(3, 10, (batch, new)),
+        dummy_ids(vocab, batch, new),
         torch.tensor([4, 3], dtype=torch.int64),
         *(torch.randn(batch, heads, capacity, head_dim) for _ in range(2 * layers)),
         *cross_dummy(layers, heads, head_dim, batch, source, cross_key_layout),

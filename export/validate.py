@@ -7,7 +7,15 @@ covers the wrapper's arithmetic, the cache compaction and the export together.
 
 The verifier is checked the way the runtime drives it: one call fills a cache for a prefix,
 a second call continues from per-row lengths shorter than that cache (rejected drafts being
-dropped), at T in {1, 2, 7}, P in {0, 5}, B in {1, 3}.
+dropped), at T in {1, 2, 7}, P in {0, 5}, B in {1, 3}, sources of up to 9 tokens: each shape
+capped at the bundle's own limits (max_target_len positions a call, max_source_len source
+tokens), since transformers' reference cannot go past a checkpoint's position table and the
+bundle is never asked to.
+
+The random tokens are ids from 3 up (0-2 are mostly special) and never the pad id: transformers'
+uncached forward numbers M2M100's positions skipping every pad in the input, while generate (a
+token at a time) and the bundle give a token its own position, so a pad inside the input makes
+the reference something generate never computes; and a source never holds an unmasked pad.
 """
 
 from __future__ import annotations
@@ -45,12 +53,45 @@ class VerifierCase:
     noise: np.ndarray  # [B, T, 1] torch's own fp32 error at each position (vs float64)
 
 
-def _random_source(rng: np.random.Generator, batch: int, vocab: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    lengths = [SOURCE_LEN] + [int(rng.integers(2, SOURCE_LEN + 1)) for _ in range(batch - 1)]
-    ids = np.full((batch, SOURCE_LEN), pad_id, dtype=np.int64)
-    mask = np.zeros((batch, SOURCE_LEN), dtype=np.int64)
+def token_pool(vocab: int, pad_id: int) -> np.ndarray:
+    """The ids validation draws its random tokens from: 3 to vocab - 1 without the pad id (the
+    module's docstring says why), or where that leaves none (a vocabulary of a few tokens), every
+    id but the pad; a vocabulary of the pad alone has nothing else to draw."""
+    for low in (min(3, vocab), 0):
+        ids = np.arange(low, vocab, dtype=np.int64)
+        ids = ids[ids != pad_id]
+        if ids.size:
+            return ids
+    return np.array([pad_id], dtype=np.int64)
+
+
+def _draw(rng: np.random.Generator, pool: np.ndarray, size) -> np.ndarray:
+    """Random ids of ``pool`` (for a pool 3..vocab-1, the draws ``rng.integers(3, vocab)`` gives)."""
+    return pool[rng.integers(0, len(pool), size=size)]
+
+
+def verifier_shapes(max_target: int | None = None) -> list[tuple[int, int]]:
+    """The (P, T) of every verifier case: PAST_LENS x NEW_LENS, with a prefix and block of at most
+    ``max_target`` positions together (the block first shortened to fit, then the prefix), each
+    shape once."""
+    shapes: list[tuple[int, int]] = []
+    for past in PAST_LENS:
+        for new in NEW_LENS:
+            if max_target is not None:
+                new = min(new, max_target)
+                past = min(past, max_target - new)
+            if (past, new) not in shapes:
+                shapes.append((past, new))
+    return shapes
+
+
+def _random_source(rng: np.random.Generator, batch: int, pool: np.ndarray, pad_id: int,
+                   source_len: int = SOURCE_LEN) -> tuple[np.ndarray, np.ndarray]:
+    lengths = [source_len] + [int(rng.integers(2, source_len + 1)) for _ in range(batch - 1)]
+    ids = np.full((batch, source_len), pad_id, dtype=np.int64)
+    mask = np.zeros((batch, source_len), dtype=np.int64)
     for row, length in enumerate(lengths):
-        ids[row, :length] = rng.integers(3, vocab, size=length)
+        ids[row, :length] = _draw(rng, pool, length)
         mask[row, :length] = 1
     return ids, mask
 
@@ -87,8 +128,11 @@ def _noise(fp32: np.ndarray, fp64: np.ndarray) -> np.ndarray:
 
 @torch.no_grad()
 def reference_cases(model: torch.nn.Module, vocab: int, pad_id: int, suppress: tuple[int, ...], seed: int = 0,
-                    suppress_after: bool = True) -> tuple[list[EncoderCase], list[VerifierCase]]:
+                    suppress_after: bool = True, max_source: int | None = None, max_target: int | None = None
+                    ) -> tuple[list[EncoderCase], list[VerifierCase]]:
     """transformers' own outputs for every validation shape, with torch's own fp32 error.
+    ``max_source``, ``max_target``: the bundle's max_source_len and max_target_len, which no
+    source or decoder input here exceeds (None: the shapes as they are).
 
     The model runs once in float32 (the reference) and once in float64; their difference is
     how much float32 arithmetic alone moves each output of this checkpoint. A badly
@@ -101,22 +145,23 @@ def reference_cases(model: torch.nn.Module, vocab: int, pad_id: int, suppress: t
     bias = torch.zeros(vocab, dtype=torch.float64)
     if suppress:
         bias[list(suppress)] = float("-inf")
+    pool = token_pool(vocab, pad_id)
+    source_len = min(SOURCE_LEN, max_source or SOURCE_LEN)
     inputs: list = []
     plan: list = []
     for batch in BATCHES:
-        ids, mask = _random_source(rng, batch, vocab, pad_id)
+        ids, mask = _random_source(rng, batch, pool, pad_id, source_len)
         inputs.append(("encoder", ids, mask, None, 0))
         plan.append(("encoder", ids, mask))
-        for past in PAST_LENS:
-            for new in NEW_LENS:
-                prefix = rng.integers(3, vocab, size=(batch, past)).astype(np.int64)
-                # row 0 keeps the whole prefix; other rows drop part of it, as after a rejection
-                kept = np.array([past] + [int(rng.integers(0, past + 1)) for _ in range(batch - 1)], dtype=np.int64)
-                new_ids = rng.integers(3, vocab, size=(batch, new)).astype(np.int64)
-                for row in range(batch):
-                    decoder_ids = np.concatenate([prefix[row, : kept[row]], new_ids[row]])[None]
-                    inputs.append(("decoder", ids[row : row + 1], mask[row : row + 1], decoder_ids, new))
-                plan.append(("verifier", prefix, kept, new_ids))
+        for past, new in verifier_shapes(max_target):
+            prefix = _draw(rng, pool, (batch, past))
+            # row 0 keeps the whole prefix; other rows drop part of it, as after a rejection
+            kept = np.array([past] + [int(rng.integers(0, past + 1)) for _ in range(batch - 1)], dtype=np.int64)
+            new_ids = _draw(rng, pool, (batch, new))
+            for row in range(batch):
+                decoder_ids = np.concatenate([prefix[row, : kept[row]], new_ids[row]])[None]
+                inputs.append(("decoder", ids[row : row + 1], mask[row : row + 1], decoder_ids, new))
+            plan.append(("verifier", prefix, kept, new_ids))
     fp32 = _reference_pass(model.float(), inputs, bias, suppress_after)
     fp64 = _reference_pass(model.double(), inputs, bias, suppress_after)
     model.float()
@@ -265,23 +310,28 @@ class DrafterCase:
 
 @torch.no_grad()
 def drafter_cases(drafter: torch.nn.Module, model: torch.nn.Module, vocab: int, pad_id: int, start_id: int,
-                  seed: int = 1, shortlist: bool = False) -> list[DrafterCase]:
+                  seed: int = 1, shortlist: bool = False, max_source: int | None = None,
+                  max_target: int | None = None) -> list[DrafterCase]:
     """The drafter's torch slot logits at B in {1, 3} and prefixes of 1 to 9 tokens, and past its
     window (prefixes it reads only the end of, at an offset). ``shortlist``: each case also feeds
     ``output_ids``, alternately every id and random per-row lists of different
-    lengths, -1 padded, as the runtime feeds them."""
+    lengths, -1 padded, as the runtime feeds them. ``max_source``, ``max_target``: as
+    :func:`reference_cases`', which no source or prefix exceeds."""
     from .drafter import drafter_inputs
 
     rng = np.random.default_rng(seed)
+    pool = token_pool(vocab, pad_id)
+    source_len = min(SOURCE_LEN, max_source or SOURCE_LEN)
     cases = []
     for batch in BATCHES:
         window = drafter.config.window
-        for longest in (1, 6, 9, *((window + 3,) if window else ())):
-            ids, mask = _random_source(rng, batch, vocab, pad_id)
+        longests = (1, 6, 9, *((window + 3,) if window else ()))
+        for longest in dict.fromkeys(min(n, max_target or n) for n in longests):
+            ids, mask = _random_source(rng, batch, pool, pad_id, source_len)
             hidden = model.get_encoder()(input_ids=torch.from_numpy(ids),
                                          attention_mask=torch.from_numpy(mask)).last_hidden_state
             lengths = [longest] + [int(rng.integers(1, longest + 1)) for _ in range(batch - 1)]
-            prefixes = [[start_id] + rng.integers(3, vocab, size=n - 1).tolist() for n in lengths]
+            prefixes = [[start_id] + _draw(rng, pool, n - 1).tolist() for n in lengths]
             draft_ids, draft_mask, slot_start, offset = drafter_inputs(prefixes, drafter.config.k,
                                                                        drafter.config.mask_token_id, pad_id, window)
             memory = drafter.memory(hidden, torch.from_numpy(mask))

@@ -305,8 +305,8 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
 
     from ...runtime.session import require_onnxruntime
     from ..graphs import EncoderGraph, VerifierGraph
-    from ..tracing import (check_drafter, cross_dummy, encoder_dummy, load_drafter, say, trace, trace_drafter,
-                           trace_verifiers)
+    from ..tracing import (check_drafter, cross_dummy, dummy_ids, encoder_dummy, load_drafter, say, trace,
+                           trace_drafter, trace_verifiers)
     from ..validate import drafter_cases
     from .graphs import (RecurrentVerifierGraph, ShortlistEncoderGraph, attention_parts, optional_output_ids,
                          recurrence_as_scan)
@@ -349,10 +349,11 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
     say(progress, "[2/5] computing float references")
     # <unk> is masked after the log-softmax, as Marian's beam search masks it on the path scores
     # (Manifest.suppression "after_log_softmax"): beam scores sum log-probs normalized over every id
-    encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed, suppress_after=True)
+    encoder_cases, verifier_cases = reference_cases(model, vocab, eos, suppressed, suppress_after=True,
+                                                    max_source=max_source, max_target=max_target)
     # a shortlist bundle's drafter argmaxes over each row's list too (export/drafter.py DrafterGraph)
-    draft_cases = drafter_cases(drafter, model, vocab, eos, eos, shortlist=table is not None) \
-        if drafter is not None else []
+    draft_cases = drafter_cases(drafter, model, vocab, eos, eos, shortlist=table is not None, max_source=max_source,
+                                max_target=max_target) if drafter is not None else []
     tmp = None
     try:
         tmp = make_temp(out)
@@ -362,12 +363,12 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
         parts = attention_parts(model)
         encoder = EncoderGraph(model, model.encoder, parts, cross_key_layout)
         if table is None:
-            trace(encoder.eval(), encoder_dummy(), tmp / enc_spec.file, enc_spec, opset)
+            trace(encoder.eval(), encoder_dummy(config.source_vocab), tmp / enc_spec.file, enc_spec, opset)
             fold_reshapes(tmp / enc_spec.file)  # fewer nodes per call; validate() below proves the values unchanged
         else:  # it also gathers each new row's output matrix (ShortlistEncoderGraph); 3 lists of 4 ids
             rows_dummy = torch.tensor([[0, 4, 7, -1], [1, 2, 3, 5], [6, 8, -1, -1]])
-            trace(ShortlistEncoderGraph(encoder, model).eval(), (*encoder_dummy(), rows_dummy), tmp / enc_spec.file,
-                  enc_spec, opset)
+            trace(ShortlistEncoderGraph(encoder, model).eval(), (*encoder_dummy(config.source_vocab), rows_dummy),
+                  tmp / enc_spec.file, enc_spec, opset)
             graph = onnx.load(str(tmp / enc_spec.file))
             optional_output_ids(graph)
             constant_reshapes(graph)  # as fold_reshapes, in the same load and save
@@ -375,7 +376,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             onnx.save(graph, str(tmp / enc_spec.file))
         batch, new, capacity, source = 2, 3, 9, 5  # distinct sizes so the tracer cannot confuse one dim with another
         own = layers if recurrent else 2 * layers
-        dummy = (torch.randint(3, 10, (batch, new)), torch.tensor([4, 3], dtype=torch.int64),
+        dummy = (dummy_ids(vocab, batch, new), torch.tensor([4, 3], dtype=torch.int64),
                  *(torch.randn(batch, heads, capacity, head_dim) for _ in range(own)),
                  *cross_dummy(layers, heads, head_dim, batch, source, cross_key_layout),
                  torch.ones(batch, source, dtype=torch.int64))

@@ -102,13 +102,16 @@ def default_words(n: int = 120) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _vocab_layout(family: str, words: Sequence[str]) -> list[str]:
-    """Token strings in id order for ``family``."""
+def _vocab_layout(family: str, words: Sequence[str], pad_last: bool = False) -> list[str]:
+    """Token strings in id order for ``family``; ``pad_last``: <pad> moved to the last id (as
+    real Marian has it) in any family."""
     if family == "marian":
-        return ["</s>", "<unk>", *words, "<pad>"]
-    if family in ("bart", "mbart", "m2m100"):
-        return ["<s>", "<pad>", "</s>", "<unk>", *words]
-    return ["<pad>", "</s>", "<unk>", *words]  # t5 / mt5 / pegasus
+        layout = ["</s>", "<unk>", *words, "<pad>"]
+    elif family in ("bart", "mbart", "m2m100"):
+        layout = ["<s>", "<pad>", "</s>", "<unk>", *words]
+    else:
+        layout = ["<pad>", "</s>", "<unk>", *words]  # t5 / mt5 / pegasus
+    return [token for token in layout if token != "<pad>"] + ["<pad>"] if pad_last else layout
 
 
 def _check_words(family: str, words: Sequence[str]) -> None:
@@ -125,15 +128,16 @@ def _check_words(family: str, words: Sequence[str]) -> None:
             raise ValueError(f"word {word!r} is split by the Whitespace pre-tokenizer into {pieces}")
 
 
-def build_tokenizer(family: str, words: list[str]) -> PreTrainedTokenizerFast:
+def build_tokenizer(family: str, words: list[str], pad_last: bool = False) -> PreTrainedTokenizerFast:
     """A word-level fast tokenizer over ``words`` with the special-token conventions of ``family``.
 
     ``tokenizer(text)`` adds the family's specials (``X </s>`` for marian/t5/mt5, ``<s> X </s>`` for
     bart/mbart); ``decode`` joins words with single spaces.  Unknown words map to ``<unk>``.
+    ``pad_last``: see :func:`_vocab_layout`.
     """
     _check_family(family)
     _check_words(family, words)
-    vocab = {token: i for i, token in enumerate(_vocab_layout(family, words))}
+    vocab = {token: i for i, token in enumerate(_vocab_layout(family, words, pad_last))}
     specials = SPECIAL_TOKENS[family]
     eos, eos_id = specials["eos_token"], vocab[specials["eos_token"]]
 
@@ -467,22 +471,28 @@ def build_random_checkpoint(
     out_dir: str | Path,
     seed: int = 0,
     vocab_words: list[str] | None = None,
+    pad_last: bool = False,
     **config_overrides: Any,
 ) -> Path:
     """Build, calibrate and save a tiny randomly initialised seq2seq model of ``family``.
 
     ``out_dir`` receives config.json, generation_config.json, model.safetensors, tokenizer.json and
     tokenizer_config.json (plus ``tiny_info.json`` describing how it was made).  Deterministic in
-    ``(family, seed, vocab_words, config_overrides)``.
+    ``(family, seed, vocab_words, pad_last, config_overrides)``. ``pad_last``: <pad> gets the last
+    id (:func:`_vocab_layout`). A ``max_position_embeddings`` override below the default keeps the
+    calibration's texts and outputs within it.
     """
     _check_family(family)
     out = Path(out_dir)
     words = list(vocab_words) if vocab_words is not None else default_words()
-    tokenizer = build_tokenizer(family, words)
+    tokenizer = build_tokenizer(family, words, pad_last)
     config = _make_config(family, tokenizer, config_overrides)
     _, model_cls = _MODEL_CLASSES[family]
 
-    texts = _random_sources(words, 48, random.Random(f"calibrate-{family}-{seed}"))
+    positions = int(config_overrides.get("max_position_embeddings", MODEL_MAX_LENGTH))
+    longest = max(1, min(20, positions - 3))  # words, with the family's <s> and </s> (and M2M100's pad offset)
+    texts = _random_sources(words, 48, random.Random(f"calibrate-{family}-{seed}"), lo=min(3, longest), hi=longest)
+    max_new_tokens = max(1, min(40, positions - 2))
     # Random draws differ a lot in how well they decode; try a few sub-seeds (deterministically) and
     # keep the first good one, or the best.
     best: tuple[float, PreTrainedModel, dict[str, float]] | None = None
@@ -495,7 +505,7 @@ def build_random_checkpoint(
             model.eval()
             model.generation_config = _neutral_generation_config(config)
             _sharpen(model, family)
-            calibration = {**_calibrate_eos(model, tokenizer, texts), "attempt": attempt}
+            calibration = {**_calibrate_eos(model, tokenizer, texts, max_new_tokens), "attempt": attempt}
             if best is None or calibration["length_score"] > best[0]:
                 best = (calibration["length_score"], model, calibration)
             if calibration["length_score"] >= _GOOD_LENGTH_SCORE:
