@@ -45,7 +45,8 @@ class HypothesisDraft:
     (reported by the loop through :meth:`observe`), starting from what earlier groups saw
     (``prior``). Where no k beats a plain step, the batch takes plain beam steps (no draft: a
     plain iteration's work) and tries 1-token drafts once after a rest of :data:`FIRST_REST`
-    steps, doubling with each failed try (as GAD's rows do). Where ``gate`` measured drafted
+    steps, doubling with each failed try (as GAD's rows do), unless such a try costs at least
+    the two plain steps it could at best replace. Where ``gate`` measured drafted
     iterations slower per step at the batch's width, its rests decide instead: shared by the
     Generator's decodes and sized so that a try costs at most a small share of the plain steps
     around it (:class:`DraftGate`). A batch's own rests start again with each decode, and a
@@ -152,7 +153,8 @@ class HypothesisDraft:
             cost = self._costs_prior
         groups = {id(row.group): row.group for row in rows if row.group is not None}
         expected = sum(group.draft_state.expected() for group in groups.values())
-        value = expected / (cost + self._fixed_cost(len(rows)))  # beam steps per unit of cost; a plain step: one per group
+        fixed = self._fixed_cost(len(rows))
+        value = expected / (cost + fixed)  # beam steps per unit of cost; a plain step: one per group
         best = int(np.argmax(value))
         if value[best] >= len(groups):
             rests.length = FIRST_REST
@@ -160,7 +162,10 @@ class HypothesisDraft:
             return best + 1
         if rests.probe:  # a rest is over: one cheap try, whose replay the groups observe
             rests.probe = False
-            return 1
+            # unless it could only lose: a 1-token draft replays at most a second step a group,
+            # and GAD's drafter call alone may cost more than that step (about ten at 32 rows)
+            if cost[0] + fixed < 2.0:
+                return 1
         rests.left, rests.length = rests.length - 1, min(2 * rests.length, self.options.max_rest)
         rests.probe = True
         return 0

@@ -16,6 +16,7 @@ import pytest
 
 from aggdec.runtime.errors import InputError
 from aggdec.runtime.generator import Generator
+from tests.runtime.test_gad import gad_bundle  # noqa: F401 - a fixture
 from tests.runtime.test_lossless import random_texts
 from tests.support.tiny import FAMILIES
 
@@ -428,3 +429,23 @@ def test_sources_of_one_loop_each_keep_their_own_beam_scoring(bundle):
     work.close()
     with pytest.raises(ValueError, match="asks for 2 beams"):
         list(rows.rows(work, loop, 6))
+
+
+def test_gad_beam_makes_no_try_that_could_only_lose(gad_bundle):  # noqa: F811 - the fixture imported above
+    """A 1-token try replays at most one more step a group; where the drafter call alone is
+    measured dearer than a plain step (the reference model's drafter: about ten at 32 rows), a
+    try could only lose, and the batch's rests no longer end in one. Each decode tried after 4
+    and 12 plain steps (one sentence a call: twice a sentence); the output is plain beam's."""
+    texts = random_texts(seed=9, count=4)
+    generator = Generator(gad_bundle("marian"))
+    options = dict(num_beams=4, max_new_tokens=MAX_NEW, batch_size=1)
+    plain = generator.generate(texts, **options)
+    costs = generator.gad_beam_costs
+    for width in (1, 2, 3):  # a plain iteration of 4 rows: 1 ms, a drafter call for them: 10 ms
+        for _ in range(8):
+            costs.observe(width, 0.001 * (1 + 0.3 * (width - 1)), 4)
+    costs.observe_drafter(0.010, 4)
+    alone = [generator.generate([text], mode="gad", **options)[0] for text in texts]
+    assert [r.sequences for r in alone] == [r.sequences for r in plain]
+    assert all(len(r.stats.drafted) > 5 for r in alone)  # long enough for the rests to end
+    assert all(not any(r.stats.drafted) for r in alone), [r.stats.drafted for r in alone]
