@@ -188,11 +188,11 @@ def _finished_at_admission(work: Work, limits: DecodeLimits, beams: BeamRules | 
         return None
     forced = replace(row_limits, start_ids=start[:1])
     seconds = dict.fromkeys(COSTS, 0.0)
-    if beams is None:
+    rules = _row_rules(work, beams)
+    if rules is None:
         trace = RowTrace(tokens=list(forced.start_ids))
         trace.extend(list(start[1:]), forced)
         return Finished(work.index, trace, seconds)
-    rules = _row_rules(work, beams)
     group = BEAM_GROUPS[rules.family](rules, forced)
     n = rules.num_beams
     for token in start[1:]:
@@ -202,14 +202,17 @@ def _finished_at_admission(work: Work, limits: DecodeLimits, beams: BeamRules | 
     return _group_finished(work.index, group, seconds)
 
 
-def _row_rules(work: Work, beams: BeamRules) -> BeamRules:
-    """The beam rules ``work``'s hypotheses are scored by: its own, or the loop's ``beams``.
-    Its own may change the scoring only: the loop's batch holds ``num_beams`` rows a source."""
-    rules = work.beams or beams
-    if (rules.num_beams, rules.family) != (beams.num_beams, beams.family):
-        raise ValueError(f"source {work.index} asks for {rules.num_beams} beams ({rules.family} rules) in a loop of "
-                         f"{beams.num_beams} ({beams.family} rules)")
-    return rules
+def _row_rules(work: Work, beams: BeamRules | None) -> BeamRules | None:
+    """The beam rules ``work``'s hypotheses are scored by: its own, or the loop's ``beams``
+    (None: one row a source, greedy). Its own may change the scoring only: the loop's batch
+    holds ``num_beams`` rows a source, and a source's beams in a loop without would be ignored."""
+    if work.beams is None:
+        return beams
+    if beams is None or (work.beams.num_beams, work.beams.family) != (beams.num_beams, beams.family):
+        loop = "a loop without beams" if beams is None else f"a loop of {beams.num_beams} ({beams.family} rules)"
+        raise ValueError(f"source {work.index} asks for {work.beams.num_beams} beams ({work.beams.family} rules) "
+                         f"in {loop}")
+    return work.beams
 
 
 def _cohorts(verifier: Verifier, work: Arrivals, limits: DecodeLimits, drafts: DraftSource,
@@ -499,11 +502,8 @@ def _admit(batch: Batch, arrived: list[Work], rows: list[Row], shares: dict[str,
     for work in arrived:
         # a per-source cap (Marian's max-length-factor) is set here, from the row's own source
         row_limits = (work.limits or limits).for_source(len(work.source))
-        if beams is None:
-            group = None
-        else:
-            rules = _row_rules(work, beams)
-            group = BEAM_GROUPS[rules.family](rules, row_limits)
+        rules = _row_rules(work, beams)
+        group = None if rules is None else BEAM_GROUPS[rules.family](rules, row_limits)
         for beam in range(copies):
             row = Row(index=work.index, source=work.source, trace=RowTrace(tokens=list(row_limits.start_ids)),
                       limits=row_limits, group=group, beam=beam)

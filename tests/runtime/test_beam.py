@@ -427,8 +427,13 @@ def test_sources_of_one_loop_each_keep_their_own_beam_scoring(bundle):
     other = dataclasses.replace(rows.beam_rules(loop), num_beams=2)
     work.put(Work(0, rows.prepare(texts[0])[1], None, other))
     work.close()
-    with pytest.raises(ValueError, match="asks for 2 beams"):
+    with pytest.raises(ValueError, match="asks for 2 beams .* in a loop of 3"):
         list(rows.rows(work, loop, 6))
+    work = Arrivals()  # nor are a source's beams dropped in a greedy loop
+    work.put(Work(0, rows.prepare(texts[0])[1], None, rows.beam_rules(loop)))
+    work.close()
+    with pytest.raises(ValueError, match="asks for 3 beams .* in a loop without beams"):
+        list(rows.rows(work, "iad", 6))
 
 
 def test_gad_beam_makes_no_try_that_could_only_lose(gad_bundle):  # noqa: F811 - the fixture imported above
