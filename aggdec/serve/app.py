@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -231,7 +232,8 @@ def _unparsed(cause: BaseException | None) -> str:
     if isinstance(cause, RecursionError):
         return "the body nests arrays or objects too deeply to parse; a request is one flat object."
     if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's int-from-string limit
-        return f"the body holds a number too long to parse ({cause}); options are small numbers."
+        return (f"the body holds a number of more than {sys.get_int_max_str_digits():,} digits, more than the "
+                "server's JSON parser reads; options are small numbers.")
     return "the body could not be parsed: send UTF-8 JSON with Content-Type: application/json."
 
 
