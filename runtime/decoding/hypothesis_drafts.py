@@ -49,10 +49,10 @@ class HypothesisDraft:
     the two plain steps it could at best replace. Where ``gate`` measured drafted
     iterations slower per step at the batch's width, its rests decide instead: shared by the
     Generator's decodes and sized so that a try costs at most a small share of the plain steps
-    around it (:class:`DraftGate`). A batch's own rests start again with each decode, and a
-    try's cost is what the measured loss says: GAD's drafter call costs several plain steps, so
-    a decode of one sentence at a time tried after 4 and 8 of its 25 steps, every sentence, and
-    GAD beam 4 ran at 0.75x plain beam 4 having drafted almost nothing."""
+    around it (:class:`DraftGate`): a batch's own rests start again with each decode (one
+    sentence a call tried twice a sentence) and ignore what a try costs (GAD's calls the
+    drafter), which made GAD beams far slower than plain ones while drafting almost nothing
+    (benchmarks/results/beam-gate-cpu)."""
 
     memory = None  # what the batch keeps of each row's encoder output for the drafts (GAD: the drafter's)
 
@@ -163,7 +163,7 @@ class HypothesisDraft:
         if rests.probe:  # a rest is over: one cheap try, whose replay the groups observe
             rests.probe = False
             # unless it could only lose: a 1-token draft replays at most a second step a group,
-            # and GAD's drafter call alone may cost more than that step (about ten at 32 rows)
+            # and GAD's drafter call alone may cost more than that step (several, on the CPU)
             if cost[0] + fixed < 2.0:
                 return 1
         rests.left, rests.length = rests.length - 1, min(2 * rests.length, self.options.max_rest)
