@@ -440,7 +440,7 @@ def export_bundle(
                                     lambda head: verifier_spec(layers, heads, head_dim, top_k, head=head,
                                                                cross_key_layout=cross_key_layout, vocab=vocab,
                                                                head_positions=True), opset,
-                                    fold_reshapes, argmax_graph=argmax_graph)
+                                    fold_reshapes, argmax_graph=argmax_graph, one_head=heads == 1)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:

@@ -77,7 +77,7 @@ def replace_placeholders(model, domain: str, op_type: str, replacement) -> int:
     return count
 
 
-def isolate_positions(model) -> tuple[object, int]:
+def isolate_positions(model, one_head: bool = False) -> tuple[object, int]:
     """Make every MatMul between two activations (attention scores Q.K^T, weights.V) compute
     each position as a matrix of its own row: A [..., T, K] -> [..., T, 1, K], B [..., K, N] ->
     [..., 1, K, N], product [..., T, 1, N] -> [..., T, N].
@@ -102,6 +102,12 @@ def isolate_positions(model) -> tuple[object, int]:
     per key), so a block is bitwise its positions alone, as the check proves; the scores are
     the same dot products summed in another order than the M = 1 kernel's, so they may
     differ from a bundle exported before in the last bit.
+
+    ``one_head``: the attention has one head, so at batch 1 the broadcast operand's batch dims
+    are all 1, and onnxruntime then computes the product as one GEMM of all T rows (as if B
+    were 2-D), the very dependence on T the rewrite removes. Its operand is expanded along the
+    positions ([..., T, K, N]: a copy a call, the price of a layout no checkpoint worth
+    serving has), so each position stays a product of its own.
 
     Changes ``model`` in place; returns it and the number of MatMuls rewritten."""
     from onnx import helper
@@ -157,6 +163,19 @@ def isolate_positions(model) -> tuple[object, int]:
         rewritten += [
             helper.make_node("Unsqueeze", [node.input[0], axis(-2)], [rows], name=fresh(f"{base}{ISOLATE_ROWS}")),
             helper.make_node("Unsqueeze", [node.input[1], axis(-3)], [columns], name=fresh(f"{base}/BroadcastB")),
+        ]
+        if one_head:  # B [..., 1, K, N] expanded to [..., T, K, N], T read from A [..., T, K]
+            shape, positions = fresh(f"{base}_shape"), fresh(f"{base}_positions")
+            target, expanded = fresh(f"{base}_expand_to"), fresh(f"{base}_columns_expanded")
+            rewritten += [
+                helper.make_node("Shape", [node.input[0]], [shape], name=fresh(f"{base}/RowsShape")),
+                helper.make_node("Slice", [shape, axis(-2), axis(-1)], [positions], name=fresh(f"{base}/Positions")),
+                helper.make_node("Concat", [positions, axis(1), axis(1)], [target], axis=0,
+                                 name=fresh(f"{base}/ExpandTo")),
+                helper.make_node("Expand", [columns, target], [expanded], name=fresh(f"{base}/ExpandB")),
+            ]
+            columns = expanded
+        rewritten += [
             helper.make_node("MatMul", [rows, columns], [product], name=fresh(f"{base}/PerRowMatMul")),
             helper.make_node("Squeeze", [product, axis(-2)], [node.output[0]], name=fresh(f"{base}/Join")),
         ]

@@ -24,30 +24,32 @@ def say(progress: Callable[[str], None] | None, message: str) -> None:
         progress(message)
 
 
-def isolate_verifier_positions(path: Path) -> None:
+def isolate_verifier_positions(path: Path, one_head: bool = False) -> None:
     """Rewrite the traced verifier so each block position is computed as it would be alone
-    (see export/positions.py): what makes IAD/GAD equal greedy by construction. A shortlist
-    projection's placeholder becomes its per-position product first (export/shortlist_head.py)."""
+    (see export/positions.py; ``one_head``: its attention has one head). What makes IAD/GAD
+    equal greedy by construction. A shortlist projection's placeholder becomes its per-position
+    product first (export/shortlist_head.py)."""
     import onnx
 
     from .shortlist_head import per_position_products  # torch: imported when a graph is traced
 
     model = onnx.load(str(path))
     per_position_products(model)
-    isolate_positions(model)
+    isolate_positions(model, one_head)
     onnx.save(model, str(path))
 
 
 def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec: Callable[[str], object], opset: int,
                     after: Callable[[Path], None] | None = None, argmax_graph: bool = True,
-                    argmax_head: str = "logits") -> dict:
+                    argmax_head: str = "logits", one_head: bool = False) -> dict:
     """Trace the verifier once per graph of ``VERIFIER_GRAPHS`` (the top-K graph and the argmax
     one), each rewritten so that its block positions compute as alone; returns their specs by
     graph name. ``make(head)``: the verifier module with that head; ``spec(head)``: its IO;
     ``after(path)``: a family's own rewrite of a traced graph, before the isolation.
     ``argmax_graph``: False leaves the argmax graph out (``aggdec export --no-argmax-graph``).
     ``argmax_head``: what the argmax graph returns (graph_specs.ARGMAX_HEADS): the logits, or
-    where the graph maps list positions to ids (a shortlist), the best id."""
+    where the graph maps list positions to ids (a shortlist), the best id. ``one_head``: the
+    decoder's attention has one head (:func:`~.positions.isolate_positions`)."""
     import torch
 
     from ..runtime.graph_specs import HEAD_POSITIONS, VERIFIER_GRAPHS
@@ -68,7 +70,7 @@ def trace_verifiers(make: Callable[[str], object], args: tuple, tmp: Path, spec:
         trace(make(head).eval(), traced, path, specs[graph], opset)
         if after is not None:
             after(path)
-        isolate_verifier_positions(path)
+        isolate_verifier_positions(path, one_head)
     return specs
 
 

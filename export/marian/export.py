@@ -406,7 +406,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
             head_positions=True),
             opset, tidy, argmax_graph=argmax_graph,
             # a shortlist graph maps each row's list positions to ids itself: its best id
-            argmax_head="argmax" if table is not None else "logits")
+            argmax_head="argmax" if table is not None else "logits", one_head=heads == 1)
         ver_spec = verifiers["verifier"]
         graphs = {"encoder": enc_spec, **verifiers}
         if drafter is not None:
