@@ -24,14 +24,13 @@ from .families import ARCHITECTURES, family_for
 from .piece_tokenizer import PieceTokenizerFiles, convert, is_piece_tokenizer
 from .graphs import EncoderGraph, VerifierGraph
 from .positions import check_verifier_graphs, cpu_session, validation_cases
-from .safety import check_destination, check_options, guarded, make_temp, one_line, publish, remove_temp
+from .safety import check_destination, check_options, guarded, make_temp, one_line, publish, remove_temp, top_k_within
 from .shape_folding import fold_reshapes
 from .specs import encoder_spec, verifier_spec
 from .tracing import (check_drafter, encoder_dummy, load_drafter, say, trace, trace_verifiers,
                       trace_drafter, verifier_dummy)
 from .validate import drafter_cases, reference_cases, validate
 
-DEFAULT_TOP_K = 8
 DEFAULT_OPSET = 17
 DEFAULT_MAX_LEN = 512  # source/target limit for families without a hard position limit (T5)
 # generation-config settings that change greedy (and beam) outputs and that aggdec does not
@@ -274,7 +273,7 @@ def export_bundle(
     out_dir: str | Path,
     *,
     force: bool = False,
-    top_k: int = DEFAULT_TOP_K,
+    top_k: int | None = None,
     opset: int = DEFAULT_OPSET,
     max_source_len: int | None = None,
     max_target_len: int | None = None,
@@ -364,8 +363,7 @@ def export_bundle(
     if source_language is not None:
         _set_source_language(tokenizer, source_language)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    if top_k > vocab:
-        raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
+    top_k = top_k_within(top_k, vocab)
     parts = family.decoder_parts(model)
     layers, heads, head_dim = len(parts.layers), parts.num_heads, parts.head_dim
     suppressed = _suppressed_ids(generation_config, vocab)
@@ -410,6 +408,14 @@ def export_bundle(
                           f"(got --max-source-len {max_source}, --max-target-len {max_target}).")
     if max_source < 2 or max_target < 2:
         raise ExportError("--max-source-len and --max-target-len must be at least 2.")
+    # every source holds the special tokens the tokenizer adds (M2M100: the language code and
+    # </s>): a limit of no more than those takes no text at all, and the bundle could decode nothing
+    specials = len(tokenizer("")["input_ids"])
+    if max_source <= specials:
+        given = f"--max-source-len {max_source}" if max_source_len else \
+            f"the source limit the checkpoint's positions leave ({max_source})"
+        raise ExportError(f"{given} holds no text: the tokenizer adds {specials} special token(s) to every text, "
+                          f"so a source needs at least {specials + 1} positions.")
 
     drafter = load_drafter(drafter_dir, vocab, int(config.d_model)) if drafter_dir is not None else None
     if drafter is not None and drafter.config.max_positions < max_target + drafter.config.k:

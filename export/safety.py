@@ -40,13 +40,28 @@ def max_opset() -> int:
     return int(getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _constants.ONNX_MAX_OPSET))
 
 
-def check_options(opset: int, top_k: int, max_source_len: int | None, max_target_len: int | None) -> None:
+DEFAULT_TOP_K = 8  # the verifier's candidates a position, where the vocabulary has as many
+
+
+def top_k_within(top_k: int | None, vocab: int) -> int:
+    """The verifier's candidates a position: ``top_k``, or not given :data:`DEFAULT_TOP_K` or
+    the vocabulary's size where that is smaller; one given above the vocabulary's size is an
+    ExportError (a default the caller never gave was refused so, naming a --top-k they had not
+    passed)."""
+    if top_k is None:
+        return min(DEFAULT_TOP_K, vocab)
+    if top_k > vocab:
+        raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
+    return top_k
+
+
+def check_options(opset: int, top_k: int | None, max_source_len: int | None, max_target_len: int | None) -> None:
     """Refuse options that cannot work before any heavy work (loading, tracing)."""
     if not MIN_OPSET <= opset <= max_opset():
         raise ExportError(f"--opset {opset} is not supported: the graphs need at least {MIN_OPSET} "
                           f"(LayerNormalization) and torch's exporter writes at most {max_opset()}; "
                           f"choose {MIN_OPSET}..{max_opset()}.")
-    if top_k < 1:
+    if top_k is not None and top_k < 1:
         raise ExportError(f"--top-k must be at least 1, got {top_k}.")
     for flag, value in (("--max-source-len", max_source_len), ("--max-target-len", max_target_len)):
         if value is not None and not 2 <= value <= MAX_SEQUENCE_LEN:

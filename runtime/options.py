@@ -290,9 +290,11 @@ class DecodeOptions:
         if limits.beam_family == "marian":
             self._check_marian_beams(limits)
         elif 2 * beams > limits.top_k:
+            fewer = (f"use at most {limits.top_k // 2} beams" if limits.top_k >= 4
+                     else "too few for any beam search (2 beams need top-k 4)")
             raise InputError(f"num_beams {beams} needs the verifier's top-{2 * beams} candidates (beam search keeps "
                              f"2 x num_beams continuations a step), and {limits.bundle!r} has top-k {limits.top_k}; "
-                             f"use at most {limits.top_k // 2} beams, or re-export with --top-k {2 * beams}.")
+                             f"{fewer}, or re-export with --top-k {2 * beams}.")
         if limits.shortlist and limits.beam_family == "transformers":
             raise InputError(f"beam search over a lexical shortlist is not supported ({limits.bundle!r} has one): "
                              "its log-probs are normalized over each sentence's shortlist, not transformers' "

@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                        "Marian model folder as it ships (docs/marian.md)")
     parser.add_argument("out", metavar="OUT_DIR", type=path_text, help="the bundle directory to write")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
-    parser.add_argument("--top-k", type=int, default=8, help="candidates the verifier returns per position (8)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="candidates the verifier returns per position (8, or the vocabulary's size if smaller)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (17)")
     parser.add_argument("--max-source-len", type=int, help="longest source in tokens (default: the model's)")
     parser.add_argument("--max-target-len", type=int, help="longest output in tokens (default: the model's)")

@@ -28,7 +28,7 @@ from ...runtime.errors import BundleError, ExportError
 from ...runtime.manifest import TOKENIZER_FILE, Manifest, manifest_digest, sha256_of
 from ...runtime.segmentation import MARIAN_SENTENCEPIECE, SENTENCEPIECE, SENTENCEPIECE_FILE, MarianSentencePiece
 from ..positions import check_verifier_graphs, cpu_session, validation_cases
-from ..safety import check_destination, check_options, make_temp, publish, remove_temp
+from ..safety import check_destination, check_options, make_temp, publish, remove_temp, top_k_within
 from ..shape_folding import constant_reshapes, fold_reshapes
 from ..shortlist_feeds import RowShortlists, WholeVocabulary
 from ..specs import encoder_spec, verifier_spec
@@ -291,7 +291,7 @@ def longest_output(factor: float, max_source: int) -> int:
     return min(math.ceil(factor * max_source) + 1, MAX_SEQUENCE_LEN)
 
 
-def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int = 8,
+def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = False, top_k: int | None = None,
                   opset: int = 17, max_source_len: int | None = None, max_target_len: int | None = None,
                   drafter_dir: str | Path | None = None, int8_drafter: bool = True,
                   reference: str = "marian", argmax_graph: bool = True, cross_key_layout: str = KEYS_TRANSPOSED,
@@ -328,8 +328,7 @@ def export_marian(src_dir: str | Path, out_dir: str | Path, *, force: bool = Fal
                           "decoders only so far; remove the option to decode over the whole vocabulary.")
     table = read_shortlist(lexical, config.source_vocab, config.target_vocab) if lexical is not None else None
     vocab = config.target_vocab
-    if top_k > vocab:
-        raise ExportError(f"--top-k {top_k} exceeds the vocabulary size {vocab}.")
+    top_k = top_k_within(top_k, vocab)
     tokenizer, segmentation = text_files(folder, vocab, decoding, reference, progress)
     vocabulary = tokenizer.backend_tokenizer if isinstance(tokenizer, PieceTokenizerFiles) else tokenizer
     eos, unk = vocabulary.token_to_id(EOS_PIECE), vocabulary.token_to_id(UNK_PIECE)

@@ -153,6 +153,28 @@ def test_an_m2m100_pad_id_past_its_position_table_is_refused(tmp_path):
                                 "leaves 0 target position(s)")
 
 
+def test_a_source_limit_that_holds_only_special_tokens_is_refused(tmp_path):
+    """M2M100 with 2 source positions: every text is its language code, its tokens and </s>, so
+    the bundle could decode nothing (each text refused as too long, the empty one as empty),
+    though it was written (s27/heldout3 N1)."""
+    src = build_random_checkpoint("m2m100", tmp_path / "ckpt", vocab_words=default_words(20),
+                                  max_position_embeddings=2)
+    _assert_refused_in_one_line(src, tmp_path, ExportError, "holds no text: the tokenizer adds 2 special token(s)",
+                                "at least 3 positions")
+
+
+def test_top_k_defaults_to_the_vocabulary_where_it_is_smaller(tmp_path):
+    """The default top-k of 8 on a vocabulary of 5 was refused as "--top-k 8 exceeds the
+    vocabulary size 5", naming an option the caller had not given; one given is still checked."""
+    words = default_words(1)
+    src = build_random_checkpoint("t5", tmp_path / "ckpt", vocab_words=words)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    assert vocab < 8
+    assert export_bundle(src, tmp_path / "out", progress=None).top_k == vocab
+    with pytest.raises(ExportError, match=f"--top-k 8 exceeds the vocabulary size {vocab}"):
+        export_bundle(src, tmp_path / "again", top_k=8, progress=None)
+
+
 # ---------------------------------------------------------------- T5 buckets the encoder cannot compute
 
 

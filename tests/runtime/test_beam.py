@@ -164,6 +164,19 @@ def test_bad_beam_options(options, message, bundle):
         generator.generate(["a b"], **options)
 
 
+def test_too_few_candidates_for_beams_name_what_would_do():
+    """A bundle of top-k 2 or 3 (a vocabulary that small) has room for no beam search: the
+    refusal said "use at most 1 beams" (or 0), which would not run either."""
+    import re
+
+    from aggdec.runtime.options import DecodeOptions, OptionLimits
+
+    for top_k, advice in ((2, "too few for any beam search (2 beams need top-k 4)"), (3, "too few for any"),
+                          (6, "use at most 3 beams")):
+        with pytest.raises(InputError, match=rf"has top-k {top_k}; {re.escape(advice)}.*re-export with --top-k 8"):
+            DecodeOptions("greedy", num_beams=4).resolve(OptionLimits(top_k=top_k, drafter_k=None))
+
+
 def test_one_beam_is_greedy(bundle):
     generator = Generator(bundle("bart"))
     texts = random_texts(seed=4, count=4)
