@@ -410,7 +410,8 @@ def export_bundle(
         raise ExportError("--max-source-len and --max-target-len must be at least 2.")
     # every source holds the special tokens the tokenizer adds (M2M100: the language code and
     # </s>): a limit of no more than those takes no text at all, and the bundle could decode nothing
-    specials = len(tokenizer("")["input_ids"])
+    # (a slow OPUS-MT tokenizer is segmented by aggdec's own SentencePiece: the pieces and </s>)
+    specials = 1 if isinstance(tokenizer, PieceTokenizerFiles) else len(tokenizer("")["input_ids"])
     if max_source <= specials:
         given = f"--max-source-len {max_source}" if max_source_len else \
             f"the source limit the checkpoint's positions leave ({max_source})"
