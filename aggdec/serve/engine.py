@@ -20,6 +20,7 @@ deployment both drive.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import threading
@@ -177,9 +178,9 @@ class Lane:
 
 
 def _described(config: DecodeOptions) -> str:
-    """A lane's configuration as a message names it: the mode and each option it sets."""
-    options = [f"{name} {getattr(config, name)}" for name in ("num_beams", "draft_k", "beta", "tau")
-               if getattr(config, name) is not None]
+    """A lane's configuration (loop options) as a message names it: the mode and each option it sets."""
+    options = [f"{field.name} {getattr(config, field.name)}" for field in dataclasses.fields(config)
+               if field.name != "mode" and getattr(config, field.name) is not None]
     return ", ".join([f"mode {config.mode.value}", *options])
 
 
@@ -351,7 +352,8 @@ class Engine:
                     f"this request's decoding configuration ({_described(config)}) would need a decode loop of its "
                     f"own, and the {MAX_LANES} that the server runs besides its default one are all busy with other "
                     "configurations; retry later, or send the server's default options or those of a busy one "
-                    "(only mode, num_beams, draft_k, beta and tau make a configuration).", retry_after=1)
+                    "(a beam search's length_penalty, early_stopping and num_return_sequences make none).",
+                    retry_after=1)
             idle[0].close()
             del self._lanes[idle[0].config]
         lane = self._lanes[config] = Lane(self, config)

@@ -229,7 +229,7 @@ def test_one_decoder_head_exports_and_decodes_as_transformers(family, heads, tmp
     _assert_decodes_as_transformers(src, tmp_path / "out", _texts(words, 9, 12), 12)
 
 
-def test_a_one_head_product_is_one_gemm_at_batch_one_unless_expanded():
+def test_a_per_position_product_is_bitwise_its_rows_with_two_heads_or_expanded():
     """What the one-head rewrite rests on, on onnxruntime itself: with two heads, or the right
     operand expanded along the positions, a [1, H, T, 1, K] x [1, H, 1 or T, K, N] product's
     rows are bitwise each row's product alone. (With one head and no expansion they were not on

@@ -451,7 +451,7 @@ def test_sources_of_one_loop_each_keep_their_own_beam_scoring(bundle):
 
 def test_gad_beam_makes_no_try_that_could_only_lose(gad_bundle):  # noqa: F811 - the fixture imported above
     """A 1-token try replays at most one more step a group; where the drafter call alone is
-    measured dearer than a plain step (the reference model's drafter: about ten at 32 rows), a
+    measured dearer than a plain step (the reference model's drafter: several, beam-gate-cpu), a
     try could only lose, and the batch's rests no longer end in one. Each decode tried after 4
     and 12 plain steps (one sentence a call: twice a sentence); the output is plain beam's."""
     texts = random_texts(seed=9, count=4)
