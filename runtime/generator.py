@@ -663,7 +663,8 @@ class Generator:
                             max_rows=None if limit is None else limit("input_ids", 0),
                             normalized=not self.manifest.suppressed_token_ids
                             or self.manifest.suppression == "after_log_softmax",
-                            max_target_len=self.manifest.max_target_len, **self._beam_defaults())
+                            max_target_len=self.manifest.max_target_len, vocab_size=self.manifest.vocab_size,
+                            **self._beam_defaults())
 
     def _beam_defaults(self) -> dict[str, Any]:
         """The bundle's beam rules for OptionLimits: Marian's, with its decoding yml's scoring."""

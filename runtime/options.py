@@ -93,6 +93,8 @@ class OptionLimits:
     beam_word_penalty: float = 0.0
     # the longest output, counted as beam search counts a hypothesis's length (None: unbounded)
     max_target_len: int | None = None
+    # the verifier's logits width (None: not known): a top-k of all of it holds every candidate
+    vocab_size: int | None = None
 
 
 def _shown(mode: object) -> str:
@@ -106,6 +108,13 @@ def _shown(mode: object) -> str:
 # 128-token bundle) or the score becomes -0.0 or -inf for every hypothesis (ties decided by
 # accident, and an -inf no JSON can hold); 2**100 leaves 2**28 of float32's range for the score
 PENALTY_RANGE_BITS = 100
+
+
+def _beam_candidates(beams: int, vocab_size: int | None) -> int:
+    """The verifier's candidates N beams need per hypothesis: the 2N best continuations of the
+    N x vocabulary scores are each among their own hypothesis's 2N best ids, or among all of
+    its ids where the vocabulary is smaller (a top-k of the whole vocabulary misses none)."""
+    return 2 * beams if vocab_size is None else min(2 * beams, vocab_size)
 
 
 @dataclass(frozen=True)
@@ -289,12 +298,16 @@ class DecodeOptions:
             return
         if limits.beam_family == "marian":
             self._check_marian_beams(limits)
-        elif 2 * beams > limits.top_k:
+        elif limits.vocab_size is not None and limits.vocab_size < 2:
+            raise InputError(f"beam search needs a vocabulary of 2 ids or more, and {limits.bundle!r} has "
+                             f"{limits.vocab_size} (transformers' beam search fails there too).")
+        elif _beam_candidates(beams, limits.vocab_size) > limits.top_k:
+            needed = _beam_candidates(beams, limits.vocab_size)
             fewer = (f"use at most {limits.top_k // 2} beams" if limits.top_k >= 4
                      else "too few for any beam search (2 beams need top-k 4)")
-            raise InputError(f"num_beams {beams} needs the verifier's top-{2 * beams} candidates (beam search keeps "
+            raise InputError(f"num_beams {beams} needs the verifier's top-{needed} candidates (beam search keeps "
                              f"2 x num_beams continuations a step), and {limits.bundle!r} has top-k {limits.top_k}; "
-                             f"{fewer}, or re-export with --top-k {2 * beams}.")
+                             f"{fewer}, or re-export with --top-k {needed}.")
         if limits.shortlist and limits.beam_family == "transformers":
             raise InputError(f"beam search over a lexical shortlist is not supported ({limits.bundle!r} has one): "
                              "its log-probs are normalized over each sentence's shortlist, not transformers' "

@@ -15,7 +15,8 @@ The rules, each as transformers has them (the names are theirs):
   scores ``[0, -1e9, ...]``, so that only the first of the (identical) beams proposes;
 * each step takes the ``beams_to_keep = 2 N`` best (hypothesis, token) continuations over the
   flattened ``N x vocab`` scores. Every one of them is among its own hypothesis's 2N best
-  tokens, which is why the verifier's top-k must be at least 2N (``DecodeOptions.resolve``);
+  tokens, which is why the verifier's top-k must be at least 2N, or the whole vocabulary where
+  that is smaller (``DecodeOptions.resolve``);
 * a continuation that ends (EOS, or the length limit: ``max_new_tokens`` counts every generated
   token, the forced BOS and the EOS included) leaves the running hypotheses; if it is among the
   first N of the 2N it becomes a finished hypothesis, scored ``score / length ** length_penalty``

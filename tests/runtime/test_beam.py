@@ -131,6 +131,36 @@ def test_five_beams_need_top_k_ten(tmp_path, random_checkpoint, bundle):
         assert_same(beam_outputs(got), expected, batch_size, SCORE_TOLERANCE["bart"])
 
 
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_beams_on_a_vocabulary_smaller_than_their_candidates(family, tmp_path):
+    """N beams keep 2N continuations a step; on a vocabulary of V < 2N ids a top-k of all V
+    holds every candidate, as transformers' top-2N over the N x V scores does (V >= 2): these
+    were refused for want of a top-k of 2N. IAD beams draft over them alike."""
+    from aggdec.export import export_bundle
+    from tests.support.tiny import build_random_checkpoint
+
+    checkpoint = build_random_checkpoint(family, tmp_path / "ckpt", seed=3, vocab_words=["a", "b"])
+    export_bundle(checkpoint, tmp_path / "bundle", progress=None)
+    generator = Generator(tmp_path / "bundle")
+    vocab = generator.manifest.vocab_size
+    assert generator.manifest.top_k == vocab < 8
+    texts = ["a b", "b", "a a b", "b b a b", "a"]
+    for num_beams in (4, 5):
+        expected = transformers_beam(checkpoint, texts, 8, num_beams, num_return_sequences=3)
+        for mode, batch_size in (("greedy", 1), ("greedy", 3), ("iad", 2)):
+            got = generator.generate(texts, max_new_tokens=8, num_beams=num_beams, num_return_sequences=3,
+                                     batch_size=batch_size, mode=mode)
+            assert_same(beam_outputs(got), expected, (num_beams, mode, batch_size), SCORE_TOLERANCE[family])
+
+
+def test_beams_need_two_ids():
+    from aggdec.runtime.options import DecodeOptions, OptionLimits
+
+    with pytest.raises(InputError, match="beam search needs a vocabulary of 2 ids or more, and 'the bundle' has 1"):
+        DecodeOptions("greedy", num_beams=2).resolve(OptionLimits(top_k=1, drafter_k=None, vocab_size=1))
+    DecodeOptions("greedy", num_beams=2).resolve(OptionLimits(top_k=2, drafter_k=None, vocab_size=2))
+
+
 def test_stream_and_generate_ids_give_beam_results(bundle):
     generator = Generator(bundle("bart"))
     texts = random_texts(seed=2, count=5)
