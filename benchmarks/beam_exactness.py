@@ -1,11 +1,12 @@
 """Beam search against transformers' on real sentences, and how often speculative beam replays.
 
 For each sentence: transformers' ``generate(num_beams=N, num_return_sequences=N)`` and aggdec's
-plain and IAD beam search (batch 1, one thread); counts the sentences whose N hypotheses are
-identical (ids, in order), the largest sequence-score difference, and for IAD the beam steps
-per verifier call (``stats.accepted``: steps a call replayed) against plain beam's calls.
+plain and speculative beam search (IAD; GAD too with ``--modes greedy iad gad`` on a bundle with
+a drafter; batch 1, one thread); counts the sentences whose N hypotheses are identical (ids, in
+order), the largest sequence-score difference, and for each speculative mode the beam steps per
+verifier call (``stats.accepted``: steps a call replayed) against plain beam's calls.
 
-    python benchmarks/beam_exactness.py BUNDLE CHECKPOINT --limit 100 --beams 4
+    python benchmarks/beam_exactness.py BUNDLE CHECKPOINT --limit 100 --beams 4 [--modes greedy iad gad]
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--modes", nargs="+", default=["greedy", "iad"], choices=["greedy", "iad", "gad"],
+                        help="aggdec's beam searches: greedy (plain beam), iad, gad (default: greedy iad)")
     args = parser.parse_args()
 
     import torch
@@ -40,7 +43,7 @@ def main() -> None:
     n = args.beams
     report = collections.Counter()
     worst_score = 0.0
-    steps = collections.Counter()
+    steps = {mode: collections.Counter() for mode in args.modes}
     seconds = collections.Counter()
     for text in sources:
         started = time.perf_counter()
@@ -52,7 +55,7 @@ def main() -> None:
         lengths = (out.beam_indices != -1).sum(dim=1).tolist()
         theirs = [(tuple(seq[1 : 1 + length]), score) for seq, length, score in
                   zip(out.sequences.tolist(), lengths, out.sequences_scores.tolist())]
-        for mode in ("greedy", "iad"):
+        for mode in args.modes:
             started = time.perf_counter()
             result = generator.generate([text], mode=mode, num_beams=n, num_return_sequences=n, batch_size=1,
                                         max_new_tokens=args.max_new_tokens)[0]
@@ -62,18 +65,20 @@ def main() -> None:
             report[f"{mode}_best_identical"] += mine[0][0] == theirs[0][0]
             worst_score = max(worst_score, max(abs(a - b) for (_, a), (_, b) in zip(mine, theirs)))
             report[f"{mode}_calls"] += result.stats.iterations
-            if mode == "iad":
-                steps.update(result.stats.accepted)
+            steps[mode].update(result.stats.accepted)
+    names = {mode: "plain" if mode == "greedy" else mode for mode in args.modes}
+    speculative = [mode for mode in args.modes if mode != "greedy"]
     summary = {
         "sentences": len(sources), "beams": n,
-        "identical_to_transformers": {mode: report[f"{mode}_identical"] for mode in ("greedy", "iad")},
-        "best_identical_to_transformers": {mode: report[f"{mode}_best_identical"] for mode in ("greedy", "iad")},
+        "identical_to_transformers": {mode: report[f"{mode}_identical"] for mode in args.modes},
+        "best_identical_to_transformers": {mode: report[f"{mode}_best_identical"] for mode in args.modes},
         "max_sequence_score_difference": worst_score,
-        "verifier_calls": {"plain": report["greedy_calls"], "iad": report["iad_calls"]},
-        "iad_beam_steps_per_call": {str(k): v for k, v in sorted(steps.items())},
-        "iad_mean_steps_per_call": sum(k * v for k, v in steps.items()) / max(1, sum(steps.values())),
-        "seconds_total": {"transformers": seconds["transformers"], "aggdec_plain": seconds["greedy"],
-                          "aggdec_iad": seconds["iad"]},
+        "verifier_calls": {names[mode]: report[f"{mode}_calls"] for mode in args.modes},
+        **{f"{mode}_beam_steps_per_call": {str(k): v for k, v in sorted(steps[mode].items())} for mode in speculative},
+        **{f"{mode}_mean_steps_per_call": sum(k * v for k, v in steps[mode].items()) / max(1, sum(steps[mode].values()))
+           for mode in speculative},
+        "seconds_total": {"transformers": seconds["transformers"],
+                          **{f"aggdec_{names[mode]}": seconds[mode] for mode in args.modes}},
     }
     print(json.dumps(summary, indent=2))
 
