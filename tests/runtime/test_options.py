@@ -80,7 +80,8 @@ def test_the_generator_resolves_against_its_bundle_and_drafter(gad_bundle, bundl
     generator = Generator(gad_bundle("marian"))
     assert generator.option_limits == OptionLimits(top_k=generator.manifest.top_k, drafter_k=K,
                                                    bundle=str(generator.root),
-                                                   max_target_len=generator.manifest.max_target_len)
+                                                   max_target_len=generator.manifest.max_target_len,
+                                                   vocab_size=generator.manifest.vocab_size)
     assert generator.resolve_options("gad") == DecodeOptions("gad", draft_k=K)
     with pytest.raises(InputError, match=f"drafter's k \\({K}\\), got {K + 1}"):
         generator.check_options(DecodeOptions("gad", draft_k=K + 1))
