@@ -184,6 +184,7 @@ class DrafterDraft:
         self.gate = gate
         self._iterations: dict[int, _Iteration] = {}  # per batch: its last iteration, as measured
         self._current: _Iteration | None = None  # the iteration the loop's observe() calls are about
+        self._resting = False  # the current iteration is a plain step inside the gate's rest
 
     def start(self, row: Row) -> None:
         row.state = _Drafting(BlockSizer(self.options, self.prior), RepeatDrafts(self.options))
@@ -192,6 +193,12 @@ class DrafterDraft:
         if batch.last_call is not None and batch.last_call is not self._last_call:  # the call since the last proposal
             self._last_call = batch.last_call
             self.costs.observe(*batch.last_call)
+        self._resting = self.gate is not None and self.gate.rests(len(rows))
+        if self._resting:  # a plain step nothing times: each row's rest counts it (observe)
+            self._measured(batch)  # the step before it, the rest's first (then nothing to measure)
+            self._iterations.pop(id(batch), None)
+            self._current = None
+            return [NO_DRAFT] * len(rows)
         if self.gate is not None:
             previous = self._measured(batch)
             after_drafted = previous is not None and previous.drafted
@@ -244,6 +251,9 @@ class DrafterDraft:
 
     def observe(self, row: Row, drafted: int, accepted: int, appended: int) -> None:
         state: _Drafting = row.state
+        if self._resting:
+            state.drafter.skipped()
+            return
         current = self._current
         if current is not None:
             current.tokens += appended

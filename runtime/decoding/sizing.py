@@ -421,6 +421,23 @@ class DraftGate:
             del self._rests[klass]  # the try
             return True
 
+    def rests(self, rows: int) -> bool:
+        """Whether the next iteration of ``rows`` rows is a plain step inside a rest whose time
+        nothing needs to read (counted down as :meth:`drafts` does). A draft source then skips
+        its bookkeeping: on the reference model a GAD beam iteration's timings and sizing were
+        3% of plain beam's time on the CPU, paid on every plain step of a rest
+        (benchmarks/results/beam-final-amx-cpu). A rest's first and last plain steps are left
+        to :meth:`drafts`, so the plain iterations around each try stay measured."""
+        if self.payoff.pays(rows) is not False:
+            return False
+        klass = int(rows).bit_length()
+        with self._lock:
+            left = self._rests.get(klass, 0)
+            if left <= 1:
+                return False
+            self._rests[klass] = left - 1
+            return True
+
     def resting(self, rows: int) -> int:
         """The plain iterations left in this width class's rest (0: none under way)."""
         with self._lock:

@@ -422,6 +422,9 @@ class ScriptedGate:
     def resting(self, rows: int) -> int:
         return 100
 
+    def rests(self, rows: int) -> bool:
+        return False  # every step timed and reported: what the test checks
+
     def observe(self, rows: int, drafted: bool, seconds: float, tokens: int) -> None:
         self.observed.append(drafted)
 
@@ -468,6 +471,48 @@ def test_gate_charges_the_step_after_a_draft_and_shrinks_the_cache_for_a_rest(fa
                 assert width == 1 and capacity == bucket(longest + 1, limit), (i, calls[i - 1 : i + 1])
                 checked += capacity < calls[i - 1][1]
     assert checked  # some rest began with a cache grown for a draft, and cut it back
+
+
+def test_a_rests_inner_steps_are_counted_down_untimed():
+    """DraftGate.rests: inside a rest (more than one plain step left) a step is counted down
+    without the draft source timing or sizing it; the rest's first and last steps and the try
+    are :meth:`drafts`' (timed), so the schedule is the same as with drafts alone."""
+    from aggdec.runtime.decoding.sizing import DraftGate
+
+    gate = DraftGate(budget=0.01, min_weight=8.0)
+    assert not gate.rests(32)  # no verdict yet
+    gate.observe(32, True, 0.020, 320)
+    gate.observe(32, False, 0.0015, 32)
+    assert not gate.rests(32)  # a verdict, but no rest under way: drafts() starts it
+    assert not gate.drafts(32)  # the rest's first plain step (334 in all, as above)
+    assert [gate.rests(32) for _ in range(333)] == [True] * 332 + [False]
+    assert [gate.drafts(32) for _ in range(2)] == [False, True]  # the last plain step, the try
+    assert not gate.rests(8)  # nothing measured at 8-15 rows
+
+
+def test_gad_skips_its_bookkeeping_inside_a_rest(gad_bundle, monkeypatch):
+    """Where the gate measured drafted iterations slower, GAD's plain steps inside a rest are
+    neither timed nor sized: the gate hears of a rest's first and last steps and the tries only
+    (GAD beams' draft source likewise). Outputs stay greedy's."""
+    from aggdec.runtime.decoding.verifier import Batch
+    from aggdec.runtime.options import Mode
+
+    texts = random_texts(seed=53, count=12)
+    generator = Generator(gad_bundle("bart"))
+    expected = [r.ids for r in generator.generate(texts, mode="greedy", max_new_tokens=MAX_NEW)]
+    gate = generator.gad_gates[Mode.GAD]
+    for rows in (1, 2, 4, 8):  # drafted iterations 10x slower a token
+        for _ in range(20):
+            gate.observe(rows, True, 0.010 * rows, rows)
+            gate.observe(rows, False, 0.001, rows)
+    heard: list[bool] = []
+    monkeypatch.setattr(gate, "observe", lambda rows, drafted, seconds, tokens: heard.append(drafted))
+    calls = []
+    verify = Batch.verify
+    monkeypatch.setattr(Batch, "verify", lambda self, *args, **kwargs: calls.append(1) or verify(self, *args, **kwargs))
+    got = generator.generate(texts, mode="gad", max_new_tokens=MAX_NEW, batch_size=6)
+    assert [r.ids for r in got] == expected
+    assert len(calls) > 20 and len(heard) < len(calls) / 4, (len(heard), len(calls))
 
 
 @pytest.mark.parametrize("family", ["bart", "marian"])
