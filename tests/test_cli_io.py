@@ -284,8 +284,13 @@ def test_a_line_longer_than_any_text_is_refused_without_keeping_it(cli_bundle, t
 
 @pytest.mark.parametrize("encoding, data, sign", [
     ("UTF-16", "w1 w2\nw3\n".encode("utf-16"), "a byte order mark"),  # Python's utf-16 writes the mark
-    ("UTF-16", "w1 w2\nw3\n".encode("utf-16-be"), "a NUL byte beside each character"),
-    ("UTF-16", "w1 w2\nw3\n".encode("utf-16-le"), "a NUL byte beside each character"),
+    ("UTF-16", "w1 w2\nw3\n".encode("utf-16-be"), "a control byte beside each character"),
+    ("UTF-16", "w1 w2\nw3\n".encode("utf-16-le"), "a control byte beside each character"),
+    # Cyrillic (high byte 0x04) and Greek (0x03) without a mark: every byte below 0x80, so read
+    # as UTF-8 each line decoded as garbage, exit 0
+    ("UTF-16", "Привіт , як справи ?\nДобре .\n".encode("utf-16-le"), "a control byte beside each character"),
+    ("UTF-16", "Привіт , як справи ?\n".encode("utf-16-be"), "a control byte beside each character"),
+    ("UTF-16", "Καλημέρα\n".encode("utf-16-le"), "a control byte beside each character"),
     ("UTF-32", "w1 w2\nw3\n".encode("utf-32"), "a byte order mark"),
     ("UTF-32", b"\x00\x00\xfe\xff" + "w1\n".encode("utf-32-be"), "a byte order mark"),
 ])

@@ -94,25 +94,32 @@ WIDE_MARKS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), 
 
 def _refuse_wide_encoding(start: bytes, name: str) -> None:
     """Refuse an input whose first bytes are UTF-16 or UTF-32, not UTF-8: a byte order mark of
-    either, or UTF-16 without one whose first characters are ASCII (each two-byte unit a NUL and
-    a byte that is not, the NUL always on the same side). Read as UTF-8, its first line was
-    refused and every line after it decoded as garbage; the whole input is one error instead.
-    UTF-8 holds a NUL only for the character U+0000, so text with a NUL here and there, or a
-    line of NULs, is not taken for UTF-16."""
+    either, or UTF-16 without one (:func:`_control_interleaved`). Read as UTF-8, its first line
+    was refused, or every line decoded as garbage with exit 0 (UTF-16 Cyrillic is all bytes
+    below 0x80); the whole input is one error instead."""
     found = next(((encoding, "a byte order mark") for mark, encoding in WIDE_MARKS if start.startswith(mark)), None)
-    if found is None and _nul_interleaved(start[:64]):
-        found = ("UTF-16", "a NUL byte beside each character")
+    if found is None and _control_interleaved(start[:64]):
+        found = ("UTF-16", "a control byte beside each character")
     if found is not None:
         encoding, sign = found
         raise InputError(f"input {name} looks like {encoding} ({sign} at its start), and aggdec reads UTF-8; "
                          f"convert it to UTF-8 first (iconv -f {encoding} -t UTF-8).")
 
 
-def _nul_interleaved(start: bytes) -> bool:
-    """Whether ``start`` reads as ASCII in UTF-16: two or more two-byte units, each a NUL and a
-    byte that is not, the NUL on the same side in all, and not only line ends between them."""
+# bytes UTF-8 text holds only as control characters, which text does not hold: C0 less tab and line ends
+CONTROL_BYTES = frozenset(byte for byte in range(0x20) if byte not in b"\t\n\r")
+
+
+def _control_interleaved(start: bytes) -> bool:
+    """Whether ``start`` reads as UTF-16 in a script whose characters' high byte is below 0x20:
+    NUL for ASCII and Latin-1, 0x03 Greek, 0x04 Cyrillic, 0x05-0x06 Hebrew and Arabic. That is
+    two or more two-byte units, each a control byte (:data:`CONTROL_BYTES`, NUL included) and a
+    byte that is not NUL, the control byte on the same side in all, and not only line ends
+    beside them. UTF-8 text holds such a byte only as a control character (a NUL is U+0000), so
+    text with a NUL here and there, or a line of NULs, is not taken for UTF-16. UTF-16 of other
+    scripts (CJK) is not recognized: its bytes read as other characters or as bad UTF-8."""
     units = [start[i : i + 2] for i in range(0, len(start) - 1, 2)]
-    return len(units) >= 2 and any(all(unit[side] == 0 and unit[1 - side] for unit in units)
+    return len(units) >= 2 and any(all(unit[side] in CONTROL_BYTES and unit[1 - side] for unit in units)
                                    and any(unit[1 - side] not in b"\r\n" for unit in units) for side in (0, 1))
 
 

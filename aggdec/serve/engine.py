@@ -39,6 +39,10 @@ from aggdec.runtime.options import DecodeOptions, Mode
 # batch buffers for max_batch rows, so their number bounds memory; idle ones are closed to make room
 MAX_LANES = 8
 
+# how far back the completions that size a 429's Retry-After go: long enough to hold a few
+# batches' worth at any load, short enough that an idle spell before a burst does not count
+RETRY_WINDOW_S = 10.0
+
 
 class Overloaded(AggdecError, RuntimeError):
     """The queue is full: the client should retry after ``retry_after`` seconds (HTTP 429)."""
@@ -264,13 +268,18 @@ class Engine:
         """Rows submitted and not finished, over every lane."""
         return sum(lane.active for lane in list(self._lanes.values()))
 
-    def retry_after(self) -> int:
-        """Seconds until the queue has room, from the recent completion rate (1 to 60)."""
-        recent = list(self._finished)
-        if len(recent) >= 2 and recent[-1] > recent[0]:
-            rate = (len(recent) - 1) / (recent[-1] - recent[0])
-            return int(min(60, max(1, math.ceil(self.queued / rate))))
-        return 1
+    def retry_after(self, now: float | None = None) -> int:
+        """Seconds until the queue has room, from the completions of the last
+        :data:`RETRY_WINDOW_S` seconds up to now (1 to 60); 1 where none finished in it. The
+        rate is over the window up to now, not between the last completions: after an idle
+        spell those spanned it (the warm-up's too), and a queue that was draining in a second
+        was told to come back in 25-60."""
+        now = time.monotonic() if now is None else now
+        recent = [t for t in list(self._finished) if now - t <= RETRY_WINDOW_S]
+        if len(recent) < 2 or now <= recent[0]:
+            return 1
+        rate = len(recent) / (now - recent[0])
+        return int(min(60, max(1, math.ceil(self.queued / rate))))
 
     # ------------------------------------------------------------------ requests
 

@@ -34,8 +34,8 @@ class Metrics:
                                  "aggdec_batch_rows counts rows).", registry=r)
         self.texts = Counter("aggdec_texts", "Texts decoded to an output (as each finishes: one whose client "
                              "has just left counts too).", registry=r)
-        self.errors = Counter("aggdec_errors", "Errors by kind (per item for `input`, per request otherwise).",
-                              ["kind"], registry=r)
+        self.errors = Counter("aggdec_errors", "Errors by kind (per item where one text failed: `input`, and "
+                              "`internal` for a text whose decode failed; per request otherwise).", ["kind"], registry=r)
         for kind in ERROR_KINDS:
             self.errors.labels(kind)  # every kind shows, at 0
 

@@ -218,3 +218,18 @@ def test_requests_nobody_is_answered_count_as_499_not_500(generator):
         after = metrics(running)
         assert after["aggdec_request_duration_seconds_count{status=499}"] == before + 2
         assert after.get("aggdec_request_duration_seconds_count{status=500}", 0) == 0
+
+
+def test_retry_after_comes_from_the_last_seconds_completions(generator, monkeypatch):
+    """A 429's Retry-After is the queue over the completion rate of the last RETRY_WINDOW_S
+    seconds up to now: completions long before (the warm-up, an idle spell) do not slow it.
+    Over the last 256 completions whatever their age, a queue draining at 8 texts a second was
+    told to come back in 49 seconds."""
+    engine = engine_module.Engine(generator, max_batch=4)
+    monkeypatch.setattr(engine_module.Engine, "queued", property(lambda self: 20))
+    assert engine.retry_after(now=0.0) == 1  # nothing finished yet
+    engine._finished.extend([0.0, 0.5])  # the warm-up
+    assert engine.retry_after(now=100.0) == 1  # nothing in the last seconds: no rate to go by
+    engine._finished.extend(95.0 + 0.1125 * i for i in range(40))  # 40 texts in the last 5 s
+    assert engine.retry_after(now=100.0) == 3  # 20 queued at 8 a second
+    assert engine_module.RETRY_WINDOW_S < 95.0
