@@ -301,8 +301,7 @@ class DecodeOptions:
         elif limits.vocab_size is not None and limits.vocab_size < 2:
             raise InputError(f"beam search needs a vocabulary of 2 ids or more, and {limits.bundle!r} has "
                              f"{limits.vocab_size} (transformers' beam search fails there too).")
-        elif _beam_candidates(beams, limits.vocab_size) > limits.top_k:
-            needed = _beam_candidates(beams, limits.vocab_size)
+        elif (needed := _beam_candidates(beams, limits.vocab_size)) > limits.top_k:
             fewer = (f"use at most {limits.top_k // 2} beams" if limits.top_k >= 4
                      else "too few for any beam search (2 beams need top-k 4)")
             raise InputError(f"num_beams {beams} needs the verifier's top-{needed} candidates (beam search keeps "

@@ -423,11 +423,10 @@ class DraftGate:
 
     def rests(self, rows: int) -> bool:
         """Whether the next iteration of ``rows`` rows is a plain step inside a rest whose time
-        nothing needs to read (counted down as :meth:`drafts` does). A draft source then skips
-        its bookkeeping: on the reference model a GAD beam iteration's timings and sizing were
-        3% of plain beam's time on the CPU, paid on every plain step of a rest
-        (benchmarks/results/beam-final-amx-cpu). A rest's first and last plain steps are left
-        to :meth:`drafts`, so the plain iterations around each try stay measured."""
+        nothing needs to read (counted down as :meth:`drafts` does), so that a draft source may
+        skip its timing and sizing (``HypothesisDraft._inside_a_rest`` says what that saves). A
+        rest's first and last plain steps are left to :meth:`drafts`, so the plain iterations
+        around each try stay measured."""
         if self.payoff.pays(rows) is not False:
             return False
         klass = int(rows).bit_length()
