@@ -26,7 +26,7 @@ from .decoding.gad import DrafterDraft, HypothesisDrafterDraft
 from .decoding.iad import BlockOptions, HypothesisSourceDraft, SourceDraft
 from .decoding.loop import DraftSource, Finished, NoDraft, decode
 from .decoding.fixed_calls import FixedCalls
-from .decoding.sizing import AcceptancePrior, CallCost, DraftGate, ReplayPayoff
+from .decoding.sizing import AcceptancePrior, CallCost, DraftGate
 from .decoding.verifier import SLACK, Verifier
 from .errors import EmptyTextError, InputError
 from .graph_specs import VERIFIER_GRAPHS, argmax_graph_runs_on
@@ -335,12 +335,12 @@ class Generator:
         # GAD's and IAD's fits time the verifier call alone)
         self.beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
         # drafted against plain iterations, per beam step: its veto, and the rests between tries
-        self.beam_gate = DraftGate(decay=ReplayPayoff.DECAY, min_weight=ReplayPayoff.MIN_WEIGHT)
+        self.beam_gate = DraftGate.per_beam_step()
         # GAD's beam search keeps its own: a drafter's replay rate, and iterations that pay for a
         # drafter call, are not IAD's
         self.gad_replay_prior = AcceptancePrior() if self.tuning.shared_prior else None
         self.gad_beam_costs = CallCost(self.tuning.beam_cost_ratio, by_rows=True)
-        self.gad_beam_gate = DraftGate(decay=ReplayPayoff.DECAY, min_weight=ReplayPayoff.MIN_WEIGHT)
+        self.gad_beam_gate = DraftGate.per_beam_step()
         # static shapes: every call this many tokens a row, the widest block any mode may ask:
         # a row's pending tokens (at most SLACK) and the longest draft (IAD's block, the drafter's
         # k). A longer wish (a caller's BlockOptions) is cut to fit: a shorter draft changes

@@ -193,7 +193,7 @@ class DrafterDraft:
         if batch.last_call is not None and batch.last_call is not self._last_call:  # the call since the last proposal
             self._last_call = batch.last_call
             self.costs.observe(*batch.last_call)
-        self._resting = self.gate is not None and self.gate.rests(len(rows))
+        self._resting = self.gate is not None and self.gate.rests(len(rows)) is True
         if self._resting:  # a plain step nothing times: each row's rest counts it (observe)
             self._measured(batch)  # the step before it, the rest's first (then nothing to measure)
             self._iterations.pop(id(batch), None)

@@ -150,8 +150,8 @@ class HypothesisDraft:
         GAD beam 4's 3% behind plain beam 4 on the CPU (benchmarks/results/beam-final-amx-cpu)."""
         if not self.options.adaptive:
             return False
-        if self.gate is not None and self.gate.payoff.pays(rows) is False:
-            return self.gate.rests(rows)
+        if self.gate is not None and (resting := self.gate.rests(rows)) is not None:
+            return resting
         rests = self._rests.get(id(batch))
         if rests is None or rests.left <= 1:
             return False
@@ -165,7 +165,7 @@ class HypothesisDraft:
         if self.gate is not None and self.gate.payoff.pays(len(rows)) is False:
             return 1 if self.gate.drafts(len(rows)) else 0  # a try: one token, its replay observed
         rests = self._rests.setdefault(id(batch), _Rests())
-        if rests.left > 0:  # resting: nothing to weigh
+        if rests.left > 0:  # the rest's last step (the ones before it: _inside_a_rest), nothing to weigh
             rests.left -= 1
             return 0
         if self.costs is not None:

@@ -394,6 +394,12 @@ class DraftGate:
     steps on the reference model). Shared by a Generator's decodes (the rests too: per width class, whichever
     batch takes the steps); thread-safe."""
 
+    @classmethod
+    def per_beam_step(cls) -> DraftGate:
+        """A speculative beam search's gate: a beam iteration measures a few groups' steps, not
+        every row's tokens, so it decays and weighs its iterations as :class:`ReplayPayoff` does."""
+        return cls(decay=ReplayPayoff.DECAY, min_weight=ReplayPayoff.MIN_WEIGHT)
+
     def __init__(self, budget: float = TRY_BUDGET, decay: float = 0.99, min_weight: float = 8.0) -> None:
         """``decay``: per row served (about the last 100 rows' iterations count);
         ``min_weight``: rows' iterations of each kind before a verdict."""
@@ -421,14 +427,15 @@ class DraftGate:
             del self._rests[klass]  # the try
             return True
 
-    def rests(self, rows: int) -> bool:
+    def rests(self, rows: int) -> bool | None:
         """Whether the next iteration of ``rows`` rows is a plain step inside a rest whose time
-        nothing needs to read (counted down as :meth:`drafts` does), so that a draft source may
-        skip its timing and sizing (``HypothesisDraft._inside_a_rest`` says what that saves). A
-        rest's first and last plain steps are left to :meth:`drafts`, so the plain iterations
-        around each try stay measured."""
+        nothing needs to read (True: counted down as :meth:`drafts` does), so that a draft source
+        may skip its timing and sizing (``HypothesisDraft._inside_a_rest`` says what that saves);
+        None where the gate gives no rest (drafted iterations not measured slower at this width
+        class: the source's own sizing decides). A rest's first and last plain steps are left to
+        :meth:`drafts` (False), so the plain iterations around each try stay measured."""
         if self.payoff.pays(rows) is not False:
-            return False
+            return None
         klass = int(rows).bit_length()
         with self._lock:
             left = self._rests.get(klass, 0)

@@ -480,14 +480,14 @@ def test_a_rests_inner_steps_are_counted_down_untimed():
     from aggdec.runtime.decoding.sizing import DraftGate
 
     gate = DraftGate(budget=0.01, min_weight=8.0)
-    assert not gate.rests(32)  # no verdict yet
+    assert gate.rests(32) is None  # no verdict yet: the source's own sizing decides
     gate.observe(32, True, 0.020, 320)
     gate.observe(32, False, 0.0015, 32)
-    assert not gate.rests(32)  # a verdict, but no rest under way: drafts() starts it
+    assert gate.rests(32) is False  # a verdict, but no rest under way: drafts() starts it
     assert not gate.drafts(32)  # the rest's first plain step (334 in all, as above)
     assert [gate.rests(32) for _ in range(333)] == [True] * 332 + [False]
     assert [gate.drafts(32) for _ in range(2)] == [False, True]  # the last plain step, the try
-    assert not gate.rests(8)  # nothing measured at 8-15 rows
+    assert gate.rests(8) is None  # nothing measured at 8-15 rows
 
 
 def test_gad_skips_its_bookkeeping_inside_a_rest(gad_bundle, monkeypatch):
